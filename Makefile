@@ -1,0 +1,22 @@
+.PHONY: setup test lint check bench demo format
+
+setup:        ## create .venv and install redis-lease with dev tools
+	scripts/setup.sh
+
+test:         ## set up, then run the test suite on real Redis and fakeredis
+	scripts/test.sh
+
+lint: setup   ## ruff check, ruff format --check, mypy --strict
+	scripts/lint.sh
+
+check: lint test
+
+format: setup
+	.venv/bin/ruff format .
+	.venv/bin/ruff check --fix .
+
+bench: setup  ## run the benchmarks (see benchmarks/README.md)
+	.venv/bin/python benchmarks/bench_lease.py
+
+demo: setup   ## run the nightly demo end to end
+	.venv/bin/redis-lease demo

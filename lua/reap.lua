@@ -1,0 +1,34 @@
+-- reap: move up to N expired leases back to pending (due at once), or to dead
+-- when their last attempt expired. For a sweep that does not claim.
+--
+-- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
+-- ARGV[1] N, the most leases to reap
+--
+-- Returns: {moved to pending, moved to dead, now ms}
+-- @include "shard.lua"
+
+local function main()
+  local limit = tonumber(ARGV[1])
+  local now = now_ms()
+  local max_attempts = meta_number('max_attempts', 5)
+  local to_pending, to_dead = 0, 0
+  for _, id in ipairs(rcall('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, limit)) do
+    local rec = load(id)
+    rec.expires_at = nil
+    rec.updated_at = now
+    bump('expired')
+    if rec.attempts >= max_attempts then
+      rec.error = 'lease expired on the last attempt'
+      set_state(id, rec, 'dead', now)
+      to_dead = to_dead + 1
+    else
+      set_state(id, rec, 'pending', now)
+      to_pending = to_pending + 1
+    end
+    save(id, rec)
+  end
+  return {to_pending, to_dead, now}
+end
+
+return main()

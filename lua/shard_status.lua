@@ -1,0 +1,18 @@
+-- shard_status: one consistent snapshot of a shard, read on the server clock.
+-- Reads only; O(1) in the shard's size.
+--
+-- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
+-- (no ARGV)
+--
+-- Returns: {counts as a flat field/value array, eligible-at of the first due
+--   item or '', start of the oldest lease or '', now ms, meta as a flat array}
+-- @include "shard.lua"
+
+local function main()
+  local first_due = rcall('ZRANGE', DUE, 0, 0, 'WITHSCORES')
+  local first_held = rcall('ZRANGE', HELD, 0, 0, 'WITHSCORES')
+  return {rcall('HGETALL', COUNTS), first_due[2] or '', first_held[2] or '', now_ms(), rcall('HGETALL', META)}
+end
+
+return main()

@@ -1,0 +1,43 @@
+"""Every Redis key name, in one place.
+
+Per-shard keys carry the hash tag ``{<run_id>#<shard>}`` so that one script
+touches one Cluster slot; run-level keys carry ``{<run_id>}``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+#: The order in which every shard script receives its keys (see lua/include/shard.lua).
+SHARD_KEY_NAMES = ("meta", "counts", "items", "due", "leases", "held", "dead")
+
+
+def shard_of(item_id: str, shards: int) -> int:
+    """The shard of an item: CRC-32 (zlib) of its UTF-8 id, modulo the shard count."""
+    return zlib.crc32(item_id.encode()) % shards
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Builds key names under one prefix."""
+
+    prefix: str = "rl"
+
+    def shard(self, run_id: str, shard: int) -> list[str]:
+        """The seven keys of one shard, in script order."""
+        tag = f"{self.prefix}:{{{run_id}#{shard}}}"
+        return [f"{tag}:{name}" for name in SHARD_KEY_NAMES]
+
+    def run(self, run_id: str) -> str:
+        """The run's record (hash)."""
+        return f"{self.prefix}:run:{{{run_id}}}"
+
+    def run_events(self, run_id: str) -> str:
+        """The run's decision log (stream)."""
+        return f"{self.prefix}:run:{{{run_id}}}:events"
+
+    @property
+    def runs(self) -> str:
+        """Every run id, scored by creation time in ms (sorted set)."""
+        return f"{self.prefix}:runs"

@@ -1,0 +1,167 @@
+"""Small immutable values returned by the store."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+
+def from_ms(ms: int) -> datetime:
+    """A server time in milliseconds as an aware UTC datetime."""
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The right to work on one item until ``expires_at_ms``, proven by ``token``.
+
+    A lease built by :meth:`ref` (from a token given on a command line) has no
+    expiry or payload; the server checks the token either way.
+    """
+
+    run_id: str
+    item_id: str
+    shard: int
+    token: int
+    lease_id: str
+    expires_at_ms: int = 0
+    attempt: int = 0
+    payload: Any = None
+    takeover: bool = False
+    worker: str = ""
+
+    @classmethod
+    def ref(cls, run_id: str, item_id: str, shard: int, token: int, lease_id: str = "") -> Lease:
+        """A reference to a lease by its token (and lease id, when known)."""
+        return cls(run_id, item_id, shard, token, lease_id)
+
+    @property
+    def expires_at(self) -> datetime:
+        """The lease expiry on the server clock."""
+        return from_ms(self.expires_at_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The lease as JSON-ready data (``expires_at`` in ISO 8601 UTC)."""
+        return {
+            "run": self.run_id,
+            "item": self.item_id,
+            "shard": self.shard,
+            "token": self.token,
+            "lease_id": self.lease_id,
+            "expires_at": self.expires_at.isoformat(timespec="milliseconds"),
+            "attempt": self.attempt,
+            "payload": self.payload,
+            "takeover": self.takeover,
+        }
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    """What a commit stored; ``repeated`` when an earlier identical commit stored it."""
+
+    token: int
+    result: Any
+    done_at_ms: int
+    repeated: bool
+
+
+@dataclass(frozen=True)
+class FailOutcome:
+    """Where a failed item went: ``retry`` (due again at ``eligible_at_ms``) or ``dead``."""
+
+    state: str
+    eligible_at_ms: int
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Item:
+    """An item to add: a stable id and a small JSON payload."""
+
+    id: str
+    payload: Any = None
+
+
+@dataclass(frozen=True)
+class ItemRecord:
+    """An item as stored, for inspection."""
+
+    run_id: str
+    item_id: str
+    shard: int
+    state: str
+    token: int
+    attempts: int
+    payload: Any
+    lease_id: str | None = None
+    owner: str | None = None
+    expires_at_ms: int | None = None
+    result: Any = None
+    error: str | None = None
+
+    @classmethod
+    def from_record(cls, run_id: str, item_id: str, shard: int, raw: bytes | str) -> ItemRecord:
+        """Decodes a stored record."""
+        rec = json.loads(raw)
+        return cls(
+            run_id=run_id,
+            item_id=item_id,
+            shard=shard,
+            state=rec["state"],
+            token=int(rec.get("token", 0)),
+            attempts=int(rec.get("attempts", 0)),
+            payload=_loads(rec.get("payload")),
+            lease_id=rec.get("lease_id"),
+            owner=rec.get("owner"),
+            expires_at_ms=int(rec["expires_at"]) if rec.get("expires_at") else None,
+            result=_loads(rec.get("result")),
+            error=rec.get("error"),
+        )
+
+
+def _loads(text: str | None) -> Any:
+    return json.loads(text) if text else None
+
+
+COUNT_STATES = ("pending", "leased", "done", "dead")
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """Counts and ages of a run, summed over its shards."""
+
+    run_id: str
+    shards: int
+    state: str
+    counts: dict[str, int]
+    events: dict[str, int]
+    oldest_eligible_age_seconds: float
+    oldest_leased_age_seconds: float
+    now_ms: int
+    info: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        """All items of the run."""
+        return sum(self.counts.values())
+
+    @property
+    def unfinished(self) -> int:
+        """Items pending or leased."""
+        return self.counts["pending"] + self.counts["leased"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The status as JSON-ready data."""
+        return {
+            "run": self.run_id,
+            "state": self.state,
+            "shards": self.shards,
+            "counts": dict(self.counts),
+            "total": self.total,
+            "events": dict(self.events),
+            "oldest_eligible_age_seconds": self.oldest_eligible_age_seconds,
+            "oldest_leased_age_seconds": self.oldest_leased_age_seconds,
+            **({"info": dict(self.info)} if self.info else {}),
+        }

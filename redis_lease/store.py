@@ -1,0 +1,423 @@
+"""LeaseStore: fenced leases on items of runs, one Lua script per operation."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from . import guards
+from .connection import client_from_url, redis_errors, warn_unless_noeviction
+from .errors import InvalidInput, LeaseError, NotClaimable, NotFound, from_reply
+from .keys import Keys, shard_of
+from .lease import (
+    COUNT_STATES,
+    CommitOutcome,
+    FailOutcome,
+    Item,
+    ItemRecord,
+    Lease,
+    RunStatus,
+)
+from .scripts import Scripts
+from .validation import check_id, check_positive, encode_json, ttl_to_ms
+
+#: Items sent to Redis per add_items call.
+ADD_BATCH = 500
+DEFAULT_TTL = 600.0
+
+
+class LeaseStore:
+    """Runs, items and fenced leases in one Redis database.
+
+    Args:
+        client: a redis-py client (or a fakeredis one).
+        prefix: the key prefix; stores with different prefixes never meet.
+        url: the URL the client came from, used in error messages.
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str = "rl", url: str = "redis") -> None:
+        self.client = client
+        self.url = url
+        self.prefix = check_id(prefix, "prefix")
+        self.keys = Keys(prefix)
+        self.scripts = Scripts(client)
+        self._shards: dict[str, int] = {}
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "rl", **options: Any) -> LeaseStore:
+        """A store on the Redis at ``url`` (redis://, rediss://, unix:// or fakeredis://)."""
+        client = client_from_url(url, **options)
+        warn_unless_noeviction(client, url)
+        return cls(client, prefix=prefix, url=url)
+
+    # -- plumbing -------------------------------------------------------------
+
+    @contextmanager
+    def _errors(
+        self, run_id: str | None = None, item_id: str | None = None, token: int | None = None
+    ) -> Iterator[None]:
+        """Translates Redis failures and script error replies at one place."""
+        try:
+            with redis_errors(self.url):
+                yield
+        except redis.ResponseError as error:
+            raise from_reply(error, run_id=run_id, item_id=item_id, token=token) from None
+
+    def _run_script(
+        self,
+        name: str,
+        run_id: str,
+        shard: int,
+        args: Sequence[Any],
+        *,
+        item_id: str | None = None,
+        token: int | None = None,
+        extra_keys: Sequence[str] = (),
+    ) -> Any:
+        keys = self.keys.shard(run_id, shard) + list(extra_keys)
+        with self._errors(run_id, item_id, token):
+            return self.scripts.run(name, keys, list(args))
+
+    def shard_count(self, run_id: str) -> int:
+        """The run's shard count; raises NotFound for an unknown run."""
+        check_id(run_id, "run id")
+        if run_id not in self._shards:
+            with self._errors(run_id):
+                raw = self.client.hget(self.keys.run(run_id), "shards")
+            if raw is None:
+                raise NotFound(f"run {run_id!r} not found; add items to create it", run_id=run_id)
+            self._shards[run_id] = int(raw)
+        return self._shards[run_id]
+
+    def shard_for(self, run_id: str, item_id: str) -> int:
+        """The shard that holds ``item_id``."""
+        return shard_of(check_id(item_id, "item id"), self.shard_count(run_id))
+
+    # -- runs and items -------------------------------------------------------
+
+    def create_run(self, run_id: str, shards: int | None = None) -> tuple[bool, int]:
+        """Creates the run once; returns (created now, shard count).
+
+        Raises InvalidInput when ``shards`` differs from an existing run's count.
+        """
+        check_id(run_id, "run id")
+        wanted = check_positive(shards if shards is not None else 1, "shards", 1024)
+        with self._errors(run_id):
+            created, count, created_at = self.scripts.run(
+                "create_run", [self.keys.run(run_id)], [run_id, wanted]
+            )
+            self.client.zadd(self.keys.runs, {run_id: created_at}, nx=True)
+        if shards is not None and count != shards:
+            raise InvalidInput(
+                f"run {run_id!r} has {count} shards, not {shards}; omit --shards or pass {count}",
+                run_id=run_id,
+            )
+        self._shards[run_id] = int(count)
+        return bool(created), int(count)
+
+    def add(
+        self,
+        run_id: str,
+        items: Iterable[Item],
+        *,
+        shards: int | None = None,
+        max_attempts: int = 5,
+        backoff_base: float = 1.0,
+        backoff_cap: float = 300.0,
+    ) -> tuple[list[str], list[str]]:
+        """Adds items to a run (creating it); returns (added ids, ids that existed).
+
+        Every item is validated before anything is written. Items go to Redis in
+        batches of ADD_BATCH per shard.
+        """
+        check_positive(max_attempts, "max_attempts", 1000)
+        base_ms, cap_ms = (
+            ttl_to_ms(backoff_base, "backoff_base"),
+            ttl_to_ms(backoff_cap, "backoff_cap"),
+        )
+        checked = [(check_id(i.id, "item id"), encode_json(i.payload)) for i in items]
+        if not checked:
+            raise InvalidInput("no items given; name at least one item")
+        self.create_run(run_id, shards)
+        count = self.shard_count(run_id)
+        by_shard: dict[int, list[tuple[str, str]]] = {}
+        for item_id, payload in dict(checked).items():
+            by_shard.setdefault(shard_of(item_id, count), []).append((item_id, payload))
+        added: list[str] = []
+        existing: list[str] = []
+        for shard, batch_items in sorted(by_shard.items()):
+            for start in range(0, len(batch_items), ADD_BATCH):
+                batch = batch_items[start : start + ADD_BATCH]
+                flat = [part for pair in batch for part in pair]
+                flags = self._run_script(
+                    "add_items",
+                    run_id,
+                    shard,
+                    [run_id, shard, max_attempts, base_ms, cap_ms, *flat],
+                )
+                for (item_id, _), flag in zip(batch, flags, strict=True):
+                    (added if flag else existing).append(item_id)
+        return added, existing
+
+    def item(self, run_id: str, item_id: str) -> ItemRecord:
+        """The stored record of an item; raises NotFound."""
+        shard = self.shard_for(run_id, item_id)
+        with self._errors(run_id, item_id):
+            raw = self.client.hget(self.keys.shard(run_id, shard)[2], item_id)
+        if raw is None:
+            raise NotFound(
+                f"item {item_id!r} not found in run {run_id!r}", run_id=run_id, item_id=item_id
+            )
+        return ItemRecord.from_record(run_id, item_id, shard, raw)
+
+    def items(self, run_id: str, shard: int) -> Iterator[ItemRecord]:
+        """Every item record of one shard (HSCAN: cursor-based, never blocks Redis)."""
+        with self._errors(run_id):
+            for item_id, raw in self.client.hscan_iter(
+                self.keys.shard(run_id, shard)[2], count=500
+            ):
+                yield ItemRecord.from_record(run_id, _text(item_id), shard, raw)
+
+    # -- leases ---------------------------------------------------------------
+
+    def _lease(self, run_id: str, shard: int, worker: str, row: Sequence[Any]) -> Lease:
+        item_id, token, lease_id, expires, attempt, payload, takeover, _now = row
+        return Lease(
+            run_id=run_id,
+            item_id=_text(item_id),
+            shard=shard,
+            token=int(token),
+            lease_id=_text(lease_id),
+            expires_at_ms=int(expires),
+            attempt=int(attempt),
+            payload=json.loads(payload) if payload else None,
+            takeover=bool(int(takeover)),
+            worker=worker,
+        )
+
+    def claim(self, run_id: str, item_id: str, worker: str, ttl: float = DEFAULT_TTL) -> Lease:
+        """Leases one named item.
+
+        Raises:
+            NotClaimable: held by another lease (``until_ms``: its expiry), not due, or finished.
+            NotFound: no such run or item.
+            RunClosed: the run is closed.
+        """
+        check_id(worker, "worker")
+        ttl_ms = ttl_to_ms(ttl)
+        shard = self.shard_for(run_id, item_id)
+        row = self._run_script(
+            "claim", run_id, shard, [item_id, worker, uuid.uuid4().hex, ttl_ms], item_id=item_id
+        )
+        return self._lease(run_id, shard, worker, row)
+
+    def claim_next(
+        self,
+        run_id: str,
+        worker: str,
+        *,
+        shard: int | None = None,
+        limit: int = 1,
+        ttl: float = DEFAULT_TTL,
+    ) -> list[Lease]:
+        """Leases up to ``limit`` due items of ``shard``, or of any shard (from a random one).
+
+        Expired leases are taken over first, then pending items in eligible-time
+        order. Returns an empty list when nothing is due.
+        """
+        check_id(worker, "worker")
+        check_positive(limit, "limit", 10_000)
+        ttl_ms = ttl_to_ms(ttl)
+        count = self.shard_count(run_id)
+        if shard is not None and not 0 <= shard < count:
+            raise InvalidInput(
+                f"shard {shard} out of range: run {run_id!r} has shards 0-{count - 1}"
+            )
+        start = random.randrange(count)
+        order = [shard] if shard is not None else [(start + i) % count for i in range(count)]
+        leases: list[Lease] = []
+        for number in order:
+            rows = self._run_script(
+                "claim_next",
+                run_id,
+                number,
+                [worker, uuid.uuid4().hex, ttl_ms, limit - len(leases)],
+            )
+            leases.extend(self._lease(run_id, number, worker, row) for row in rows)
+            if len(leases) >= limit:
+                break
+        return leases
+
+    def claim_any(self, run_id: str, worker: str, ttl: float = DEFAULT_TTL) -> Lease:
+        """Leases the next due item of any shard; raises NotClaimable when none is due."""
+        leases = self.claim_next(run_id, worker, limit=1, ttl=ttl)
+        if not leases:
+            raise NotClaimable(f"nothing is due in run {run_id!r}", run_id=run_id, state="empty")
+        return leases[0]
+
+    def renew(self, lease: Lease, ttl: float = DEFAULT_TTL) -> Lease:
+        """Extends a lease from now; only its holder may. Raises LeaseLost."""
+        ttl_ms = ttl_to_ms(ttl)
+        expires, _now = self._holder_script("renew", lease, [ttl_ms])
+        return _replace(lease, expires_at_ms=int(expires))
+
+    def commit(
+        self,
+        lease: Lease,
+        result: Any = None,
+        *,
+        conditions: Iterable[guards.Condition] = (),
+        writes: Iterable[guards.Write] = (),
+    ) -> CommitOutcome:
+        """Marks the item done with ``result``, applying guarded writes atomically.
+
+        A repeated commit with the same token and lease id returns the stored outcome.
+
+        Raises:
+            LeaseLost: the caller is not the holder; nothing was written.
+            ConditionFailed: a condition did not hold; nothing was written and the lease is kept.
+        """
+        result_text = encode_json(result, "result")
+        extra, conds, wrts = guards.encode(conditions, writes)
+        status, token, stored, done_at = self._holder_script(
+            "commit",
+            lease,
+            [result_text, json.dumps(conds), json.dumps(wrts)],
+            extra_keys=extra,
+        )
+        return CommitOutcome(
+            token=int(token),
+            result=json.loads(stored) if stored else None,
+            done_at_ms=int(done_at),
+            repeated=_text(status) == "repeated",
+        )
+
+    def fail(self, lease: Lease, error: str, *, permanent: bool = False) -> FailOutcome:
+        """Reports a failed attempt: retried with backoff, or dead. Raises LeaseLost."""
+        if not isinstance(error, str) or not error.strip():
+            raise InvalidInput("an error text is required; say what failed")
+        text = error[:4000]
+        state, eligible, attempts, _now = self._holder_script(
+            "fail", lease, [text, "1" if permanent else "0", random.random()]
+        )
+        return FailOutcome(state=_text(state), eligible_at_ms=int(eligible), attempts=int(attempts))
+
+    def release(self, lease: Lease) -> None:
+        """Gives the item back unprocessed, due at once. Raises LeaseLost."""
+        self._holder_script("release", lease, [])
+
+    def _holder_script(
+        self, name: str, lease: Lease, args: Sequence[Any], extra_keys: Sequence[str] = ()
+    ) -> Any:
+        check_id(lease.run_id, "run id")
+        check_id(lease.item_id, "item id")
+        if not isinstance(lease.token, int) or lease.token < 1:
+            raise InvalidInput(f"token must be a whole number from 1, got {lease.token!r}")
+        return self._run_script(
+            name,
+            lease.run_id,
+            lease.shard,
+            [lease.item_id, lease.token, lease.lease_id, *args],
+            item_id=lease.item_id,
+            token=lease.token,
+            extra_keys=extra_keys,
+        )
+
+    def lease_ref(self, run_id: str, item_id: str, token: int, lease_id: str = "") -> Lease:
+        """A Lease for an item by token (for callers that kept only the token)."""
+        return Lease.ref(run_id, item_id, self.shard_for(run_id, item_id), token, lease_id)
+
+    # -- maintenance ----------------------------------------------------------
+
+    def reap(self, run_id: str, limit: int = 1000) -> tuple[int, int]:
+        """Moves expired leases of every shard back to pending (or dead); returns the counts."""
+        check_positive(limit, "limit")
+        to_pending = to_dead = 0
+        for shard in range(self.shard_count(run_id)):
+            pending, dead, _now = self._run_script("reap", run_id, shard, [limit])
+            to_pending, to_dead = to_pending + int(pending), to_dead + int(dead)
+        return to_pending, to_dead
+
+    def requeue(self, run_id: str, item_ids: Sequence[str] = (), limit: int = 1000) -> int:
+        """Moves dead items (named, or up to ``limit`` per shard) back to pending."""
+        check_positive(limit, "limit")
+        count = self.shard_count(run_id)
+        named: dict[int, list[str]] = {}
+        for item_id in item_ids:
+            named.setdefault(shard_of(check_id(item_id, "item id"), count), []).append(item_id)
+        shards = sorted(named) if item_ids else range(count)
+        return sum(
+            int(self._run_script("requeue", run_id, shard, [limit, *named.get(shard, [])]))
+            for shard in shards
+        )
+
+    def set_closed(self, run_id: str, closed: bool) -> None:
+        """Closes every shard of the run to claims, or reopens them."""
+        for shard in range(self.shard_count(run_id)):
+            self._run_script("close_shard", run_id, shard, ["1" if closed else "0"])
+
+    # -- status ---------------------------------------------------------------
+
+    def status(self, run_id: str) -> RunStatus:
+        """Counts, event counters and ages of a run: O(shards), one round trip."""
+        count = self.shard_count(run_id)
+        with self._errors(run_id):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hgetall(self.keys.run(run_id))
+            for shard in range(count):
+                self.scripts.run("shard_status", self.keys.shard(run_id, shard), [], client=pipe)
+            info_raw, *snapshots = pipe.execute()
+        totals: dict[str, int] = {}
+        first_due: list[int] = []
+        first_held: list[int] = []
+        now = 0
+        for flat_counts, due, held, shard_now, _meta in snapshots:
+            for name, value in _pairs(flat_counts).items():
+                totals[name] = totals.get(name, 0) + int(value)
+            if due:
+                first_due.append(int(float(due)))
+            if held:
+                first_held.append(int(float(held)))
+            now = max(now, int(shard_now))
+        counts = {state: totals.pop(state, 0) for state in COUNT_STATES}
+        eligible = [now - t for t in first_due if t <= now]
+        info = {_text(k): _text(v) for k, v in info_raw.items()}
+        return RunStatus(
+            run_id=run_id,
+            shards=count,
+            state=info.get("state", "running"),
+            counts=counts,
+            events=totals,
+            oldest_eligible_age_seconds=max(eligible, default=0) / 1000,
+            oldest_leased_age_seconds=max((now - t for t in first_held), default=0) / 1000,
+            now_ms=now,
+            info=info,
+        )
+
+    def run_ids(self) -> list[str]:
+        """Every run id, oldest first."""
+        with self._errors():
+            return [_text(r) for r in self.client.zrange(self.keys.runs, 0, -1)]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, Any]:
+    return {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def _replace(lease: Lease, **changes: Any) -> Lease:
+    from dataclasses import replace
+
+    return replace(lease, **changes)
+
+
+__all__ = ["LeaseError", "LeaseStore"]

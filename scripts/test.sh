@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Sets up .venv and runs the whole test suite against a real Redis (and fakeredis).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/ensure-redis.sh
+exec .venv/bin/python -m pytest "$@"

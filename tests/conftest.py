@@ -1,0 +1,113 @@
+"""Test harness: a real Redis for every test, fakeredis as a second backend.
+
+Redis is found in this order: ``REDIS_URL``; a Redis answering on
+127.0.0.1:6379; a ``redis-server`` started for the session on a free port.
+Under ``CI=true`` a missing real Redis fails the run; it is never skipped.
+Each test gets its own key prefix and deletes only keys under it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import fakeredis
+import pytest
+import redis
+
+from redis_lease import LeaseStore
+from tests.redis_server import RedisServer
+
+LOCAL_URL = "redis://127.0.0.1:6379/0"
+
+
+def _answers(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_connect_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of a real Redis server for this session."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        if not _answers(url):
+            pytest.fail(f"REDIS_URL={url} does not answer PING")
+        yield url
+        return
+    if _answers(LOCAL_URL):
+        yield LOCAL_URL
+        return
+    if shutil.which("redis-server") is None:
+        pytest.fail("no Redis: set REDIS_URL, run one on 127.0.0.1:6379, or install redis-server")
+    server = RedisServer(tmp_path_factory.mktemp("session-redis"))
+    server.start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix of this test's own."""
+    return f"rltest-{uuid.uuid4().hex[:12]}"
+
+
+def _delete_prefix(client: redis.Redis, prefix: str) -> None:
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    for start in range(0, len(keys), 500):
+        client.delete(*keys[start : start + 500])
+
+
+@pytest.fixture
+def real_store(redis_url: str, prefix: str) -> Iterator[LeaseStore]:
+    """A store on the real Redis, under this test's prefix."""
+    store = LeaseStore.from_url(redis_url, prefix=prefix)
+    yield store
+    _delete_prefix(store.client, prefix)
+    store.client.close()
+
+
+@pytest.fixture
+def fake_store(prefix: str) -> LeaseStore:
+    """A store on a fresh embedded (fakeredis) server."""
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    return LeaseStore(client, prefix=prefix, url="fakeredis://test")
+
+
+@pytest.fixture(params=["redis", "fakeredis"])
+def store(request: pytest.FixtureRequest) -> LeaseStore:
+    """The core suite's store: once on real Redis, once on the embedded backend."""
+    if request.param == "fakeredis":
+        marker = request.node.get_closest_marker("real_redis_only")
+        if marker is not None:
+            pytest.skip(f"fakeredis lacks this: {marker.args[0]}")
+        return request.getfixturevalue("fake_store")  # type: ignore[no-any-return]
+    return request.getfixturevalue("real_store")  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """Starts private redis-server processes (own port, own dir, given config)."""
+    started: list[RedisServer] = []
+
+    def start(**config: str) -> RedisServer:
+        directory = tmp_path / f"redis-{len(started)}"
+        directory.mkdir()
+        server = RedisServer(directory, config)
+        server.start()
+        started.append(server)
+        return server
+
+    if shutil.which("redis-server") is None:
+        pytest.fail("these tests need redis-server: apt-get install redis-server")
+    yield start
+    for server in started:
+        server.kill()
