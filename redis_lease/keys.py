@@ -37,6 +37,35 @@ class Keys:
         """The run's decision log (stream)."""
         return f"{self.prefix}:run:{{{run_id}}}:events"
 
+    def run_jobs(self, run_id: str) -> str:
+        """The run's RQ shard jobs (hash: RQ job id -> shard)."""
+        return f"{self.prefix}:run:{{{run_id}}}:rq"
+
+    def run_beat(self, run_id: str, rq_job_id: str) -> str:
+        """A shard job's heartbeat (string with a TTL)."""
+        return f"{self.prefix}:run:{{{run_id}}}:beat:{rq_job_id}"
+
+    def run_planner(self, run_id: str) -> str:
+        """The planning lock of a run (string with a TTL)."""
+        return f"{self.prefix}:run:{{{run_id}}}:planner"
+
+    def job(self, name: str) -> str:
+        """A job's recorded settings (hash)."""
+        return f"{self.prefix}:job:{{{name}}}"
+
+    def job_dates(self, name: str) -> str:
+        """Business dates a job has runs for (sorted set: date -> created ms)."""
+        return f"{self.prefix}:job:{{{name}}}:dates"
+
+    def job_open_runs(self, name: str) -> str:
+        """The job's runs not yet finished (set)."""
+        return f"{self.prefix}:job:{{{name}}}:open"
+
+    @property
+    def jobs(self) -> str:
+        """Every job name seen by a tick (set)."""
+        return f"{self.prefix}:jobs"
+
     @property
     def runs(self) -> str:
         """Every run id, scored by creation time in ms (sorted set)."""

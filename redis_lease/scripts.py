@@ -30,6 +30,7 @@ KEY_COUNTS: dict[str, int] = {
     "close_shard": 7,
     "shard_status": 7,
     "create_run": 1,
+    "run_transition": 2,
 }
 
 _INCLUDE = re.compile(r'^-- @include "([a-z_]+\.lua)"$', re.MULTILINE)

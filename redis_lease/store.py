@@ -13,7 +13,7 @@ import redis
 
 from . import guards
 from .connection import client_from_url, redis_errors, warn_unless_noeviction
-from .errors import InvalidInput, LeaseError, NotClaimable, NotFound, from_reply
+from .errors import InvalidInput, LeaseError, LeaseLost, NotClaimable, NotFound, from_reply
 from .keys import Keys, shard_of
 from .lease import (
     COUNT_STATES,
@@ -59,7 +59,7 @@ class LeaseStore:
     # -- plumbing -------------------------------------------------------------
 
     @contextmanager
-    def _errors(
+    def errors(
         self, run_id: str | None = None, item_id: str | None = None, token: int | None = None
     ) -> Iterator[None]:
         """Translates Redis failures and script error replies at one place."""
@@ -81,14 +81,14 @@ class LeaseStore:
         extra_keys: Sequence[str] = (),
     ) -> Any:
         keys = self.keys.shard(run_id, shard) + list(extra_keys)
-        with self._errors(run_id, item_id, token):
+        with self.errors(run_id, item_id, token):
             return self.scripts.run(name, keys, list(args))
 
     def shard_count(self, run_id: str) -> int:
         """The run's shard count; raises NotFound for an unknown run."""
         check_id(run_id, "run id")
         if run_id not in self._shards:
-            with self._errors(run_id):
+            with self.errors(run_id):
                 raw = self.client.hget(self.keys.run(run_id), "shards")
             if raw is None:
                 raise NotFound(f"run {run_id!r} not found; add items to create it", run_id=run_id)
@@ -101,16 +101,25 @@ class LeaseStore:
 
     # -- runs and items -------------------------------------------------------
 
-    def create_run(self, run_id: str, shards: int | None = None) -> tuple[bool, int]:
+    def create_run(
+        self,
+        run_id: str,
+        shards: int | None = None,
+        *,
+        state: str = "running",
+        fields: dict[str, str] | None = None,
+    ) -> tuple[bool, int]:
         """Creates the run once; returns (created now, shard count).
 
+        ``state`` and ``fields`` are stored only when the run is created now.
         Raises InvalidInput when ``shards`` differs from an existing run's count.
         """
         check_id(run_id, "run id")
         wanted = check_positive(shards if shards is not None else 1, "shards", 1024)
-        with self._errors(run_id):
+        extra = [part for pair in (fields or {}).items() for part in pair]
+        with self.errors(run_id):
             created, count, created_at = self.scripts.run(
-                "create_run", [self.keys.run(run_id)], [run_id, wanted]
+                "create_run", [self.keys.run(run_id)], [run_id, wanted, state, *extra]
             )
             self.client.zadd(self.keys.runs, {run_id: created_at}, nx=True)
         if shards is not None and count != shards:
@@ -168,7 +177,7 @@ class LeaseStore:
     def item(self, run_id: str, item_id: str) -> ItemRecord:
         """The stored record of an item; raises NotFound."""
         shard = self.shard_for(run_id, item_id)
-        with self._errors(run_id, item_id):
+        with self.errors(run_id, item_id):
             raw = self.client.hget(self.keys.shard(run_id, shard)[2], item_id)
         if raw is None:
             raise NotFound(
@@ -178,7 +187,7 @@ class LeaseStore:
 
     def items(self, run_id: str, shard: int) -> Iterator[ItemRecord]:
         """Every item record of one shard (HSCAN: cursor-based, never blocks Redis)."""
-        with self._errors(run_id):
+        with self.errors(run_id):
             for item_id, raw in self.client.hscan_iter(
                 self.keys.shard(run_id, shard)[2], count=500
             ):
@@ -266,6 +275,32 @@ class LeaseStore:
         ttl_ms = ttl_to_ms(ttl)
         expires, _now = self._holder_script("renew", lease, [ttl_ms])
         return _replace(lease, expires_at_ms=int(expires))
+
+    def renew_many(self, leases: Sequence[Lease], ttl: float = DEFAULT_TTL) -> list[Lease | None]:
+        """Renews several leases in one round trip; None where a lease was lost."""
+        ttl_ms = ttl_to_ms(ttl)
+        if not leases:
+            return []
+        with self.errors():
+            pipe = self.client.pipeline(transaction=False)
+            for lease in leases:
+                self.scripts.run(
+                    "renew",
+                    self.keys.shard(lease.run_id, lease.shard),
+                    [lease.item_id, lease.token, lease.lease_id, ttl_ms],
+                    client=pipe,
+                )
+            replies = pipe.execute(raise_on_error=False)
+        renewed: list[Lease | None] = []
+        for lease, reply in zip(leases, replies, strict=True):
+            if isinstance(reply, redis.ResponseError):
+                error = from_reply(reply, run_id=lease.run_id, item_id=lease.item_id)
+                if not isinstance(error, (LeaseLost, NotFound)):
+                    raise error
+                renewed.append(None)
+            else:
+                renewed.append(_replace(lease, expires_at_ms=int(reply[0])))
+        return renewed
 
     def commit(
         self,
@@ -364,33 +399,56 @@ class LeaseStore:
 
     # -- status ---------------------------------------------------------------
 
-    def status(self, run_id: str) -> RunStatus:
-        """Counts, event counters and ages of a run: O(shards), one round trip."""
+    def shard_counts(self, run_id: str) -> list[dict[str, int]]:
+        """Per shard, the item counts by state and the event counters."""
+        return [counts for counts, _due, _held, _now in self._snapshots(run_id)[1]]
+
+    def _snapshots(
+        self, run_id: str
+    ) -> tuple[dict[Any, Any], list[tuple[dict[str, int], int | None, int | None, int]]]:
         count = self.shard_count(run_id)
-        with self._errors(run_id):
+        with self.errors(run_id):
             pipe = self.client.pipeline(transaction=False)
             pipe.hgetall(self.keys.run(run_id))
             for shard in range(count):
                 self.scripts.run("shard_status", self.keys.shard(run_id, shard), [], client=pipe)
-            info_raw, *snapshots = pipe.execute()
+            info_raw, *raw = pipe.execute()
+        snapshots = []
+        for flat_counts, due, held, shard_now, _meta in raw:
+            counts = {name: int(value) for name, value in _pairs(flat_counts).items()}
+            for state in COUNT_STATES:
+                counts.setdefault(state, 0)
+            snapshots.append(
+                (
+                    counts,
+                    int(float(due)) if due else None,
+                    int(float(held)) if held else None,
+                    int(shard_now),
+                )
+            )
+        return info_raw, snapshots
+
+    def status(self, run_id: str) -> RunStatus:
+        """Counts, event counters and ages of a run: O(shards), one round trip."""
+        info_raw, snapshots = self._snapshots(run_id)
         totals: dict[str, int] = {}
         first_due: list[int] = []
         first_held: list[int] = []
         now = 0
-        for flat_counts, due, held, shard_now, _meta in snapshots:
-            for name, value in _pairs(flat_counts).items():
-                totals[name] = totals.get(name, 0) + int(value)
-            if due:
-                first_due.append(int(float(due)))
-            if held:
-                first_held.append(int(float(held)))
-            now = max(now, int(shard_now))
+        for counts, due, held, shard_now in snapshots:
+            for name, value in counts.items():
+                totals[name] = totals.get(name, 0) + value
+            if due is not None:
+                first_due.append(due)
+            if held is not None:
+                first_held.append(held)
+            now = max(now, shard_now)
         counts = {state: totals.pop(state, 0) for state in COUNT_STATES}
         eligible = [now - t for t in first_due if t <= now]
         info = {_text(k): _text(v) for k, v in info_raw.items()}
         return RunStatus(
             run_id=run_id,
-            shards=count,
+            shards=len(snapshots),
             state=info.get("state", "running"),
             counts=counts,
             events=totals,
@@ -402,7 +460,7 @@ class LeaseStore:
 
     def run_ids(self) -> list[str]:
         """Every run id, oldest first."""
-        with self._errors():
+        with self.errors():
             return [_text(r) for r in self.client.zrange(self.keys.runs, 0, -1)]
 
 

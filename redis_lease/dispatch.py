@@ -1,0 +1,101 @@
+"""RQ as the transport: shard jobs on queues, JSON-serialized, and their liveness.
+
+Redis state is the truth; an RQ job only says "work this shard for a while".
+Lost, repeated or abandoned RQ jobs are harmless because ownership lives in the
+items. Jobs use RQ's JSON serializer, never pickle.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import redis
+from rq import Queue
+from rq.job import Job as RQJob
+from rq.job import JobStatus
+from rq.serializers import JSONSerializer
+
+from .store import LeaseStore
+
+#: Extra seconds RQ allows a shard job beyond its budget before it kills it.
+TIMEOUT_MARGIN = 120
+LIVE_STATUSES = {JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED}
+SHARD_FUNC = "redis_lease.worker.process_shard"
+
+
+class JsonJob(RQJob):
+    """An RQ job that serializes with JSON unless told otherwise.
+
+    Pass it to rq-scheduler (``rqscheduler -j redis_lease.dispatch.JsonJob``),
+    which takes no serializer, so that its jobs are never pickled.
+    """
+
+    def __init__(
+        self, id: str | None = None, connection: Any = None, serializer: Any = None
+    ) -> None:
+        super().__init__(id=id, connection=connection, serializer=serializer or JSONSerializer)
+
+
+def queue(connection: redis.Redis, name: str) -> Queue:
+    """An RQ queue that writes JSON jobs."""
+    return Queue(name, connection=connection, serializer=JSONSerializer, job_class=JsonJob)
+
+
+def enqueue_shard(
+    store: LeaseStore,
+    job_path: str,
+    queue_name: str,
+    run_id: str,
+    shard: int,
+    budget: float,
+) -> str:
+    """Enqueues one RQ job that works ``shard`` of ``run_id``; returns its RQ id."""
+    rq_id = f"rl-{uuid.uuid4().hex}"
+    with store.errors(run_id):
+        store.client.hset(store.keys.run_jobs(run_id), rq_id, str(shard))
+        queue(store.client, queue_name).enqueue_call(
+            func=SHARD_FUNC,
+            args=[job_path, run_id, shard, store.prefix],
+            job_id=rq_id,
+            timeout=int(budget) + TIMEOUT_MARGIN,
+            result_ttl=3600,
+            failure_ttl=86400,
+            description=f"redis-lease {run_id} shard {shard}",
+        )
+    return rq_id
+
+
+def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
+    """The run's live RQ jobs by shard; forgets the ones that ended or died.
+
+    Queued, scheduled and deferred jobs are live; a started job is live while
+    its heartbeat key exists (it is renewed by the worker's lease keeper, so a
+    killed or paused worker stops counting within a few seconds).
+    """
+    key = store.keys.run_jobs(run_id)
+    with store.errors(run_id):
+        known = {_text(k): int(v) for k, v in store.client.hgetall(key).items()}
+        if not known:
+            return {}
+        ids = list(known)
+        jobs = RQJob.fetch_many(ids, connection=store.client, serializer=JSONSerializer)
+        pipe = store.client.pipeline(transaction=False)
+        for rq_id in ids:
+            pipe.exists(store.keys.run_beat(run_id, rq_id))
+        beats = pipe.execute()
+        live: dict[int, list[str]] = {}
+        dead: list[str] = []
+        for rq_id, rq_job, beat in zip(ids, jobs, beats, strict=True):
+            status = rq_job.get_status(refresh=False) if rq_job is not None else None
+            if status in LIVE_STATUSES or (status == JobStatus.STARTED and beat):
+                live.setdefault(known[rq_id], []).append(rq_id)
+            else:
+                dead.append(rq_id)
+        if dead:
+            store.client.hdel(key, *dead)
+    return live
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
