@@ -9,12 +9,13 @@
 -- ARGV[4] lease TTL in ms
 --
 -- Returns: {item id, token, lease id, expires_at ms, attempt, payload, takeover 0|1, now ms}
--- Errors: RUN_CLOSED; NOT_FOUND item=<id>;
+-- Errors: INVALID <what>; RUN_CLOSED; NOT_FOUND item=<id>;
 --   NOT_CLAIMABLE item=<id> state=<state> until=<ms> (until: lease expiry or eligible-at)
 -- @include "shard.lua"
 
 local function main()
   local id, worker, lease_id, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+  if not ttl or ttl < 1 then return fail('INVALID', 'lease TTL must be a number of ms from 1') end
   if is_closed() then return fail('RUN_CLOSED', 'run=' .. (rcall('HGET', META, 'run') or '?')) end
   local rec = load(id)
   if not rec then return fail('NOT_FOUND', 'item=' .. id) end

@@ -11,11 +11,14 @@
 -- Returns: an array of claim rows, each
 --   {item id, token, lease id, expires_at ms, attempt, payload, takeover 0|1, now ms};
 --   empty when nothing is due.
--- Errors: RUN_CLOSED
+-- Errors: INVALID <what>; RUN_CLOSED
 -- @include "shard.lua"
 
 local function main()
   local worker, base, ttl, limit = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+  if not ttl or ttl < 1 or not limit or limit < 1 then
+    return fail('INVALID', 'lease TTL and N must be numbers from 1')
+  end
   if is_closed() then return fail('RUN_CLOSED', 'run=' .. (rcall('HGET', META, 'run') or '?')) end
   local now = now_ms()
   local rows = {}

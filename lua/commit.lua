@@ -49,6 +49,36 @@ local function check_guards(conditions, writes)
     if shape ~= true and (type(w[shape]) ~= 'table' or next(w[shape]) == nil) then
       return 'write ' .. i .. ' needs a non-empty "' .. shape .. '"'
     end
+    if w['do'] == 'zadd' then
+      for m, score in pairs(w.scores) do
+        local n = tonumber(score)
+        if not n or n ~= n then return 'write ' .. i .. ' needs a number score for ' .. tostring(m) end
+      end
+    end
+  end
+  return nil
+end
+
+local WRITE_TYPES = {hset = 'hash', hdel = 'hash', sadd = 'set', srem = 'set', zadd = 'zset',
+  zrem = 'zset'}
+
+-- A write to a key of another type would fail half-way (a Lua error keeps the
+-- writes before it), so the types are checked, following the writes, first.
+local function check_types(writes)
+  local seen = {}
+  for i, w in ipairs(writes) do
+    local want = WRITE_TYPES[w['do']]
+    if want then
+      local have = seen[w.key] or rcall('TYPE', KEYS[7 + w.key]).ok
+      if have ~= 'none' and have ~= want then
+        return 'write ' .. i .. ' needs a ' .. want .. ' but key ' .. w.key .. ' holds a ' .. have
+      end
+      if have == 'none' and (w['do'] == 'hset' or w['do'] == 'sadd' or w['do'] == 'zadd') then
+        seen[w.key] = want
+      end
+    else
+      seen[w.key] = 'none'
+    end
   end
   return nil
 end
@@ -88,13 +118,15 @@ local function main()
     return {'repeated', existing.token, existing.result or '', existing.done_at}
   end
   local now = now_ms()
-  local rec, err = held(id, token, lease_id, now)
+  local rec, err = held(id, token, lease_id, now, 'stale_commits')
   if not rec then return err end
   for i, c in ipairs(conditions) do
     if not condition_holds(c) then
       return fail('CONDITION_FAILED', 'item=' .. id .. ' condition=' .. i)
     end
   end
+  bad = check_types(writes)
+  if bad then return fail('INVALID', bad) end
   for _, w in ipairs(writes) do apply(w) end
   rec.result = result
   rec.done_at = now

@@ -12,12 +12,15 @@
 -- ARGV[6] jitter, a number in [0, 1): the delay is backoff * (0.5 + jitter / 2)
 --
 -- Returns: {'retry' | 'dead', eligible_at ms (0 when dead), attempts, now ms}
--- Errors: NOT_FOUND item=<id>; LEASE_LOST item=<id> token=<t> current_token=<t> state=<s>
+-- Errors: INVALID <what>; NOT_FOUND item=<id>; LEASE_LOST item=<id> token=<t> current_token=<t> state=<s>
 -- @include "shard.lua"
 
 local function main()
   local id, token, lease_id, err_text = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
   local permanent, jitter = ARGV[5] == '1', tonumber(ARGV[6])
+  if not jitter or jitter < 0 or jitter >= 1 then
+    return fail('INVALID', 'jitter must be a number in [0, 1)')
+  end
   local now = now_ms()
   local rec, err = held(id, token, lease_id, now)
   if not rec then return err end

@@ -8,7 +8,7 @@
 -- ARGV[3] lease id ('' to check the token alone)
 --
 -- Returns: {now ms}
--- Errors: NOT_FOUND item=<id>; LEASE_LOST item=<id> token=<t> current_token=<t> state=<s>
+-- Errors: INVALID <what>; NOT_FOUND item=<id>; LEASE_LOST item=<id> token=<t> current_token=<t> state=<s>
 -- @include "shard.lua"
 
 local function main()

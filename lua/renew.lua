@@ -9,11 +9,12 @@
 -- ARGV[4] new TTL in ms, counted from now
 --
 -- Returns: {expires_at ms, now ms}
--- Errors: NOT_FOUND item=<id>; LEASE_LOST item=<id> token=<t> current_token=<t> state=<s>
+-- Errors: INVALID <what>; NOT_FOUND item=<id>; LEASE_LOST item=<id> token=<t> current_token=<t> state=<s>
 -- @include "shard.lua"
 
 local function main()
   local id, token, lease_id, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+  if not ttl or ttl < 1 then return fail('INVALID', 'lease TTL must be a number of ms from 1') end
   local now = now_ms()
   local rec, err = held(id, token, lease_id, now)
   if not rec then return err end

@@ -208,7 +208,8 @@ def work_shard(
                 report.stopped = stop.is_set()
                 report.released += _release(store, keeper, batch[index:])
                 return report
-            _handle(store, job, active, report)
+            if not active.lost:  # a lease lost while it waited is not started
+                _handle(store, job, active, report)
             keeper.drop(active)
     report.stopped = stop.is_set()
     return report

@@ -64,13 +64,16 @@ local function set_state(id, rec, state, score)
 end
 
 -- The holder check shared by renew, commit, fail, release and effects.
--- Returns the record, or nil and the error reply (counted as a stale write).
-local function held(id, token, lease_id, now)
+-- Returns the record, or nil and the error reply. A refusal is counted in
+-- stale_refused and, when given, in the counter `refused` (e.g. stale_commits).
+local function held(id, token, lease_id, now, refused)
+  if not token then return nil, fail('INVALID', 'token must be a number') end
   local rec = load(id)
   if not rec then return nil, fail('NOT_FOUND', 'item=' .. id) end
   if rec.state ~= 'leased' or rec.token ~= token or (lease_id ~= '' and rec.lease_id ~= lease_id)
       or rec.expires_at <= now then
     bump('stale_refused')
+    if refused then bump(refused) end
     return nil, fail('LEASE_LOST', 'item=' .. id .. ' token=' .. token .. ' current_token=' .. (rec.token or 0)
       .. ' state=' .. rec.state)
   end

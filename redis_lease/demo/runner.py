@@ -1,0 +1,238 @@
+"""The demo run: today's payment reconciliation on real RQ worker processes, with faults.
+
+While the workers work, one is paused (SIGSTOP) past its lease and resumed, and
+one is killed (SIGKILL). The report shows that nothing was lost or applied
+twice and that the paused worker's late commit was refused.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..runs import FINAL_STATES, Runs
+from ..store import LeaseStore
+from ..tick import tick
+from .backend import demo_backend
+from .ledger import Ledger
+
+JOB_PATH = "redis_lease.demo.payments:reconcile"
+WORKER_COMMAND = (sys.executable, "-m", "redis_lease")
+TICK_INTERVAL = 0.25
+
+
+@dataclass
+class DemoConfig:
+    """How big the demo is and where it runs."""
+
+    url: str | None = None
+    backend: str = "auto"
+    items: int = 2000
+    shards: int = 8
+    workers: int = 4
+    lease_ttl: float = 2.0
+    latency: float = 0.01
+    deadline: str = "50s"
+    faults: bool = True
+    keep: bool = False
+
+
+@dataclass
+class Fleet:
+    """The worker processes, each in its own process group."""
+
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+
+    def signal(self, index: int, sig: int) -> None:
+        """Sends ``sig`` to worker ``index``'s whole process group."""
+        process = self.processes[index]
+        if process.poll() is None:
+            os.killpg(process.pid, sig)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Warm shutdown (SIGTERM) of every worker; SIGKILL for any left after ``timeout``."""
+        for index in range(len(self.processes)):
+            self.signal(index, signal.SIGCONT)
+            self.signal(index, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for index, process in enumerate(self.processes):
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.signal(index, signal.SIGKILL)
+                process.wait(timeout=5)
+
+
+def _environment(config: DemoConfig, queue: str) -> dict[str, str]:
+    return {
+        "REDIS_LEASE_DEMO_ITEMS": str(config.items),
+        "REDIS_LEASE_DEMO_SHARDS": str(config.shards),
+        "REDIS_LEASE_DEMO_TTL": str(config.lease_ttl),
+        "REDIS_LEASE_DEMO_LATENCY": str(config.latency),
+        "REDIS_LEASE_DEMO_DEADLINE": config.deadline,
+        "REDIS_LEASE_DEMO_QUEUE": queue,
+    }
+
+
+def start_workers(url: str, queue: str, count: int, env: dict[str, str], logs: Path) -> Fleet:
+    """Starts ``count`` ``redis-lease worker`` processes on ``queue``."""
+    fleet = Fleet()
+    for n in range(count):
+        log = (logs / f"worker-{n}.log").open("wb")
+        fleet.processes.append(
+            subprocess.Popen(
+                # --simple: the shard job runs in the worker process, so a signal to the
+                # worker reaches the job (a forking worker's work horse has its own session).
+                [*WORKER_COMMAND, "--url", url, "worker", "--simple", "--queue", queue],
+                env={**os.environ, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+    return fleet
+
+
+def lease_holders(store: LeaseStore, run_id: str, fleet: Fleet) -> list[int]:
+    """Indexes of the workers that hold a lease on the run now (owners are host:pid:job)."""
+    pids = {process.pid: n for n, process in enumerate(fleet.processes)}
+    holders: set[int] = set()
+    for shard in range(store.shard_count(run_id)):
+        keys = store.keys.shard(run_id, shard)
+        ids: list[Any] = list(store.client.zrange(keys[4], 0, -1))
+        for raw in store.client.hmget(keys[2], ids) if ids else []:
+            owner = json.loads(raw).get("owner", "") if raw else ""
+            parts = owner.split(":")
+            if len(parts) >= 2 and parts[-2].isdigit() and int(parts[-2]) in pids:
+                holders.add(pids[int(parts[-2])])
+    return sorted(holders)
+
+
+@dataclass
+class FaultPlan:
+    """Pause a lease-holding worker past its lease, then resume it; kill another."""
+
+    lease_ttl: float
+    paused: int | None = None
+    paused_at: float = 0.0
+    takeovers_at_pause: int = 0
+    resumed: bool = False
+    killed: bool = False
+
+    def step(self, store: LeaseStore, run_id: str, fleet: Fleet, progress: float) -> None:
+        """Injects the next fault when its moment has come."""
+        now = time.monotonic()
+        takeovers = store.status(run_id).events.get("takeovers", 0)
+        if self.paused is None and progress >= 0.15:
+            holders = lease_holders(store, run_id, fleet)
+            if holders:
+                self.paused, self.paused_at = holders[0], now
+                self.takeovers_at_pause = takeovers
+                fleet.signal(self.paused, signal.SIGSTOP)
+                fleet.events.append(f"paused worker {self.paused} (SIGSTOP) at {progress:.0%}")
+        elif self.paused is not None and not self.resumed:
+            # Resume once the lease has expired and another worker took an item over.
+            waited = now - self.paused_at
+            taken = takeovers > self.takeovers_at_pause
+            if (taken and waited > 1.5 * self.lease_ttl) or waited > 5 * self.lease_ttl:
+                fleet.signal(self.paused, signal.SIGCONT)
+                self.resumed = True
+                fleet.events.append(f"resumed worker {self.paused} (SIGCONT) after {waited:.1f}s")
+        if not self.killed and progress >= 0.4:
+            holders = [n for n in lease_holders(store, run_id, fleet) if n != self.paused]
+            if holders:
+                fleet.signal(holders[0], signal.SIGKILL)
+                self.killed = True
+                fleet.events.append(f"killed worker {holders[0]} (SIGKILL) at {progress:.0%}")
+
+
+def run_demo(
+    config: DemoConfig,
+    on_progress: Callable[[int, int], None] | None = None,
+    on_backend: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Runs the demo end to end and returns its report."""
+    prefix = f"demo-{uuid.uuid4().hex[:8]}"
+    queue = f"{prefix}-shards"
+    env = _environment(config, queue)
+    os.environ.update(env)
+    payments = importlib.reload(importlib.import_module("redis_lease.demo.payments"))
+    job = payments.reconcile
+    started = time.monotonic()
+    with demo_backend(config.url, config.backend) as backend, tempfile.TemporaryDirectory() as logs:
+        if on_backend:
+            on_backend(backend.description)
+        store = LeaseStore.from_url(backend.url, prefix=prefix)
+        runs = Runs(store)
+        today = runs.server_now().date()
+        run_id, _ = runs.ensure(job, today, runs.server_now())
+        fleet = start_workers(backend.url, queue, config.workers, env, Path(logs))
+        faults = FaultPlan(config.lease_ttl)
+        try:
+            state = _drive(
+                store, runs, run_id, fleet, faults if config.faults else None, on_progress
+            )
+        finally:
+            fleet.stop()
+        status = store.status(run_id)
+        report = {
+            "run_id": run_id,
+            "state": state,
+            "items": status.total,
+            "done": status.counts["done"],
+            "dead": status.counts["dead"],
+            "unfinished": status.unfinished,
+            **Ledger(store.client, prefix).figures(),
+            "stale_commits_refused": status.events.get("stale_commits", 0),
+            "lease_takeovers": status.events.get("takeovers", 0),
+            "retries": status.events.get("retries", 0),
+            "duration_seconds": round(time.monotonic() - started, 2),
+            "workers": config.workers,
+            "backend": backend.description,
+            "faults": fleet.events,
+            "reason": runs.info(run_id).get("reason", ""),
+        }
+        if not backend.owned and not config.keep:
+            _delete_prefix(store, prefix)
+        return report
+
+
+def _drive(
+    store: LeaseStore,
+    runs: Runs,
+    run_id: str,
+    fleet: Fleet,
+    faults: FaultPlan | None,
+    on_progress: Callable[[int, int], None] | None,
+) -> str:
+    """Ticks until the run is final, injecting faults on the way; returns the final state."""
+    while True:
+        tick(store, [JOB_PATH])
+        info = runs.info(run_id)
+        status = store.status(run_id)
+        total = max(status.total, 1)
+        if on_progress:
+            on_progress(status.counts["done"] + status.counts["dead"], status.total)
+        if info["state"] in FINAL_STATES:
+            return info["state"]
+        if faults is not None and info["state"] == "running":
+            faults.step(store, run_id, fleet, status.counts["done"] / total)
+        time.sleep(TICK_INTERVAL)
+
+
+def _delete_prefix(store: LeaseStore, prefix: str) -> None:
+    keys = list(store.client.scan_iter(match=f"{prefix}:*", count=1000))
+    for start in range(0, len(keys), 500):
+        store.client.delete(*keys[start : start + 500])
