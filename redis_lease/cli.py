@@ -215,6 +215,26 @@ def record_dict(record: ItemRecord) -> dict[str, Any]:
     }
 
 
+def run_details(
+    store: LeaseStore, status: RunStatus
+) -> tuple[list[dict[str, str]], dict[str, str]]:
+    """The run's recorded decisions and its job's recorded settings (empty for ad-hoc runs)."""
+    from .runs import Runs
+
+    decisions = Runs(store).events(status.run_id)
+    job = status.info.get("job")
+    settings: dict[str, str] = {}
+    if job:
+        with store.errors(status.run_id):
+            raw = store.client.hgetall(store.keys.job(job))
+        settings = {_text(k): _text(v) for k, v in raw.items()}
+    return decisions, settings
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 # -- commands -----------------------------------------------------------------
 
 
@@ -422,13 +442,24 @@ def status(
     """Counts and ages of a run, or of every run."""
     if run is not None:
         check_id(run, "run id")
-        one = open_store(ctx).status(run)
+        store = open_store(ctx)
+        one = store.status(run)
+        decisions, settings = run_details(store, one)
         if as_json:
-            print_json(one.to_dict())
+            print_json({**one.to_dict(), "decisions": decisions, "job_settings": settings})
             return
+        info = one.info
         print_fields(
             {
                 "state": one.state,
+                "reason": info.get("reason"),
+                "job": info.get("job"),
+                "business date": info.get("business_date"),
+                "deadline": _iso(int(info["deadline_at"])) if info.get("deadline_at") else None,
+                "rate (items/s)": info.get("rate_per_s"),
+                "projected finish": _iso(int(info["projected_finish_at"]))
+                if info.get("projected_finish_at")
+                else None,
                 "shards": one.shards,
                 **one.counts,
                 "total": one.total,
@@ -438,6 +469,12 @@ def status(
             },
             title=f"run {run}",
         )
+        if decisions:
+            print_table(
+                ("at", "decision", "reason"),
+                [(_iso(int(d.get("at", "0"))), d.get("kind"), d.get("reason")) for d in decisions],
+                title="decisions",
+            )
         return
     store = open_store(ctx)
     statuses: list[RunStatus] = []
