@@ -29,6 +29,16 @@ class Keys:
         tag = f"{self.prefix}:{{{run_id}#{shard}}}"
         return [f"{tag}:{name}" for name in SHARD_KEY_NAMES]
 
+    def effects(self, run_id: str, shard: int) -> list[str]:
+        """The shard's effect ledger (hash) and its unknown effects by age (sorted set)."""
+        tag = f"{self.prefix}:{{{run_id}#{shard}}}"
+        return [f"{tag}:effects", f"{tag}:effects_unknown"]
+
+    def provider(self, name: str) -> list[str]:
+        """A provider's concurrency slots (sorted set) and cap state (hash)."""
+        tag = f"{self.prefix}:provider:{{{name}}}"
+        return [f"{tag}:slots", f"{tag}:state"]
+
     def run(self, run_id: str) -> str:
         """The run's record (hash)."""
         return f"{self.prefix}:run:{{{run_id}}}"

@@ -140,6 +140,7 @@ class RunStatus:
     oldest_eligible_age_seconds: float
     oldest_leased_age_seconds: float
     now_ms: int
+    oldest_unknown_effect_age_seconds: float = 0.0
     info: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -163,5 +164,6 @@ class RunStatus:
             "events": dict(self.events),
             "oldest_eligible_age_seconds": self.oldest_eligible_age_seconds,
             "oldest_leased_age_seconds": self.oldest_leased_age_seconds,
+            "oldest_unknown_effect_age_seconds": self.oldest_unknown_effect_age_seconds,
             **({"info": dict(self.info)} if self.info else {}),
         }

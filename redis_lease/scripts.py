@@ -31,6 +31,9 @@ KEY_COUNTS: dict[str, int] = {
     "shard_status": 7,
     "create_run": 1,
     "run_transition": 2,
+    "record_effect": 9,
+    "slot_acquire": 2,
+    "slot_release": 2,
 }
 
 _INCLUDE = re.compile(r'^-- @include "([a-z_]+\.lua)"$', re.MULTILINE)

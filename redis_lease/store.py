@@ -7,6 +7,7 @@ import random
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -343,9 +344,13 @@ class LeaseStore:
         )
         return FailOutcome(state=_text(state), eligible_at_ms=int(eligible), attempts=int(attempts))
 
-    def release(self, lease: Lease) -> None:
-        """Gives the item back unprocessed, due at once. Raises LeaseLost."""
-        self._holder_script("release", lease, [])
+    def release(self, lease: Lease, delay: float = 0.0) -> None:
+        """Gives the item back unprocessed, due at once or after ``delay`` seconds.
+
+        The attempt is not counted. Raises LeaseLost.
+        """
+        delay_ms = ttl_to_ms(delay, "delay") if delay else 0
+        self._holder_script("release", lease, [delay_ms])
 
     def _holder_script(
         self, name: str, lease: Lease, args: Sequence[Any], extra_keys: Sequence[str] = ()
@@ -363,6 +368,36 @@ class LeaseStore:
             token=lease.token,
             extra_keys=extra_keys,
         )
+
+    def record_effect(
+        self, lease: Lease, key: str, name: str, state: str, detail: Any = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Writes the effect record ``key`` under the fence; returns (previous state, record).
+
+        An applied record is final: it is returned unchanged. Raises LeaseLost.
+        """
+        detail_text = encode_json(detail, "effect detail")
+        previous, text = self._holder_script(
+            "record_effect",
+            lease,
+            [key, name, state, detail_text],
+            extra_keys=self.keys.effects(lease.run_id, lease.shard),
+        )
+        return _text(previous), json.loads(text)
+
+    def effect(self, run_id: str, item_id: str, key: str) -> dict[str, Any] | None:
+        """The effect record ``key`` of an item, or None."""
+        shard = self.shard_for(run_id, item_id)
+        with self.errors(run_id, item_id):
+            raw = self.client.hget(self.keys.effects(run_id, shard)[0], key)
+        return json.loads(raw) if raw else None
+
+    def effects(self, run_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Every effect record of the run: (idempotency key, record)."""
+        for shard in range(self.shard_count(run_id)):
+            with self.errors(run_id):
+                for key, raw in self.client.hscan_iter(self.keys.effects(run_id, shard)[0]):
+                    yield _text(key), json.loads(raw)
 
     def lease_ref(self, run_id: str, item_id: str, token: int, lease_id: str = "") -> Lease:
         """A Lease for an item by token (for callers that kept only the token)."""
@@ -401,28 +436,30 @@ class LeaseStore:
 
     def shard_counts(self, run_id: str) -> list[dict[str, int]]:
         """Per shard, the item counts by state and the event counters."""
-        return [counts for counts, _due, _held, _now in self._snapshots(run_id)[1]]
+        return [snap.counts for snap in self._snapshots(run_id)[1]]
 
-    def _snapshots(
-        self, run_id: str
-    ) -> tuple[dict[Any, Any], list[tuple[dict[str, int], int | None, int | None, int]]]:
+    def _snapshots(self, run_id: str) -> tuple[dict[Any, Any], list[_Snapshot]]:
         count = self.shard_count(run_id)
         with self.errors(run_id):
             pipe = self.client.pipeline(transaction=False)
             pipe.hgetall(self.keys.run(run_id))
             for shard in range(count):
                 self.scripts.run("shard_status", self.keys.shard(run_id, shard), [], client=pipe)
+                pipe.zrange(self.keys.effects(run_id, shard)[1], 0, 0, withscores=True)
             info_raw, *raw = pipe.execute()
         snapshots = []
-        for flat_counts, due, held, shard_now, _meta in raw:
+        for (flat_counts, due, held, shard_now, _meta), unknown in zip(
+            raw[::2], raw[1::2], strict=True
+        ):
             counts = {name: int(value) for name, value in _pairs(flat_counts).items()}
             for state in COUNT_STATES:
                 counts.setdefault(state, 0)
             snapshots.append(
-                (
+                _Snapshot(
                     counts,
                     int(float(due)) if due else None,
                     int(float(held)) if held else None,
+                    int(unknown[0][1]) if unknown else None,
                     int(shard_now),
                 )
             )
@@ -432,19 +469,16 @@ class LeaseStore:
         """Counts, event counters and ages of a run: O(shards), one round trip."""
         info_raw, snapshots = self._snapshots(run_id)
         totals: dict[str, int] = {}
-        first_due: list[int] = []
-        first_held: list[int] = []
-        now = 0
-        for counts, due, held, shard_now in snapshots:
-            for name, value in counts.items():
+        for snap in snapshots:
+            for name, value in snap.counts.items():
                 totals[name] = totals.get(name, 0) + value
-            if due is not None:
-                first_due.append(due)
-            if held is not None:
-                first_held.append(held)
-            now = max(now, shard_now)
+        now = max((snap.now for snap in snapshots), default=0)
+
+        def oldest(times: Iterable[int | None]) -> float:
+            ages = [now - t for t in times if t is not None and t <= now]
+            return max(ages, default=0) / 1000
+
         counts = {state: totals.pop(state, 0) for state in COUNT_STATES}
-        eligible = [now - t for t in first_due if t <= now]
         info = {_text(k): _text(v) for k, v in info_raw.items()}
         return RunStatus(
             run_id=run_id,
@@ -452,8 +486,9 @@ class LeaseStore:
             state=info.get("state", "running"),
             counts=counts,
             events=totals,
-            oldest_eligible_age_seconds=max(eligible, default=0) / 1000,
-            oldest_leased_age_seconds=max((now - t for t in first_held), default=0) / 1000,
+            oldest_eligible_age_seconds=oldest(s.first_due for s in snapshots),
+            oldest_leased_age_seconds=oldest(s.first_held for s in snapshots),
+            oldest_unknown_effect_age_seconds=oldest(s.first_unknown for s in snapshots),
             now_ms=now,
             info=info,
         )
@@ -462,6 +497,17 @@ class LeaseStore:
         """Every run id, oldest first."""
         with self.errors():
             return [_text(r) for r in self.client.zrange(self.keys.runs, 0, -1)]
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """One shard's counters and the first entries of its time indexes (ms)."""
+
+    counts: dict[str, int]
+    first_due: int | None
+    first_held: int | None
+    first_unknown: int | None
+    now: int
 
 
 def _text(value: Any) -> str:

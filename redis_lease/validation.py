@@ -60,7 +60,7 @@ def ttl_to_ms(seconds: float, what: str = "ttl") -> int:
     """Converts a TTL in seconds to whole milliseconds within the allowed bounds."""
     try:
         ms = round(float(seconds) * 1000)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InvalidInput(f"{what} must be a number of seconds, got {seconds!r}") from None
     if not TTL_MIN_MS <= ms <= TTL_MAX_MS:
         raise InvalidInput(

@@ -90,6 +90,7 @@ local function grant(id, rec, worker, lease_id, ttl, now)
     if (rec.attempts or 0) >= meta_number('max_attempts', 5) then
       rec.error = 'lease expired on the last attempt'
       rec.updated_at = now
+      rec.expires_at = nil
       set_state(id, rec, 'dead', now)
       save(id, rec)
       return nil

@@ -1,0 +1,54 @@
+-- record_effect: write an item's effect record under the fence, in the same
+-- script as the holder check. States: intended (before the external call) ->
+-- applied (with the provider's reference) | failed (definite) | unknown
+-- (timeout, reset, 5xx after sending). An applied record is final.
+--
+-- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
+-- KEYS[8] effects: hash, idempotency key -> JSON record
+-- KEYS[9] unknown effects: zset, idempotency key -> since (ms)
+-- ARGV[1] item id
+-- ARGV[2] token
+-- ARGV[3] lease id ('' to check the token alone)
+-- ARGV[4] idempotency key
+-- ARGV[5] effect name
+-- ARGV[6] new state: intended | applied | failed | unknown
+-- ARGV[7] detail (JSON text): the provider's result when applied, the error otherwise
+--
+-- Returns: {previous state ('' when new), the stored record (JSON)}; when the
+--   record is already applied it is returned unchanged.
+-- Errors: INVALID <what>; NOT_FOUND item=<id>;
+--   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s>
+-- @include "shard.lua"
+
+local EFFECTS, UNKNOWN = KEYS[8], KEYS[9]
+local FROM = {intended = {[''] = true, intended = true, unknown = true, failed = true},
+  applied = {intended = true, unknown = true}, failed = {intended = true, unknown = true},
+  unknown = {intended = true}}
+
+local function main()
+  local id, token, lease_id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+  local key, name, state, detail = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+  if not FROM[state] then return fail('INVALID', 'effect state ' .. state) end
+  local now = now_ms()
+  local _, err = held(id, token, lease_id, now, 'stale_effects')
+  if err then return err end
+  local raw = rcall('HGET', EFFECTS, key)
+  local rec = raw and cjson.decode(raw) or {item = id, name = name, state = ''}
+  if rec.state == 'applied' then return {'applied', raw} end
+  if not FROM[state][rec.state] then
+    return fail('INVALID', 'effect ' .. key .. ' cannot go from ' .. rec.state .. ' to ' .. state)
+  end
+  local previous = rec.state
+  if previous ~= '' then bump('effects_' .. previous, -1) end
+  bump('effects_' .. state)
+  if state == 'unknown' then rcall('ZADD', UNKNOWN, 'NX', now, key) else rcall('ZREM', UNKNOWN, key) end
+  rec.state, rec.token, rec.updated_at = state, token, now
+  if state == 'intended' then rec.attempts = (rec.attempts or 0) + 1 end
+  if state == 'applied' then rec.result = detail elseif state ~= 'intended' then rec.error = detail end
+  local text = cjson.encode(rec)
+  rcall('HSET', EFFECTS, key, text)
+  return {previous, text}
+end
+
+return main()

@@ -1,0 +1,129 @@
+"""The provider boundary: a fleet-wide concurrency cap per provider, kept in Redis.
+
+A slot is a lease too (it expires if its holder dies), so adding workers can't
+exceed what the provider tolerates. When the provider throttles, the cap is
+halved and new slots wait for its Retry-After; each full window of successes
+at the current cap raises it by one again (additive increase, multiplicative
+decrease).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from .effects import Throttled
+from .errors import LeaseError
+from .store import LeaseStore
+from .validation import check_id, check_positive, ttl_to_ms
+
+
+class SlotTimeout(LeaseError):
+    """No provider slot became free in time; the item should be retried later."""
+
+
+@dataclass(frozen=True)
+class GateState:
+    """A provider's cap and counters as recorded in Redis."""
+
+    name: str
+    cap: int
+    in_use: int
+    min_cap: int
+    max_cap: int
+    throttles: int
+    paused_until_ms: int
+    counters: dict[str, int]
+
+
+class ProviderGate:
+    """At most ``cap`` calls in flight to provider ``name`` across every worker.
+
+    Args:
+        store: the store whose Redis keeps the slots.
+        name: the provider's id.
+        max_concurrency: the cap it starts at and never exceeds.
+        min_concurrency: the lowest it drops to under throttling.
+        slot_ttl: seconds a slot lasts if its holder dies mid-call.
+    """
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        name: str,
+        max_concurrency: int,
+        min_concurrency: int = 1,
+        slot_ttl: float = 60.0,
+    ) -> None:
+        self.store = store
+        self.name = check_id(name, "provider name")
+        self.max_concurrency = check_positive(max_concurrency, "max_concurrency", 100_000)
+        self.min_concurrency = check_positive(min_concurrency, "min_concurrency", max_concurrency)
+        self.slot_ttl_ms = ttl_to_ms(slot_ttl, "slot_ttl")
+        self.keys = store.keys.provider(name)
+
+    @contextmanager
+    def slot(self, wait: float = 30.0) -> Iterator[None]:
+        """Holds one slot around a call; a Throttled error lowers the cap.
+
+        Raises:
+            SlotTimeout: no slot within ``wait`` seconds.
+        """
+        holder = f"{uuid.uuid4().hex}"
+        self._acquire(holder, wait)
+        outcome, retry_after_ms = "error", 0
+        try:
+            yield
+            outcome = "ok"
+        except Throttled as error:
+            outcome, retry_after_ms = "throttled", int(error.retry_after * 1000)
+            raise
+        finally:
+            with self.store.errors():
+                self.store.scripts.run("slot_release", self.keys, [holder, outcome, retry_after_ms])
+
+    def _acquire(self, holder: str, wait: float) -> None:
+        deadline = time.monotonic() + wait
+        while True:
+            with self.store.errors():
+                granted, *_rest = reply = self.store.scripts.run(
+                    "slot_acquire",
+                    self.keys,
+                    [holder, self.slot_ttl_ms, self.max_concurrency, self.min_concurrency],
+                )
+            if granted:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SlotTimeout(f"no slot for provider {self.name!r} within {wait}s; retry later")
+            # Poll: the wait the script suggests, capped so a freed slot is found quickly.
+            time.sleep(min(remaining, max(0.002, min(int(reply[3]) / 1000, 0.05))))
+
+    def state(self) -> GateState:
+        """The current cap, slots in use and throttle counters."""
+        with self.store.errors():
+            pipe = self.store.client.pipeline(transaction=False)
+            pipe.time()
+            pipe.zrange(self.keys[0], 0, -1, withscores=True)
+            pipe.hgetall(self.keys[1])
+            (seconds, micros), slots, raw = pipe.execute()
+        now = seconds * 1000 + micros // 1000
+        fields: dict[str, Any] = {_text(k): int(float(v)) for k, v in raw.items()}
+        return GateState(
+            name=self.name,
+            cap=fields.get("cap", self.max_concurrency),
+            in_use=sum(1 for _, expiry in slots if expiry > now),
+            min_cap=fields.get("min_cap", self.min_concurrency),
+            max_cap=fields.get("max_cap", self.max_concurrency),
+            throttles=fields.get("throttles", 0),
+            paused_until_ms=fields.get("paused_until", 0),
+            counters=fields,
+        )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

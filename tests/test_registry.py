@@ -1,0 +1,253 @@
+"""The script registry: every file registered, headers that match the host, errors mapped."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from redis.commands.core import Script
+
+from redis_lease import (
+    ConditionFailed,
+    InvalidInput,
+    Item,
+    LeaseError,
+    LeaseLost,
+    LeaseStore,
+    NotClaimable,
+    NotFound,
+    RunClosed,
+    Write,
+)
+from redis_lease.errors import from_reply
+from redis_lease.guards import KeyMissing
+from redis_lease.scripts import KEY_COUNTS, Scripts, lua_dir, source
+from tests.helpers import text
+from tests.redis_server import RedisServer
+
+NAMES = sorted(KEY_COUNTS)
+#: The scripts that LeaseStore's own operations call.
+STORE_SCRIPTS = {
+    "add_items", "claim", "claim_next", "renew", "commit", "fail", "release", "reap", "requeue",
+    "close_shard", "shard_status", "create_run",
+}  # fmt: skip
+CODE = re.compile(r"\b[A-Z][A-Z_]{3,}\b")
+#: The class each documented error code must become.
+EXPECTED_CLASS: dict[str, type[LeaseError]] = {
+    "INVALID": InvalidInput,
+    "NOT_FOUND": NotFound,
+    "NOT_CLAIMABLE": NotClaimable,
+    "LEASE_LOST": LeaseLost,
+    "RUN_CLOSED": RunClosed,
+    "CONDITION_FAILED": ConditionFailed,
+}
+
+
+def raw(name: str) -> str:
+    return (lua_dir() / f"{name}.lua").read_text()
+
+
+def header(name: str) -> list[str]:
+    """The opening comment block of a script file, without the comment marks."""
+    lines = []
+    for line in raw(name).splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line[3:])
+    return lines
+
+
+def documented_errors(name: str) -> set[str]:
+    """The error codes named in the header's ``Errors:`` entry and its indented lines."""
+    codes: set[str] = set()
+    inside = False
+    for line in header(name):
+        if line.startswith("Errors:"):
+            inside = True
+        elif not line.startswith("  "):
+            inside = False
+        if inside:
+            codes |= set(CODE.findall(line))
+    return codes
+
+
+def body_errors(text_: str) -> set[str]:
+    """The error codes a Lua text replies with."""
+    return set(re.findall(r"(?:fail|error_reply)\('([A-Z_]+)[ ']", text_))
+
+
+def test_every_lua_file_is_registered_and_every_registered_name_has_a_file() -> None:
+    files = {path.stem for path in lua_dir().glob("*.lua")}
+    assert files == set(KEY_COUNTS)
+    assert (lua_dir() / "include" / "shard.lua").is_file()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_header_documents_the_keys_the_host_passes(name: str) -> None:
+    lines = "\n".join(header(name))
+    numbered = sorted({int(n) for n in re.findall(r"KEYS\[(\d+)\]", lines)})
+    assert numbered == list(range(1, KEY_COUNTS[name] + 1)), f"{name}: KEYS lines {numbered}"
+    variadic = [int(n) for n in re.findall(r"KEYS\[(\d+)\.\.\.\]", lines)]
+    if name == "commit":
+        assert variadic == [KEY_COUNTS[name] + 1], "commit documents its guarded keys"
+    else:
+        assert variadic == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_header_documents_argv_in_order_and_the_reply(name: str) -> None:
+    lines = "\n".join(header(name))
+    numbered = sorted({int(n) for n in re.findall(r"ARGV\[(\d+)\]", lines)})
+    if "(no ARGV)" in lines:
+        assert numbered == []
+    else:
+        assert numbered == list(range(1, len(numbered) + 1)) and numbered, f"{name}: {numbered}"
+    assert "Returns:" in lines
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_expanded_source_is_complete(name: str) -> None:
+    text_ = source(name)
+    assert not re.search(r"^-- @include", text_, re.MULTILINE)
+    assert "local rcall = redis.call" in text_
+    if "@include" in raw(name):
+        assert "local function held(" in text_
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_error_a_script_replies_with_is_in_its_header(name: str) -> None:
+    own = raw(name)
+    used = body_errors(own)
+    if "held(" in own.replace("local function held(", ""):
+        used |= body_errors((lua_dir() / "include" / "shard.lua").read_text())
+    assert used <= documented_errors(name), f"{name} replies with undocumented {used}"
+
+
+def test_every_documented_error_maps_to_a_lease_error_subclass() -> None:
+    codes = set().union(*(documented_errors(n) for n in NAMES))
+    assert {"LEASE_LOST", "NOT_CLAIMABLE", "NOT_FOUND", "RUN_CLOSED", "INVALID"} <= codes
+    detail = "item=a run=r token=1 current_token=2 state=leased until=5 condition=1"
+    for code in sorted(codes):
+        error = from_reply(redis.ResponseError(f"{code} {detail}"), run_id="r", item_id="a")
+        assert isinstance(error, LeaseError) and type(error) is not LeaseError, code
+        if code in EXPECTED_CLASS:
+            assert type(error) is EXPECTED_CLASS[code], code
+        assert error.run_id == "r" and error.item_id == "a"
+    unknown = from_reply(redis.ResponseError("SOMETHING_ELSE x=1"))
+    assert type(unknown) is LeaseError
+
+
+def test_mapped_errors_carry_the_reply_fields() -> None:
+    lost = from_reply(redis.ResponseError("LEASE_LOST item=a token=1 current_token=4"), token=1)
+    assert isinstance(lost, LeaseLost) and lost.current_token == 4 and lost.token == 1
+    held = from_reply(redis.ResponseError("NOT_CLAIMABLE item=a state=leased until=1700000000000"))
+    assert isinstance(held, NotClaimable)
+    assert (held.state, held.until_ms) == ("leased", 1700000000000)
+    assert "2023-11-14T22:13:20" in held.message
+    failed = from_reply(redis.ResponseError("CONDITION_FAILED item=a condition=3"))
+    assert isinstance(failed, ConditionFailed) and failed.condition == 3
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_script_loads_on_the_server_with_the_registered_sha(
+    store: LeaseStore, name: str
+) -> None:
+    text_ = source(name)
+    sha = text(store.client.script_load(text_))
+    assert sha == store.scripts[name].sha == hashlib.sha1(text_.encode()).hexdigest()
+    assert store.client.script_exists(sha) == [True]
+
+
+def test_the_host_passes_the_documented_number_of_keys(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = {store.scripts[n].sha: n for n in NAMES}
+    calls: list[tuple[str, int]] = []
+    original: Callable[..., Any] = Script.__call__
+
+    def spy(self: Script, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        calls.append((names.get(self.sha, "?"), len(keys or [])))
+        return original(self, keys=keys, args=args, client=client)
+
+    monkeypatch.setattr(Script, "__call__", spy)
+    store.add("r", [Item("a"), Item("b"), Item("c")], shards=2)
+    lease = store.renew(store.claim("r", "a", "w"))
+    guard = f"{store.prefix}:{{r#{lease.shard}}}:guard"
+    store.commit(lease, "ok", conditions=[KeyMissing(guard)], writes=[Write.sadd(guard, ["x"])])
+    for other in store.claim_next("r", "w", limit=2):
+        if other.item_id == "b":
+            store.release(other)
+        else:
+            store.fail(other, "boom", permanent=True)
+    store.reap("r")
+    store.requeue("r")
+    store.set_closed("r", True)
+    store.status("r")
+
+    seen = {name for name, _ in calls}
+    assert seen >= STORE_SCRIPTS, f"not exercised: {STORE_SCRIPTS - seen}"
+    for name, count in calls:
+        expected = KEY_COUNTS[name] + (1 if name == "commit" else 0)
+        assert count == expected, f"{name} got {count} keys"
+
+
+def test_scripts_reload_after_script_flush(private_redis: Callable[..., RedisServer]) -> None:
+    server = private_redis()
+    store = LeaseStore.from_url(server.url, prefix="rl")
+    try:
+        store.add("r", [Item("a"), Item("b")])
+        lease = store.claim("r", "a", "w")
+        assert store.client.script_flush()
+        assert store.client.script_exists(store.scripts["commit"].sha) == [False]
+        assert store.commit(lease, "ok").repeated is False  # EVALSHA, NOSCRIPT, reload
+        assert store.client.script_exists(store.scripts["commit"].sha) == [True]
+
+        store.client.script_flush()
+        status = store.status("r")  # scripts queued in a pipeline are loaded before it runs
+        assert status.counts == {"pending": 1, "leased": 0, "done": 1, "dead": 0}
+
+        for transaction in (True, False):
+            store.client.script_flush()
+            keys = store.keys.shard("r", 0)
+            pipe = store.client.pipeline(transaction=transaction)
+            store.scripts.run("claim_next", keys, ["w", f"B{transaction}", 60000, 1], client=pipe)
+            store.scripts.run("shard_status", keys, [], client=pipe)
+            rows, snap = pipe.execute()
+            if transaction:
+                assert [text(r[0]) for r in rows] == ["b"]
+            else:
+                assert rows == []  # the first pass took the only due item
+            counts = dict(zip(text(snap[0][::2]), map(int, snap[0][1::2]), strict=True))
+            assert (counts["pending"], counts["leased"]) == (0, 1)
+    finally:
+        store.client.close()
+
+
+def test_scripts_queue_in_a_pipeline(store: LeaseStore) -> None:
+    keys = store.keys.shard("r", 0)
+    scripts = Scripts(store.client)
+    pipe = store.client.pipeline(transaction=True)
+    scripts.run("add_items", keys, ["r", 0, 3, 1000, 60000, "a", "{}", "b", "{}"], client=pipe)
+    scripts.run("claim_next", keys, ["w", "B", 60000, 5], client=pipe)
+    scripts.run("shard_status", keys, [], client=pipe)
+    added, rows, snap = pipe.execute()
+    assert added == [1, 1]
+    assert sorted(text(r[0]) for r in rows) == ["a", "b"]
+    assert [int(r[1]) for r in rows] == [1, 1]
+    counts = dict(zip(text(snap[0][::2]), map(int, snap[0][1::2]), strict=True))
+    assert counts == {"pending": 0, "leased": 2, "claims": 2}
+
+
+def test_script_errors_in_a_pipeline_are_returned_per_command(store: LeaseStore) -> None:
+    keys = store.keys.shard("r", 0)
+    pipe = store.client.pipeline(transaction=False)
+    store.scripts.run("claim", keys, ["missing", "w", "L", 1000], client=pipe)
+    store.scripts.run("shard_status", keys, [], client=pipe)
+    error, snap = pipe.execute(raise_on_error=False)
+    assert isinstance(error, redis.ResponseError)
+    assert isinstance(from_reply(error), NotFound)
+    assert text(snap[1]) == ""
