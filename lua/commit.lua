@@ -18,6 +18,8 @@
 --   {"do": "zadd", "key": n, "scores": {m: score}}   {"do": "zrem", "key": n, "members": [m]}
 --   {"do": "del", "key": n}
 --
+-- ARGV[7] optional outcome label (e.g. released, renewed): counted as outcome_<label>
+--
 -- Returns: {'committed' | 'repeated', token, result, done_at ms}
 -- Errors: INVALID <what>; NOT_FOUND item=<id>;
 --   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s>;
@@ -129,12 +131,14 @@ local function main()
   if bad then return fail('INVALID', bad) end
   for _, w in ipairs(writes) do apply(w) end
   rec.result = result
+  if ARGV[7] and ARGV[7] ~= '' then rec.outcome = ARGV[7] end
   rec.done_at = now
   rec.updated_at = now
   rec.expires_at = nil
   set_state(id, rec, 'done', now)
   save(id, rec)
   bump('commits')
+  if rec.outcome then bump('outcome_' .. rec.outcome) end
   return {'committed', rec.token, result, now}
 end
 

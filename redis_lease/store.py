@@ -310,10 +310,12 @@ class LeaseStore:
         *,
         conditions: Iterable[guards.Condition] = (),
         writes: Iterable[guards.Write] = (),
+        outcome: str = "",
     ) -> CommitOutcome:
         """Marks the item done with ``result``, applying guarded writes atomically.
 
         A repeated commit with the same token and lease id returns the stored outcome.
+        ``outcome`` labels the commit (e.g. ``released``) and is counted as ``outcome_<label>``.
 
         Raises:
             LeaseLost: the caller is not the holder; nothing was written.
@@ -324,7 +326,12 @@ class LeaseStore:
         status, token, stored, done_at = self._holder_script(
             "commit",
             lease,
-            [result_text, json.dumps(conds), json.dumps(wrts)],
+            [
+                result_text,
+                json.dumps(conds),
+                json.dumps(wrts),
+                check_id(outcome, "outcome") if outcome else "",
+            ],
             extra_keys=extra,
         )
         return CommitOutcome(

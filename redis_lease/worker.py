@@ -22,7 +22,9 @@ from typing import Any
 import redis
 from rq import get_current_job
 
-from .errors import LeaseError, LeaseLost, RunClosed
+from .effects import Throttled, apply_effect
+from .errors import ConditionFailed, LeaseError, LeaseLost, RunClosed
+from .gate import SlotTimeout
 from .guards import Condition, Write
 from .jobs import Job, PermanentError, load_job
 from .lease import Item, Lease
@@ -33,11 +35,12 @@ log = logging.getLogger("redis_lease.worker")
 
 @dataclass(frozen=True)
 class Outcome:
-    """A handler's answer when its commit carries guarded conditions and writes."""
+    """A handler's answer with a label (counted as ``outcome_<label>``) or guarded writes."""
 
     result: Any = None
     conditions: tuple[Condition, ...] = ()
     writes: tuple[Write, ...] = ()
+    label: str = ""
 
 
 class ActiveLease:
@@ -80,6 +83,23 @@ class ActiveLease:
     def wait_lost(self, timeout: float) -> bool:
         """Waits up to ``timeout`` seconds for the lease to be lost; True if it was."""
         return self._lost.wait(timeout)
+
+    def effect(
+        self,
+        name: str,
+        call: Callable[[str], Any],
+        *,
+        lookup: Callable[[str], Any] | None = None,
+        honours_keys: bool = False,
+    ) -> Any:
+        """Applies an external effect at most once per idempotency key (see effects.apply_effect).
+
+        ``call`` gets the key (``<job>:<date>:<item>:<name>``) and returns the
+        provider's result; an ambiguous earlier attempt is reconciled first.
+        """
+        return apply_effect(
+            self.store, self.lease, name, call, lookup=lookup, honours_keys=honours_keys
+        )
 
     def renew(self) -> None:
         """Renews now; raises LeaseLost (and marks the lease lost) when refused."""
@@ -163,6 +183,7 @@ class ShardReport:
     failed: int = 0
     stale: int = 0
     released: int = 0
+    throttled: int = 0
     stopped: bool = False
     drained: bool = False
     closed: bool = False
@@ -227,13 +248,25 @@ def _handle(store: LeaseStore, job: Job, active: ActiveLease, report: ShardRepor
             return
         except LeaseLost:
             raise
+        except Throttled as error:  # not the item's fault: back later, attempt not counted
+            store.release(active.lease, delay=max(0.001, error.retry_after))
+            report.throttled += 1
+            return
+        except SlotTimeout:
+            store.release(active.lease, delay=1.0)
+            report.throttled += 1
+            return
         except Exception as error:  # the handler is user code: any failure is a failed attempt
             store.fail(active.lease, f"{type(error).__name__}: {error}"[:4000])
             report.failed += 1
             return
         if isinstance(answer, Outcome):
             store.commit(
-                active.lease, answer.result, conditions=answer.conditions, writes=answer.writes
+                active.lease,
+                answer.result,
+                conditions=answer.conditions,
+                writes=answer.writes,
+                outcome=answer.label,
             )
         else:
             store.commit(active.lease, answer)
@@ -242,6 +275,10 @@ def _handle(store: LeaseStore, job: Job, active: ActiveLease, report: ShardRepor
         active.mark_lost()
         report.stale += 1
         log.info("stale: %s", error)
+    except ConditionFailed:
+        # What the handler read changed before the commit: back at once, to be read again.
+        store.release(active.lease)
+        report.released += 1
 
 
 def _release(store: LeaseStore, keeper: LeaseKeeper, batch: list[ActiveLease]) -> int:
