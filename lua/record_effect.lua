@@ -15,6 +15,8 @@
 -- ARGV[6] new state: intended | applied | failed | unknown
 -- ARGV[7] detail (JSON text): the provider's result when applied, the error otherwise
 --
+-- Counters: effects_<state> (records now in each state), effects_reconciled
+-- (applied after an unknown or another token's intent).
 -- Returns: {previous state ('' when new), the stored record (JSON)}; when the
 --   record is already applied it is returned unchanged.
 -- Errors: INVALID <what>; NOT_FOUND item=<id>;
@@ -40,6 +42,9 @@ local function main()
     return fail('INVALID', 'effect ' .. key .. ' cannot go from ' .. rec.state .. ' to ' .. state)
   end
   local previous = rec.state
+  if state == 'applied' and (previous == 'unknown' or rec.token ~= token) then
+    bump('effects_reconciled')  -- an earlier attempt's outcome, settled by this one
+  end
   if previous ~= '' then bump('effects_' .. previous, -1) end
   bump('effects_' .. state)
   if state == 'unknown' then rcall('ZADD', UNKNOWN, 'NX', now, key) else rcall('ZREM', UNKNOWN, key) end

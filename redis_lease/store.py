@@ -390,21 +390,21 @@ class LeaseStore:
             [key, name, state, detail_text],
             extra_keys=self.keys.effects(lease.run_id, lease.shard),
         )
-        return _text(previous), json.loads(text)
+        return _text(previous), _effect_record(text)
 
     def effect(self, run_id: str, item_id: str, key: str) -> dict[str, Any] | None:
         """The effect record ``key`` of an item, or None."""
         shard = self.shard_for(run_id, item_id)
         with self.errors(run_id, item_id):
             raw = self.client.hget(self.keys.effects(run_id, shard)[0], key)
-        return json.loads(raw) if raw else None
+        return _effect_record(raw) if raw else None
 
     def effects(self, run_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every effect record of the run: (idempotency key, record)."""
         for shard in range(self.shard_count(run_id)):
             with self.errors(run_id):
                 for key, raw in self.client.hscan_iter(self.keys.effects(run_id, shard)[0]):
-                    yield _text(key), json.loads(raw)
+                    yield _text(key), _effect_record(raw)
 
     def lease_ref(self, run_id: str, item_id: str, token: int, lease_id: str = "") -> Lease:
         """A Lease for an item by token (for callers that kept only the token)."""
@@ -515,6 +515,14 @@ class _Snapshot:
     first_held: int | None
     first_unknown: int | None
     now: int
+
+
+def _effect_record(raw: str | bytes) -> dict[str, Any]:
+    """An effect record with its result (stored as JSON text) decoded."""
+    record: dict[str, Any] = json.loads(raw)
+    if isinstance(record.get("result"), str):
+        record["result"] = json.loads(record["result"])
+    return record
 
 
 def _text(value: Any) -> str:

@@ -1,33 +1,39 @@
 """The demo job: nightly payment reconciliation, one item per account and cursor.
 
-Each item reconciles one account's provider cursor for the business date: the
-handler asks the provider to apply the correction under an idempotency key
-derived from the item (never from the token), then commits the provider's
-reference under the lease. Settings come from the environment so that every
-worker process of a demo sees the same job.
+Each item reconciles one account's provider cursor for the business date. The
+handler takes one of the provider's fleet-wide slots, then applies the
+correction as a fenced effect: the idempotency key comes from the run and the
+item (never the token), an earlier ambiguous attempt is reconciled by a lookup
+before anything is re-sent, and the provider's reference is committed under
+the lease. Settings come from the environment so that every worker process of
+a run sees the same job.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from datetime import date
+from functools import cache
 from typing import Any
 
-from redis_lease.demo.ledger import Ledger
+from redis_lease.demo.provider import ProviderClient
+from redis_lease.gate import ProviderGate
 from redis_lease.jobs import Job
 from redis_lease.lease import Item
 from redis_lease.worker import ActiveLease
 
 ITEMS = int(os.environ.get("REDIS_LEASE_DEMO_ITEMS", "2000"))
-PROVIDER_LATENCY = float(os.environ.get("REDIS_LEASE_DEMO_LATENCY", "0.004"))
+PROVIDER_URL = os.environ.get("REDIS_LEASE_DEMO_PROVIDER", "http://127.0.0.1:8700")
+PROVIDER_TIMEOUT = float(os.environ.get("REDIS_LEASE_DEMO_PROVIDER_TIMEOUT", "1.0"))
+PROVIDER_CAP = int(os.environ.get("REDIS_LEASE_DEMO_PROVIDER_CAP", "16"))
+HONOURS_KEYS = os.environ.get("REDIS_LEASE_DEMO_HONOURS_KEYS", "1") == "1"
 
 reconcile = Job(
     "payment-reconciliation",
     shards=int(os.environ.get("REDIS_LEASE_DEMO_SHARDS", "8")),
     lease_ttl=float(os.environ.get("REDIS_LEASE_DEMO_TTL", "2")),
-    max_attempts=5,
+    max_attempts=8,
     backoff_base=0.2,
     backoff_cap=2.0,
     deadline=os.environ.get("REDIS_LEASE_DEMO_DEADLINE", "50s"),
@@ -50,15 +56,22 @@ def plan(business_date: date) -> Iterator[Item]:
         )
 
 
-def idempotency_key(run_id: str, item_id: str, effect: str) -> str:
-    """The provider-side key of an effect: job, business date, item and effect name."""
-    return f"{run_id}:{item_id}:{effect}"
+@cache
+def provider() -> ProviderClient:
+    """The provider's client (one per process)."""
+    return ProviderClient(PROVIDER_URL, timeout=PROVIDER_TIMEOUT)
 
 
 @reconcile.handler
 def handle(item: Item, lease: ActiveLease) -> dict[str, Any]:
-    """Applies the item's correction at the provider, once per idempotency key."""
-    ledger = Ledger(lease.store.client, lease.store.prefix)
-    time.sleep(PROVIDER_LATENCY)  # the provider call's latency
-    reference, applied = ledger.apply(idempotency_key(lease.run_id, item.id, "correction"))
-    return {"reference": reference, "applied_now": applied}
+    """Applies the item's correction at the provider at most once per idempotency key."""
+    client = provider()
+    gate = ProviderGate(lease.store, "payments-provider", max_concurrency=PROVIDER_CAP)
+    with gate.slot(wait=lease.ttl / 2):
+        record = lease.effect(
+            "correction",
+            lambda key: client.apply(key, item.payload),
+            lookup=client.lookup,
+            honours_keys=HONOURS_KEYS,
+        )
+    return {"reference": record["id"]}

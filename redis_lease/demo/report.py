@@ -46,6 +46,7 @@ def print_report(report: dict[str, Any]) -> None:
         ("effects applied", report["effects_applied"]),
         ("provider requests", report["provider_requests"]),
         ("duplicate effects", report["duplicate_effects"]),
+        ("effects reconciled", report["effects_reconciled"]),
         ("stale commits refused", report["stale_commits_refused"]),
         ("lease takeovers", report["lease_takeovers"]),
         ("retries", report["retries"]),

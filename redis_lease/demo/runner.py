@@ -25,7 +25,7 @@ from ..runs import FINAL_STATES, Runs
 from ..store import LeaseStore
 from ..tick import tick
 from .backend import demo_backend
-from .ledger import Ledger
+from .provider import ProviderClient, ProviderServer, ProviderState
 
 JOB_PATH = "redis_lease.demo.payments:reconcile"
 WORKER_COMMAND = (sys.executable, "-m", "redis_lease")
@@ -75,12 +75,12 @@ class Fleet:
                 process.wait(timeout=5)
 
 
-def _environment(config: DemoConfig, queue: str) -> dict[str, str]:
+def _environment(config: DemoConfig, queue: str, provider_url: str) -> dict[str, str]:
     return {
+        "REDIS_LEASE_DEMO_PROVIDER": provider_url,
         "REDIS_LEASE_DEMO_ITEMS": str(config.items),
         "REDIS_LEASE_DEMO_SHARDS": str(config.shards),
         "REDIS_LEASE_DEMO_TTL": str(config.lease_ttl),
-        "REDIS_LEASE_DEMO_LATENCY": str(config.latency),
         "REDIS_LEASE_DEMO_DEADLINE": config.deadline,
         "REDIS_LEASE_DEMO_QUEUE": queue,
     }
@@ -166,23 +166,33 @@ def run_demo(
     """Runs the demo end to end and returns its report."""
     prefix = f"demo-{uuid.uuid4().hex[:8]}"
     queue = f"{prefix}-shards"
-    env = _environment(config, queue)
+    provider = ProviderServer(state=ProviderState(latency=config.latency, hold_seconds=2.0))
+    if config.faults:
+        # The provider accepts a few requests and then times out, and loses a few responses.
+        provider.state.faults.update(timeout_after_accept=3, lose_response=3)
+    env = _environment(config, queue, provider.url)
     os.environ.update(env)
-    payments = importlib.reload(importlib.import_module("redis_lease.demo.payments"))
-    job = payments.reconcile
+    job = importlib.reload(importlib.import_module("redis_lease.demo.payments")).reconcile
     started = time.monotonic()
-    with demo_backend(config.url, config.backend) as backend, tempfile.TemporaryDirectory() as logs:
+    with (
+        demo_backend(config.url, config.backend) as backend,
+        tempfile.TemporaryDirectory() as logs,
+        provider.start(),
+    ):
         if on_backend:
             on_backend(backend.description)
         store = LeaseStore.from_url(backend.url, prefix=prefix)
         runs = Runs(store)
-        today = runs.server_now().date()
-        run_id, _ = runs.ensure(job, today, runs.server_now())
+        run_id, _ = runs.ensure(job, runs.server_now().date(), runs.server_now())
         fleet = start_workers(backend.url, queue, config.workers, env, Path(logs))
-        faults = FaultPlan(config.lease_ttl)
         try:
             state = _drive(
-                store, runs, run_id, fleet, faults if config.faults else None, on_progress
+                store,
+                runs,
+                run_id,
+                fleet,
+                FaultPlan(config.lease_ttl) if config.faults else None,
+                on_progress,
             )
         finally:
             fleet.stop()
@@ -194,10 +204,13 @@ def run_demo(
             "done": status.counts["done"],
             "dead": status.counts["dead"],
             "unfinished": status.unfinished,
-            **Ledger(store.client, prefix).figures(),
-            "stale_commits_refused": status.events.get("stale_commits", 0),
+            **_provider_figures(ProviderClient(provider.url)),
+            # Results a holder that lost its lease tried to record: commits and effect records.
+            "stale_commits_refused": status.events.get("stale_commits", 0)
+            + status.events.get("stale_effects", 0),
             "lease_takeovers": status.events.get("takeovers", 0),
             "retries": status.events.get("retries", 0),
+            "effects_reconciled": status.events.get("effects_reconciled", 0),
             "duration_seconds": round(time.monotonic() - started, 2),
             "workers": config.workers,
             "backend": backend.description,
@@ -230,6 +243,16 @@ def _drive(
         if faults is not None and info["state"] == "running":
             faults.step(store, run_id, fleet, status.counts["done"] / total)
         time.sleep(TICK_INTERVAL)
+
+
+def _provider_figures(client: ProviderClient) -> dict[str, int]:
+    stats = client.stats()
+    return {
+        "effects_applied": stats["applications"],
+        "duplicate_effects": stats["duplicate_effects"],
+        "provider_requests": stats["requests"],
+        "provider_throttled": stats["throttled"],
+    }
 
 
 def _delete_prefix(store: LeaseStore, prefix: str) -> None:
