@@ -3,7 +3,7 @@
 -- provider's throttle pause lasts.
 --
 -- KEYS[1] slots: zset, holder -> slot expiry (ms)
--- KEYS[2] state: hash (cap, min_cap, max_cap, paused_until, counters)
+-- KEYS[2] state: hash (cap, min_cap, max_cap, paused_until, peak_in_use, counters)
 -- ARGV[1] holder id
 -- ARGV[2] slot TTL in ms
 -- ARGV[3] max cap (set once), ARGV[4] min cap (set once)
@@ -32,7 +32,11 @@ local function main()
   end
   rcall('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
   rcall('HINCRBY', KEYS[2], 'granted', 1)
-  return {1, cap, rcall('ZCARD', KEYS[1])}
+  local in_use = rcall('ZCARD', KEYS[1])
+  if in_use > tonumber(rcall('HGET', KEYS[2], 'peak_in_use') or '0') then
+    rcall('HSET', KEYS[2], 'peak_in_use', in_use)
+  end
+  return {1, cap, in_use}
 end
 
 return main()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..gate import ProviderGate
 from ..runs import FINAL_STATES, Runs
 from ..store import LeaseStore
 from ..tick import tick
@@ -46,6 +47,9 @@ class DemoConfig:
     deadline: str = "50s"
     faults: bool = True
     keep: bool = False
+    honour_keys: bool = True
+    provider_cap: int = 16
+    provider_max_in_flight: int = 0
 
 
 @dataclass
@@ -78,6 +82,8 @@ class Fleet:
 def _environment(config: DemoConfig, queue: str, provider_url: str) -> dict[str, str]:
     return {
         "REDIS_LEASE_DEMO_PROVIDER": provider_url,
+        "REDIS_LEASE_DEMO_PROVIDER_CAP": str(config.provider_cap),
+        "REDIS_LEASE_DEMO_HONOURS_KEYS": "1" if config.honour_keys else "0",
         "REDIS_LEASE_DEMO_ITEMS": str(config.items),
         "REDIS_LEASE_DEMO_SHARDS": str(config.shards),
         "REDIS_LEASE_DEMO_TTL": str(config.lease_ttl),
@@ -166,7 +172,14 @@ def run_demo(
     """Runs the demo end to end and returns its report."""
     prefix = f"demo-{uuid.uuid4().hex[:8]}"
     queue = f"{prefix}-shards"
-    provider = ProviderServer(state=ProviderState(latency=config.latency, hold_seconds=2.0))
+    provider = ProviderServer(
+        state=ProviderState(
+            latency=config.latency,
+            hold_seconds=2.0,
+            honour_keys=config.honour_keys,
+            max_in_flight=config.provider_max_in_flight,
+        )
+    )
     if config.faults:
         # The provider accepts a few requests and then times out, and loses a few responses.
         provider.state.faults.update(timeout_after_accept=3, lose_response=3)
@@ -211,6 +224,7 @@ def run_demo(
             "lease_takeovers": status.events.get("takeovers", 0),
             "retries": status.events.get("retries", 0),
             "effects_reconciled": status.events.get("effects_reconciled", 0),
+            "provider_cap": _gate_figures(store),
             "duration_seconds": round(time.monotonic() - started, 2),
             "workers": config.workers,
             "backend": backend.description,
@@ -245,6 +259,16 @@ def _drive(
         time.sleep(TICK_INTERVAL)
 
 
+def _gate_figures(store: LeaseStore) -> dict[str, int]:
+    state = ProviderGate(store, "payments-provider", max_concurrency=1).state()
+    return {
+        "cap": state.cap,
+        "max_cap": state.max_cap,
+        "throttles": state.throttles,
+        "peak_granted_in_flight": state.counters.get("peak_in_use", 0),
+    }
+
+
 def _provider_figures(client: ProviderClient) -> dict[str, int]:
     stats = client.stats()
     return {
@@ -252,6 +276,7 @@ def _provider_figures(client: ProviderClient) -> dict[str, int]:
         "duplicate_effects": stats["duplicate_effects"],
         "provider_requests": stats["requests"],
         "provider_throttled": stats["throttled"],
+        "provider_peak_in_flight": stats["peak_in_flight"],
     }
 
 
