@@ -120,7 +120,7 @@ local function main()
     return {'repeated', existing.token, existing.result or '', existing.done_at}
   end
   local now = now_ms()
-  local rec, err = held(id, token, lease_id, now, 'stale_commits')
+  local rec, err = held(id, token, lease_id, now, 'stale_commits', existing)
   if not rec then return err end
   for i, c in ipairs(conditions) do
     if not condition_holds(c) then

@@ -80,22 +80,32 @@ def safe_url(url: str) -> str:
     return url
 
 
+def unavailable(url: str, error: redis.RedisError | OSError) -> RedisUnavailable | None:
+    """RedisUnavailable for a connection, auth or timeout failure; None for other errors."""
+    if isinstance(error, (AuthenticationError, AuthorizationError, NoPermissionError)):
+        return RedisUnavailable(
+            f"Redis at {safe_url(url)} refused the login ({error}); check the password in --url"
+        )
+    if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        return RedisUnavailable(
+            f"Redis at {safe_url(url)} is unreachable ({error}); check --url or REDIS_URL"
+        )
+    if isinstance(error, redis.ResponseError) and str(error).startswith(
+        ("NOAUTH", "WRONGPASS", "NOPERM")
+    ):
+        return RedisUnavailable(
+            f"Redis at {safe_url(url)} refused the command ({error}); check the credentials"
+        )
+    return None
+
+
 @contextmanager
 def redis_errors(url: str) -> Iterator[None]:
     """Turns redis-py's connection, auth and timeout errors into RedisUnavailable."""
     try:
         yield
-    except (AuthenticationError, AuthorizationError, NoPermissionError) as error:
-        raise RedisUnavailable(
-            f"Redis at {safe_url(url)} refused the login ({error}); check the password in --url"
-        ) from None
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
-        raise RedisUnavailable(
-            f"Redis at {safe_url(url)} is unreachable ({error}); check --url or REDIS_URL"
-        ) from None
-    except redis.ResponseError as error:
-        if str(error).startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
-            raise RedisUnavailable(
-                f"Redis at {safe_url(url)} refused the command ({error}); check the credentials"
-            ) from None
-        raise
+    except (redis.RedisError, OSError) as error:
+        translated = unavailable(url, error)
+        if translated is None:
+            raise
+        raise translated from None

@@ -8,6 +8,7 @@ any other language sends with ``EVAL``/``EVALSHA``.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -66,6 +67,6 @@ class Scripts:
     def __getitem__(self, name: str) -> Script:
         return self._scripts[name]
 
-    def run(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
+    def run(self, name: str, keys: list[str], args: Sequence[Any], client: Any = None) -> Any:
         """Runs a script; ``client`` may be a pipeline to queue it there."""
         return self._scripts[name](keys=keys, args=args, client=client)

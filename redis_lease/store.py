@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from . import guards
-from .connection import client_from_url, redis_errors, warn_unless_noeviction
+from .connection import client_from_url, unavailable, warn_unless_noeviction
 from .errors import InvalidInput, LeaseError, LeaseLost, NotClaimable, NotFound, from_reply
 from .keys import Keys, shard_of
 from .lease import (
@@ -65,10 +65,23 @@ class LeaseStore:
     ) -> Iterator[None]:
         """Translates Redis failures and script error replies at one place."""
         try:
-            with redis_errors(self.url):
-                yield
-        except redis.ResponseError as error:
-            raise from_reply(error, run_id=run_id, item_id=item_id, token=token) from None
+            yield
+        except (redis.RedisError, OSError) as error:
+            raise self._translate(error, run_id, item_id, token) from None
+
+    def _translate(
+        self,
+        error: redis.RedisError | OSError,
+        run_id: str | None,
+        item_id: str | None,
+        token: int | None,
+    ) -> Exception:
+        translated = unavailable(self.url, error)
+        if translated is not None:
+            return translated
+        if isinstance(error, redis.ResponseError):
+            return from_reply(error, run_id=run_id, item_id=item_id, token=token)
+        return error
 
     def _run_script(
         self,
@@ -81,9 +94,13 @@ class LeaseStore:
         token: int | None = None,
         extra_keys: Sequence[str] = (),
     ) -> Any:
-        keys = self.keys.shard(run_id, shard) + list(extra_keys)
-        with self.errors(run_id, item_id, token):
-            return self.scripts.run(name, keys, list(args))
+        keys = self.keys.shard(run_id, shard)
+        if extra_keys:
+            keys += extra_keys
+        try:  # the hot path: a plain try rather than the errors() context manager
+            return self.scripts.run(name, keys, args)
+        except (redis.RedisError, OSError) as error:
+            raise self._translate(error, run_id, item_id, token) from None
 
     def shard_count(self, run_id: str) -> int:
         """The run's shard count; raises NotFound for an unknown run."""

@@ -66,9 +66,10 @@ end
 -- The holder check shared by renew, commit, fail, release and effects.
 -- Returns the record, or nil and the error reply. A refusal is counted in
 -- stale_refused and, when given, in the counter `refused` (e.g. stale_commits).
-local function held(id, token, lease_id, now, refused)
+-- `loaded` is the item's record when the caller has read it already.
+local function held(id, token, lease_id, now, refused, loaded)
   if not token then return nil, fail('INVALID', 'token must be a number') end
-  local rec = load(id)
+  local rec = loaded or load(id)
   if not rec then return nil, fail('NOT_FOUND', 'item=' .. id) end
   if rec.state ~= 'leased' or rec.token ~= token or (lease_id ~= '' and rec.lease_id ~= lease_id)
       or rec.expires_at <= now then
