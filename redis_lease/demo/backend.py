@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -48,6 +49,21 @@ def _wait_ping(url: str, timeout: float = 10.0) -> None:
                 time.sleep(0.05)
     finally:
         client.close()
+
+
+def _plain_addresses(base: Any) -> Any:
+    """fakeredis's TCP server reports CLIENT INFO addresses as Python tuples, which
+    redis-py cannot parse (an RQ worker dies at start); this handler writes host:port."""
+
+    class Handler(base):  # type: ignore[misc]
+        def setup(self) -> None:
+            super().setup()
+            info = self.current_client.get_socket()._client_info
+            for key in ("addr", "laddr"):
+                if isinstance(info.get(key), tuple):
+                    info[key] = f"{info[key][0]}:{info[key][1]}"
+
+    return Handler
 
 
 @contextmanager
@@ -97,6 +113,10 @@ def demo_backend(url: str | None, kind: str = "auto") -> Iterator[Backend]:
     from fakeredis import TcpFakeServer
 
     server = TcpFakeServer(("127.0.0.1", 0), server_type="redis")
+    server.RequestHandlerClass = _plain_addresses(server.RequestHandlerClass)
+    # Connections left open by killed workers must not hold up the shutdown.
+    server.daemon_threads = True
+    server.block_on_close = False
     thread = threading.Thread(target=server.serve_forever, name="fakeredis", daemon=True)
     thread.start()
     port = server.server_address[1]

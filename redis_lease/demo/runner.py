@@ -233,6 +233,7 @@ def run_demo(
         }
         if not backend.owned and not config.keep:
             _delete_prefix(store, prefix)
+        store.client.close()
         return report
 
 
