@@ -239,6 +239,32 @@ def demo(
         raise typer.Exit(1)
 
 
+@app.command()
+def metrics(
+    ctx: typer.Context,
+    serve: Annotated[
+        int | None, typer.Option("--serve", help="Serve /metrics on this port (loopback).")
+    ] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to serve on.")] = "127.0.0.1",
+    max_runs: Annotated[int, typer.Option("--max-runs", min=1, help="Newest runs exported.")] = 50,
+) -> None:
+    """Print Prometheus metrics of runs and providers, or serve them for scraping."""
+    from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+
+    from .metrics import LeaseCollector
+
+    registry = CollectorRegistry()
+    registry.register(LeaseCollector(open_store(ctx), max_runs))
+    if serve is None:
+        typer.echo(generate_latest(registry).decode(), nl=False)
+        return
+    start_http_server(serve, addr=host, registry=registry)
+    typer.echo(f"serving metrics on http://{host}:{serve}/metrics", err=True)
+    import threading
+
+    threading.Event().wait()
+
+
 def _parse_date(text: str) -> date:
     try:
         return date.fromisoformat(text)

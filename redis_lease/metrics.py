@@ -1,0 +1,108 @@
+"""Prometheus metrics of runs and providers, read from Redis on each scrape.
+
+Three numbers stay apart: delivery attempts (``redis_lease_claims_total``),
+successful state transitions (``redis_lease_commits_total``, outcomes by label)
+and the processing rate (``rate()`` of those counters). The SLO metric is
+``redis_lease_oldest_eligible_age_seconds``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .errors import NotFound
+from .gate import ProviderGate
+from .lease import COUNT_STATES
+from .store import LeaseStore
+
+#: Event counters exported as ``redis_lease_<name>_total``.
+EVENT_COUNTERS = {
+    "claims": "Delivery attempts: successful claims, takeovers included.",
+    "commits": "Items committed done.",
+    "takeovers": "Claims that took over an expired lease.",
+    "expired": "Leases that expired before their holder finished.",
+    "stale_refused": "Writes refused because the writer no longer held the lease.",
+    "stale_commits": "Commits refused because the committer no longer held the lease.",
+    "retries": "Failed attempts scheduled for a retry.",
+    "failures": "Failed attempts reported by handlers.",
+    "releases": "Items given back unprocessed (drain, throttling, condition races).",
+    "renewals": "Lease renewals.",
+    "requeued": "Dead items moved back to pending.",
+    "effects_reconciled": "Effects settled by reconciling an earlier attempt.",
+}
+EFFECT_STATES = ("intended", "applied", "failed", "unknown")
+
+
+class LeaseCollector(Collector):
+    """Collects the metrics of the newest ``max_runs`` runs and of every provider gate."""
+
+    def __init__(self, store: LeaseStore, max_runs: int = 50) -> None:
+        self.store = store
+        self.max_runs = max_runs
+
+    def collect(self) -> Iterator[Metric]:
+        """One scrape: O(shards) reads per run."""
+        items = GaugeMetricFamily("redis_lease_items", "Items by state.", labels=["run", "state"])
+        states = GaugeMetricFamily(
+            "redis_lease_run_state", "1 for the run's current state.", labels=["run", "state"]
+        )
+        ages = {
+            name: GaugeMetricFamily(f"redis_lease_{name}_seconds", text, labels=["run"])
+            for name, text in (
+                ("oldest_eligible_age", "Age of the oldest item that is due and unclaimed."),
+                ("oldest_leased_age", "Age of the oldest live lease."),
+                ("oldest_unknown_effect_age", "Age of the oldest effect of unknown outcome."),
+            )
+        }
+        effects = GaugeMetricFamily(
+            "redis_lease_effects", "Effect records by state.", labels=["run", "state"]
+        )
+        outcomes = CounterMetricFamily(
+            "redis_lease_outcomes", "Commits by outcome label.", labels=["run", "outcome"]
+        )
+        counters = {
+            name: CounterMetricFamily(f"redis_lease_{name}", text, labels=["run"])
+            for name, text in EVENT_COUNTERS.items()
+        }
+        for run_id in self.store.run_ids()[-self.max_runs :]:
+            try:
+                status = self.store.status(run_id)
+            except NotFound:
+                continue
+            for state in COUNT_STATES:
+                items.add_metric([run_id, state], status.counts[state])
+            states.add_metric([run_id, status.state], 1)
+            ages["oldest_eligible_age"].add_metric([run_id], status.oldest_eligible_age_seconds)
+            ages["oldest_leased_age"].add_metric([run_id], status.oldest_leased_age_seconds)
+            ages["oldest_unknown_effect_age"].add_metric(
+                [run_id], status.oldest_unknown_effect_age_seconds
+            )
+            for state in EFFECT_STATES:
+                effects.add_metric([run_id, state], status.events.get(f"effects_{state}", 0))
+            for name, value in status.events.items():
+                if name.startswith("outcome_"):
+                    outcomes.add_metric([run_id, name.removeprefix("outcome_")], value)
+            for name, family in counters.items():
+                family.add_metric([run_id], status.events.get(name, 0))
+        yield from (items, states, *ages.values(), effects, outcomes, *counters.values())
+        yield from self._providers()
+
+    def _providers(self) -> Iterable[Metric]:
+        cap = GaugeMetricFamily("redis_lease_provider_cap", "Current cap.", labels=["provider"])
+        used = GaugeMetricFamily(
+            "redis_lease_provider_slots_in_use", "Slots held now.", labels=["provider"]
+        )
+        throttles = CounterMetricFamily(
+            "redis_lease_provider_throttles", "Throttle answers seen.", labels=["provider"]
+        )
+        pattern = f"{self.store.prefix}:provider:{{*}}:state"
+        for key in self.store.client.scan_iter(match=pattern, count=500):
+            name = (key.decode() if isinstance(key, bytes) else key).split("{", 1)[1].split("}")[0]
+            state = ProviderGate(self.store, name, max_concurrency=1).state()
+            cap.add_metric([name], state.cap)
+            used.add_metric([name], state.in_use)
+            throttles.add_metric([name], state.throttles)
+        return [cap, used, throttles]

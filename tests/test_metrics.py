@@ -1,0 +1,57 @@
+"""Prometheus metrics read from Redis: items, ages, counters, outcomes and provider gates."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from redis_lease import Item, LeaseStore
+from redis_lease.effects import Throttled
+from redis_lease.gate import ProviderGate
+from redis_lease.metrics import LeaseCollector
+
+
+def scrape(store: LeaseStore) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    registry = CollectorRegistry()
+    registry.register(LeaseCollector(store))
+    text = generate_latest(registry).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_follow_the_run(store: LeaseStore) -> None:
+    store.add("r", [Item(f"i{n}") for n in range(5)], shards=2)
+    first = store.claim("r", "i0", "w")
+    store.commit(first, {"ok": True}, outcome="released")
+    second = store.claim("r", "i1", "w")
+    store.fail(second, "boom")
+    store.claim("r", "i2", "w")
+    samples = scrape(store)
+    run = ("run", "r")
+
+    def item_count(state: str) -> float:
+        return samples[("redis_lease_items", (run, ("state", state)))]
+
+    assert [item_count(s) for s in ("pending", "leased", "done", "dead")] == [3, 1, 1, 0]
+    assert samples[("redis_lease_claims_total", (run,))] == 3
+    assert samples[("redis_lease_commits_total", (run,))] == 1
+    assert samples[("redis_lease_retries_total", (run,))] == 1
+    assert samples[("redis_lease_outcomes_total", (("outcome", "released"), run))] == 1
+    assert samples[("redis_lease_run_state", (run, ("state", "running")))] == 1
+    assert samples[("redis_lease_oldest_leased_age_seconds", (run,))] >= 0
+
+
+def test_metrics_show_a_throttled_provider(store: LeaseStore) -> None:
+    gate = ProviderGate(store, "pay", max_concurrency=8)
+    try:
+        with gate.slot(wait=1):
+            raise Throttled("429", retry_after=0.01)
+    except Throttled:
+        pass
+    samples = scrape(store)
+    assert samples[("redis_lease_provider_cap", (("provider", "pay"),))] == 4
+    assert samples[("redis_lease_provider_throttles_total", (("provider", "pay"),))] == 1
+    assert samples[("redis_lease_provider_slots_in_use", (("provider", "pay"),))] == 0
