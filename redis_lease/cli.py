@@ -20,7 +20,7 @@ import typer
 from typer.core import TyperGroup
 
 from . import __version__
-from .connection import client_from_url, warn_unless_noeviction
+from .connection import as_text, client_from_url, warn_unless_noeviction
 from .errors import InvalidInput, LeaseError, NotFound
 from .lease import Item, ItemRecord, Lease, RunStatus, from_ms
 from .output import (
@@ -227,12 +227,8 @@ def run_details(
     if job:
         with store.errors(status.run_id):
             raw = store.client.hgetall(store.keys.job(job))
-        settings = {_text(k): _text(v) for k, v in raw.items()}
+        settings = {as_text(k): as_text(v) for k, v in raw.items()}
     return decisions, settings
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 # -- commands -----------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from .cli import JsonOpt, RunArg, Settings, app, open_store
-from .connection import client_from_url
+from .connection import as_text, client_from_url
 from .errors import InvalidInput
 from .jobs import load_job, parse_duration
 from .output import print_json, print_table
@@ -24,13 +24,9 @@ JobArg = Annotated[str, typer.Argument(help="A job's import path, package.module
 def _known_job_paths(ctx: typer.Context) -> list[str]:
     store = open_store(ctx)
     with store.errors():
-        names = sorted(_text(n) for n in store.client.smembers(store.keys.jobs))
+        names = sorted(as_text(n) for n in store.client.smembers(store.keys.jobs))
         paths = [store.client.hget(store.keys.job(name), "path") for name in names]
-    return [_text(p) for p in paths if p]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return [as_text(p) for p in paths if p]
 
 
 @app.command()

@@ -71,6 +71,11 @@ def warn_unless_noeviction(client: redis.Redis, url: str) -> None:
         )
 
 
+def as_text(value: Any) -> str:
+    """A value read from Redis (bytes, unless decode_responses is set) as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def safe_url(url: str) -> str:
     """The URL without its password."""
     parts = urlsplit(url)

@@ -16,6 +16,7 @@ from rq.job import Job as RQJob
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 
+from .connection import as_text
 from .store import LeaseStore
 
 #: Extra seconds RQ allows a shard job beyond its budget before it kills it.
@@ -75,7 +76,7 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
     """
     key = store.keys.run_jobs(run_id)
     with store.errors(run_id):
-        known = {_text(k): int(v) for k, v in store.client.hgetall(key).items()}
+        known = {as_text(k): int(v) for k, v in store.client.hgetall(key).items()}
         if not known:
             return {}
         ids = list(known)
@@ -95,7 +96,3 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
         if dead:
             store.client.hdel(key, *dead)
     return live
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

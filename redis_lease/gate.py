@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from .connection import as_text
 from .effects import Throttled
 from .errors import LeaseError
 from .store import LeaseStore
@@ -112,7 +113,7 @@ class ProviderGate:
             pipe.hgetall(self.keys[1])
             (seconds, micros), slots, raw = pipe.execute()
         now = seconds * 1000 + micros // 1000
-        fields: dict[str, Any] = {_text(k): int(float(v)) for k, v in raw.items()}
+        fields: dict[str, Any] = {as_text(k): int(float(v)) for k, v in raw.items()}
         return GateState(
             name=self.name,
             cap=fields.get("cap", self.max_concurrency),
@@ -123,7 +124,3 @@ class ProviderGate:
             paused_until_ms=fields.get("paused_until", 0),
             counters=fields,
         )
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

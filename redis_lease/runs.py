@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
+from .connection import as_text
 from .errors import InvalidInput, NotFound
 from .jobs import Job
 from .lease import Item, from_ms
@@ -57,7 +58,7 @@ class Runs:
             raw = self.client.hgetall(self.keys.run(run_id))
         if not raw:
             raise NotFound(f"run {run_id!r} not found", run_id=run_id)
-        return {_text(k): _text(v) for k, v in raw.items()}
+        return {as_text(k): as_text(v) for k, v in raw.items()}
 
     def event(self, run_id: str, kind: str, reason: str, **fields: Any) -> Decision:
         """Appends a decision to the run's event log."""
@@ -72,8 +73,8 @@ class Runs:
             rows = self.client.xrevrange(self.keys.run_events(run_id), count=count) or []
         events = []
         for entry_id, fields in reversed(rows):
-            event = {_text(k): _text(v) for k, v in (fields or {}).items()}
-            event.setdefault("at", _text(entry_id).split("-")[0])
+            event = {as_text(k): as_text(v) for k, v in (fields or {}).items()}
+            event.setdefault("at", as_text(entry_id).split("-")[0])
             events.append(event)
         return events
 
@@ -241,11 +242,9 @@ class Runs:
     def open_runs(self, job_name: str) -> list[str]:
         """The job's runs that are planning or running."""
         with self.store.errors():
-            return sorted(_text(r) for r in self.client.smembers(self.keys.job_open_runs(job_name)))
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+            return sorted(
+                as_text(r) for r in self.client.smembers(self.keys.job_open_runs(job_name))
+            )
 
 
 __all__ = ["Decision", "Item", "Runs"]

@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from . import guards
-from .connection import client_from_url, unavailable, warn_unless_noeviction
+from .connection import as_text, client_from_url, unavailable, warn_unless_noeviction
 from .errors import InvalidInput, LeaseError, LeaseLost, NotClaimable, NotFound, from_reply
 from .keys import Keys, shard_of
 from .lease import (
@@ -209,7 +209,7 @@ class LeaseStore:
             for item_id, raw in self.client.hscan_iter(
                 self.keys.shard(run_id, shard)[2], count=500
             ):
-                yield ItemRecord.from_record(run_id, _text(item_id), shard, raw)
+                yield ItemRecord.from_record(run_id, as_text(item_id), shard, raw)
 
     # -- leases ---------------------------------------------------------------
 
@@ -217,10 +217,10 @@ class LeaseStore:
         item_id, token, lease_id, expires, attempt, payload, takeover, _now = row
         return Lease(
             run_id=run_id,
-            item_id=_text(item_id),
+            item_id=as_text(item_id),
             shard=shard,
             token=int(token),
-            lease_id=_text(lease_id),
+            lease_id=as_text(lease_id),
             expires_at_ms=int(expires),
             attempt=int(attempt),
             payload=json.loads(payload) if payload else None,
@@ -355,7 +355,7 @@ class LeaseStore:
             token=int(token),
             result=json.loads(stored) if stored else None,
             done_at_ms=int(done_at),
-            repeated=_text(status) == "repeated",
+            repeated=as_text(status) == "repeated",
         )
 
     def fail(self, lease: Lease, error: str, *, permanent: bool = False) -> FailOutcome:
@@ -366,7 +366,9 @@ class LeaseStore:
         state, eligible, attempts, _now = self._holder_script(
             "fail", lease, [text, "1" if permanent else "0", random.random()]
         )
-        return FailOutcome(state=_text(state), eligible_at_ms=int(eligible), attempts=int(attempts))
+        return FailOutcome(
+            state=as_text(state), eligible_at_ms=int(eligible), attempts=int(attempts)
+        )
 
     def release(self, lease: Lease, delay: float = 0.0) -> None:
         """Gives the item back unprocessed, due at once or after ``delay`` seconds.
@@ -407,7 +409,7 @@ class LeaseStore:
             [key, name, state, detail_text],
             extra_keys=self.keys.effects(lease.run_id, lease.shard),
         )
-        return _text(previous), _effect_record(text)
+        return as_text(previous), _effect_record(text)
 
     def effect(self, run_id: str, item_id: str, key: str) -> dict[str, Any] | None:
         """The effect record ``key`` of an item, or None."""
@@ -421,7 +423,7 @@ class LeaseStore:
         for shard in range(self.shard_count(run_id)):
             with self.errors(run_id):
                 for key, raw in self.client.hscan_iter(self.keys.effects(run_id, shard)[0]):
-                    yield _text(key), _effect_record(raw)
+                    yield as_text(key), _effect_record(raw)
 
     def lease_ref(self, run_id: str, item_id: str, token: int, lease_id: str = "") -> Lease:
         """A Lease for an item by token (for callers that kept only the token)."""
@@ -503,7 +505,7 @@ class LeaseStore:
             return max(ages, default=0) / 1000
 
         counts = {state: totals.pop(state, 0) for state in COUNT_STATES}
-        info = {_text(k): _text(v) for k, v in info_raw.items()}
+        info = {as_text(k): as_text(v) for k, v in info_raw.items()}
         return RunStatus(
             run_id=run_id,
             shards=len(snapshots),
@@ -520,7 +522,7 @@ class LeaseStore:
     def run_ids(self) -> list[str]:
         """Every run id, oldest first."""
         with self.errors():
-            return [_text(r) for r in self.client.zrange(self.keys.runs, 0, -1)]
+            return [as_text(r) for r in self.client.zrange(self.keys.runs, 0, -1)]
 
 
 @dataclass(frozen=True)
@@ -542,12 +544,8 @@ def _effect_record(raw: str | bytes) -> dict[str, Any]:
     return record
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _pairs(flat: Sequence[Any]) -> dict[str, Any]:
-    return {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+    return {as_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
 
 
 def _replace(lease: Lease, **changes: Any) -> Lease:
