@@ -74,6 +74,8 @@ class JobOptions:
         max_workers: the most RQ jobs working one run at once (burst capacity included).
         shard_budget: seconds one RQ job works a shard before it re-enqueues itself.
         batch_size: items claimed per claim_next call.
+        commit_interval: seconds a finished item's commit may wait to be sent with
+            others (one round trip per batch); 0 commits each item at once.
         queue: the RQ queue of the job's shard jobs.
         retention_days: days a finished run's keys are kept.
     """
@@ -93,6 +95,7 @@ class JobOptions:
     max_workers: int = 16
     shard_budget: float = 300.0
     batch_size: int = 20
+    commit_interval: float = 0.05
     queue: str = "redis-lease"
     retention_days: int = 14
 
@@ -114,6 +117,8 @@ class JobOptions:
             raise InvalidInput(f"unknown timezone {self.timezone!r}; use an IANA name") from None
         if not re.fullmatch(r"\d\d:\d\d", self.deadline):
             parse_duration(self.deadline)
+        if not 0 <= self.commit_interval < self.lease_ttl / 2:
+            raise InvalidInput("commit_interval must be from 0 to under half the lease_ttl")
         if not 0 < self.lease_ttl <= 7 * 86400 or self.shard_budget <= 0:
             raise InvalidInput("lease_ttl and shard_budget must be positive seconds")
         check_id(self.queue, "queue")

@@ -11,6 +11,7 @@ JSON jobs (:class:`~redis_lease.dispatch.JsonJob`); run the scheduler as
 from __future__ import annotations
 
 import re
+import warnings
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,16 +40,19 @@ def install(store: LeaseStore, path: str, job: Job, interval: int = 60) -> list[
     remove(store, job)
     cron_id, every_id = _entry_ids(store, job)
     args: list[Any] = [[path], store.prefix]
-    scheduler.cron(
-        job.options.schedule,
-        func=TICK_FUNC,
-        args=args,
-        id=cron_id,
-        queue_name=job.options.queue,
-        timeout=300,
-        result_ttl=600,
-        use_local_timezone=False,
-    )
+    with warnings.catch_warnings():
+        # rq-scheduler calls crontab's next() without default_utc, which warns on every call.
+        warnings.filterwarnings("ignore", message="Version 0.22.0", category=FutureWarning)
+        scheduler.cron(
+            job.options.schedule,
+            func=TICK_FUNC,
+            args=args,
+            id=cron_id,
+            queue_name=job.options.queue,
+            timeout=300,
+            result_ttl=600,
+            use_local_timezone=False,
+        )
     scheduler.schedule(
         scheduled_time=datetime.now(UTC).replace(tzinfo=None),
         func=TICK_FUNC,

@@ -338,25 +338,47 @@ class LeaseStore:
             LeaseLost: the caller is not the holder; nothing was written.
             ConditionFailed: a condition did not hold; nothing was written and the lease is kept.
         """
-        result_text = encode_json(result, "result")
-        extra, conds, wrts = guards.encode(conditions, writes)
-        status, token, stored, done_at = self._holder_script(
-            "commit",
-            lease,
-            [
-                result_text,
-                json.dumps(conds),
-                json.dumps(wrts),
-                check_id(outcome, "outcome") if outcome else "",
-            ],
-            extra_keys=extra,
-        )
-        return CommitOutcome(
-            token=int(token),
-            result=json.loads(stored) if stored else None,
-            done_at_ms=int(done_at),
-            repeated=as_text(status) == "repeated",
-        )
+        request = CommitRequest(lease, result, tuple(conditions), tuple(writes), outcome)
+        extra, args = self._commit_args(request)
+        return _commit_outcome(self._holder_script("commit", lease, args, extra_keys=extra))
+
+    def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitOutcome | LeaseError]:
+        """Commits several items in one round trip, each fenced on its own.
+
+        Returns, per request, its CommitOutcome or the LeaseError that refused it
+        (LeaseLost, ConditionFailed, ...). Every request is checked before any is sent.
+        """
+        calls = [(request, *self._commit_args(request)) for request in requests]
+        for request, _extra, _args in calls:
+            _check_lease(request.lease)
+        if not calls:
+            return []
+        with self.errors():
+            pipe = self.client.pipeline(transaction=False)
+            for request, extra, args in calls:
+                lease = request.lease
+                keys = self.keys.shard(lease.run_id, lease.shard) + extra
+                holder_args = [lease.item_id, lease.token, lease.lease_id, *args]
+                self.scripts.run("commit", keys, holder_args, client=pipe)
+            replies = pipe.execute(raise_on_error=False)
+        outcomes: list[CommitOutcome | LeaseError] = []
+        for request, reply in zip(requests, replies, strict=True):
+            if isinstance(reply, redis.ResponseError):
+                lease = request.lease
+                error = self._translate(reply, lease.run_id, lease.item_id, lease.token)
+                if not isinstance(error, LeaseError):
+                    raise error
+                outcomes.append(error)
+            else:
+                outcomes.append(_commit_outcome(reply))
+        return outcomes
+
+    def _commit_args(self, request: CommitRequest) -> tuple[list[str], list[Any]]:
+        """The guarded keys and the commit script's arguments after the holder's three."""
+        result_text = encode_json(request.result, "result")
+        extra, conds, wrts = guards.encode(request.conditions, request.writes)
+        label = check_id(request.outcome, "outcome") if request.outcome else ""
+        return extra, [result_text, json.dumps(conds), json.dumps(wrts), label]
 
     def fail(self, lease: Lease, error: str, *, permanent: bool = False) -> FailOutcome:
         """Reports a failed attempt: retried with backoff, or dead. Raises LeaseLost."""
@@ -381,10 +403,7 @@ class LeaseStore:
     def _holder_script(
         self, name: str, lease: Lease, args: Sequence[Any], extra_keys: Sequence[str] = ()
     ) -> Any:
-        check_id(lease.run_id, "run id")
-        check_id(lease.item_id, "item id")
-        if not isinstance(lease.token, int) or lease.token < 1:
-            raise InvalidInput(f"token must be a whole number from 1, got {lease.token!r}")
+        _check_lease(lease)
         return self._run_script(
             name,
             lease.run_id,
@@ -523,6 +542,34 @@ class LeaseStore:
         """Every run id, oldest first."""
         with self.errors():
             return [as_text(r) for r in self.client.zrange(self.keys.runs, 0, -1)]
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """One commit of :meth:`LeaseStore.commit_many`."""
+
+    lease: Lease
+    result: Any = None
+    conditions: tuple[guards.Condition, ...] = ()
+    writes: tuple[guards.Write, ...] = ()
+    outcome: str = ""
+
+
+def _check_lease(lease: Lease) -> None:
+    check_id(lease.run_id, "run id")
+    check_id(lease.item_id, "item id")
+    if not isinstance(lease.token, int) or lease.token < 1:
+        raise InvalidInput(f"token must be a whole number from 1, got {lease.token!r}")
+
+
+def _commit_outcome(reply: Sequence[Any]) -> CommitOutcome:
+    status, token, stored, done_at = reply
+    return CommitOutcome(
+        token=int(token),
+        result=json.loads(stored) if stored else None,
+        done_at_ms=int(done_at),
+        repeated=as_text(status) == "repeated",
+    )
 
 
 @dataclass(frozen=True)

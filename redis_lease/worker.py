@@ -8,6 +8,7 @@ shard job's heartbeat; a lease that cannot be renewed is marked lost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -28,7 +29,7 @@ from .gate import SlotTimeout
 from .guards import Condition, Write
 from .jobs import Job, PermanentError, load_job
 from .lease import Item, Lease
-from .store import LeaseStore
+from .store import CommitRequest, LeaseStore
 
 log = logging.getLogger("redis_lease.worker")
 
@@ -203,13 +204,17 @@ def work_shard(
 ) -> ShardReport:
     """Claims and handles the shard's due items until drained, stopped or out of budget.
 
-    On a stop request the current item is finished and the claimed items not yet
-    started are released, so that they are claimable at once.
+    Commits are sent together, in one round trip, at the end of each batch or
+    once the oldest waits ``commit_interval`` seconds; until then their leases
+    are kept renewed. On a stop request the current item is finished, the
+    waiting commits are sent, and the claimed items not yet started are
+    released, so that they are claimable at once.
     """
     if job.handle_item is None:
         raise LeaseError(f"job {job.name!r} has no handler; decorate one with @job.handler")
     report = ShardReport()
     ttl, ends = job.options.lease_ttl, time.monotonic() + budget
+    pending = _PendingCommits(store, keeper, report, job.options.commit_interval)
     while not stop.is_set() and time.monotonic() < ends:
         try:
             leases = store.claim_next(
@@ -226,59 +231,108 @@ def work_shard(
             keeper.hold(active)
         for index, active in enumerate(batch):
             if stop.is_set() or time.monotonic() >= ends:
+                pending.flush()
                 report.stopped = stop.is_set()
                 report.released += _release(store, keeper, batch[index:])
                 return report
-            if not active.lost:  # a lease lost while it waited is not started
-                _handle(store, job, active, report)
-            keeper.drop(active)
+            request = _handle(store, job, active, report) if not active.lost else None
+            if request is None:  # handled (failed, released) or its lease was lost while waiting
+                keeper.drop(active)
+            else:
+                pending.add(active, request)
+        pending.flush()
     report.stopped = stop.is_set()
     return report
 
 
-def _handle(store: LeaseStore, job: Job, active: ActiveLease, report: ShardReport) -> None:
+class _PendingCommits:
+    """Commits waiting to be sent together; their leases stay with the keeper meanwhile."""
+
+    def __init__(
+        self, store: LeaseStore, keeper: LeaseKeeper, report: ShardReport, interval: float
+    ) -> None:
+        self.store, self.keeper, self.report, self.interval = store, keeper, report, interval
+        self.waiting: list[tuple[ActiveLease, CommitRequest]] = []
+        self.oldest = 0.0
+
+    def add(self, active: ActiveLease, request: CommitRequest) -> None:
+        """Queues a commit; sends the queue when its oldest has waited long enough."""
+        if not self.waiting:
+            self.oldest = time.monotonic()
+        self.waiting.append((active, request))
+        if time.monotonic() - self.oldest >= self.interval:
+            self.flush()
+
+    def flush(self) -> None:
+        """Sends every waiting commit in one round trip and settles each answer."""
+        if not self.waiting:
+            return
+        waiting, self.waiting = self.waiting, []
+        answers = self.store.commit_many([request for _, request in waiting])
+        for (active, _request), answer in zip(waiting, answers, strict=True):
+            self.keeper.drop(active)
+            if isinstance(answer, LeaseLost):
+                active.mark_lost()
+                self.report.stale += 1
+                log.info("stale: %s", answer)
+            elif isinstance(answer, ConditionFailed):
+                # What the handler read changed before the commit: back at once, read again.
+                with contextlib.suppress(LeaseLost):
+                    self.store.release(active.lease)
+                    self.report.released += 1
+            elif isinstance(answer, LeaseError):
+                self.report.errors.append(str(answer))
+                log.warning("commit refused: %s", answer)
+            else:
+                self.report.committed += 1
+
+
+def _handle(
+    store: LeaseStore, job: Job, active: ActiveLease, report: ShardReport
+) -> CommitRequest | None:
+    """Runs the handler; returns the commit to send, or None when the item was settled."""
     assert job.handle_item is not None
     lease = active.lease
     try:
-        try:
-            answer = job.handle_item(Item(lease.item_id, lease.payload), active)
-        except PermanentError as error:
-            store.fail(active.lease, f"permanent: {error}", permanent=True)
-            report.failed += 1
-            return
-        except LeaseLost:
-            raise
-        except Throttled as error:  # not the item's fault: back later, attempt not counted
-            store.release(active.lease, delay=max(0.001, error.retry_after))
-            report.throttled += 1
-            return
-        except SlotTimeout:
-            store.release(active.lease, delay=1.0)
-            report.throttled += 1
-            return
-        except Exception as error:  # the handler is user code: any failure is a failed attempt
-            store.fail(active.lease, f"{type(error).__name__}: {error}"[:4000])
-            report.failed += 1
-            return
-        if isinstance(answer, Outcome):
-            store.commit(
-                active.lease,
-                answer.result,
-                conditions=answer.conditions,
-                writes=answer.writes,
-                outcome=answer.label,
-            )
-        else:
-            store.commit(active.lease, answer)
-        report.committed += 1
+        answer = job.handle_item(Item(lease.item_id, lease.payload), active)
+    except PermanentError as error:
+        _settle(store.fail, active, report, f"permanent: {error}", permanent=True)
+        report.failed += 1
+        return None
     except LeaseLost as error:
         active.mark_lost()
         report.stale += 1
         log.info("stale: %s", error)
-    except ConditionFailed:
-        # What the handler read changed before the commit: back at once, to be read again.
-        store.release(active.lease)
-        report.released += 1
+        return None
+    except Throttled as error:  # not the item's fault: back later, attempt not counted
+        _settle(store.release, active, report, delay=max(0.001, error.retry_after))
+        report.throttled += 1
+        return None
+    except SlotTimeout:
+        _settle(store.release, active, report, delay=1.0)
+        report.throttled += 1
+        return None
+    except Exception as error:  # the handler is user code: any failure is a failed attempt
+        _settle(store.fail, active, report, f"{type(error).__name__}: {error}"[:4000])
+        report.failed += 1
+        return None
+    if isinstance(answer, Outcome):
+        return CommitRequest(
+            active.lease, answer.result, answer.conditions, answer.writes, answer.label
+        )
+    return CommitRequest(active.lease, answer)
+
+
+def _settle(
+    call: Callable[..., Any], active: ActiveLease, report: ShardReport, *args: Any, **kw: Any
+) -> None:
+    """Fails or releases the item; a lease lost meanwhile is counted as stale."""
+    try:
+        call(active.lease, *args, **kw)
+    except LeaseLost as error:
+        active.mark_lost()
+        report.stale += 1
+        log.info("stale: %s", error)
 
 
 def _release(store: LeaseStore, keeper: LeaseKeeper, batch: list[ActiveLease]) -> int:
