@@ -34,6 +34,7 @@ local function main()
   end
   local row = grant(id, rec, worker, lease_id, ttl, now)
   if not row then return fail('NOT_CLAIMABLE', 'item=' .. id .. ' state=dead until=0') end
+  bump('claims')
   return row
 end
 

@@ -31,6 +31,7 @@ local function main()
   end
   take(LEASES)
   if #rows < limit then take(DUE) end
+  if #rows > 0 then bump('claims', #rows) end
   return rows
 end
 

@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from functools import lru_cache
 
 #: The order in which every shard script receives its keys (see lua/include/shard.lua).
 SHARD_KEY_NAMES = ("meta", "counts", "items", "due", "leases", "held", "dead")
+
+
+@lru_cache(maxsize=4096)
+def _shard_keys(prefix: str, run_id: str, shard: int) -> tuple[str, ...]:
+    tag = f"{prefix}:{{{run_id}#{shard}}}"
+    return tuple(f"{tag}:{name}" for name in SHARD_KEY_NAMES)
 
 
 def shard_of(item_id: str, shards: int) -> int:
@@ -25,9 +32,8 @@ class Keys:
     prefix: str = "rl"
 
     def shard(self, run_id: str, shard: int) -> list[str]:
-        """The seven keys of one shard, in script order."""
-        tag = f"{self.prefix}:{{{run_id}#{shard}}}"
-        return [f"{tag}:{name}" for name in SHARD_KEY_NAMES]
+        """The seven keys of one shard, in script order (a new list each call)."""
+        return list(_shard_keys(self.prefix, run_id, shard))
 
     def effects(self, run_id: str, shard: int) -> list[str]:
         """The shard's effect ledger (hash) and its unknown effects by age (sorted set)."""

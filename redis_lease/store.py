@@ -376,8 +376,10 @@ class LeaseStore:
     def _commit_args(self, request: CommitRequest) -> tuple[list[str], list[Any]]:
         """The guarded keys and the commit script's arguments after the holder's three."""
         result_text = encode_json(request.result, "result")
-        extra, conds, wrts = guards.encode(request.conditions, request.writes)
         label = check_id(request.outcome, "outcome") if request.outcome else ""
+        if not request.conditions and not request.writes:
+            return [], [result_text, "[]", "[]", label]
+        extra, conds, wrts = guards.encode(request.conditions, request.writes)
         return extra, [result_text, json.dumps(conds), json.dumps(wrts), label]
 
     def fail(self, lease: Lease, error: str, *, permanent: bool = False) -> FailOutcome:

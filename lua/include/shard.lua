@@ -82,6 +82,7 @@ local function held(id, token, lease_id, now, refused, loaded)
 end
 
 -- Grants a new lease on `rec` (pending and due, or leased with an expired lease).
+-- The caller counts the claims it granted.
 -- Returns the claim reply row; an expired lease on its last attempt goes dead
 -- instead and the function returns nil.
 local function grant(id, rec, worker, lease_id, ttl, now)
@@ -107,6 +108,5 @@ local function grant(id, rec, worker, lease_id, ttl, now)
   rec.updated_at = now
   set_state(id, rec, 'leased', rec.expires_at)
   save(id, rec)
-  bump('claims')
   return {id, rec.token, lease_id, rec.expires_at, rec.attempts, rec.payload or '', takeover and 1 or 0, now}
 end
