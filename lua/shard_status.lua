@@ -5,14 +5,20 @@
 -- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
 -- (no ARGV)
 --
--- Returns: {counts as a flat field/value array, eligible-at of the first due
+-- Returns: {counts as a flat field/value array (the counters, then pending, leased
+--   and dead from their indexes), eligible-at of the first due
 --   item or '', start of the oldest lease or '', now ms, meta as a flat array}
 -- @include "shard.lua"
 
 local function main()
   local first_due = rcall('ZRANGE', DUE, 0, 0, 'WITHSCORES')
   local first_held = rcall('ZRANGE', HELD, 0, 0, 'WITHSCORES')
-  return {rcall('HGETALL', COUNTS), first_due[2] or '', first_held[2] or '', now_ms(), rcall('HGETALL', META)}
+  local counts = rcall('HGETALL', COUNTS)
+  for _, pair in ipairs({{'pending', DUE}, {'leased', LEASES}, {'dead', DEAD}}) do
+    counts[#counts + 1] = pair[1]
+    counts[#counts + 1] = rcall('ZCARD', pair[2])
+  end
+  return {counts, first_due[2] or '', first_held[2] or '', now_ms(), rcall('HGETALL', META)}
 end
 
 return main()

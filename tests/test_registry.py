@@ -239,7 +239,7 @@ def test_scripts_queue_in_a_pipeline(store: LeaseStore) -> None:
     assert sorted(text(r[0]) for r in rows) == ["a", "b"]
     assert [int(r[1]) for r in rows] == [1, 1]
     counts = dict(zip(text(snap[0][::2]), map(int, snap[0][1::2]), strict=True))
-    assert counts == {"pending": 0, "leased": 2, "claims": 2}
+    assert counts == {"pending": 0, "leased": 2, "dead": 0, "claims": 2}
 
 
 def test_script_errors_in_a_pipeline_are_returned_per_command(store: LeaseStore) -> None:

@@ -63,9 +63,13 @@ class Shard:
         return {text(m): s for m, s in pairs}
 
     def counts(self) -> dict[str, int]:
-        """The shard's counters, leaving out those at zero."""
+        """The shard's counters and its index sizes (pending, leased, dead), leaving out zeros."""
         raw = self.client.hgetall(self.counts_key)
-        return {text(k): int(v) for k, v in raw.items() if int(v) != 0}
+        counts = {text(k): int(v) for k, v in raw.items()}
+        prefix = self.counts_key.removesuffix("counts")
+        for state, index in (("pending", "due"), ("leased", "leases"), ("dead", "dead")):
+            counts[state] = int(self.client.zcard(prefix + index))
+        return {name: value for name, value in counts.items() if value != 0}
 
     def meta(self) -> dict[str, str]:
         return {text(k): text(v) for k, v in self.client.hgetall(self.meta_key).items()}
@@ -784,7 +788,12 @@ def test_close_shard_sets_and_clears_the_flag(sh: Shard) -> None:
 
 def test_shard_status_of_an_empty_shard(sh: Shard) -> None:
     counts, first_due, first_held, now, meta = sh.call("shard_status")
-    assert (counts, first_due, first_held, meta) == ([], "", "", [])
+    assert (first_due, first_held, meta) == ("", "", [])
+    assert dict(zip(counts[::2], counts[1::2], strict=True)) == {
+        "pending": 0,
+        "leased": 0,
+        "dead": 0,
+    }
     assert abs(now - server_ms(sh.client)) < 5000
     assert sh.snapshot() == {}
 
@@ -798,7 +807,7 @@ def test_shard_status_reports_counts_first_due_and_oldest_lease(sh: Shard) -> No
     counts, first_due, first_held, now, meta = sh.call("shard_status")
     assert sh.snapshot() == before, "status only reads"
     pairs = dict(zip(counts[::2], map(int, counts[1::2]), strict=True))
-    assert pairs == {"pending": 1, "leased": 2, "claims": 2}
+    assert pairs == {"pending": 1, "leased": 2, "dead": 0, "claims": 2}
     assert int(float(first_due)) == sh.record("a")["added_at"]
     assert int(float(first_held)) == leased_at
     assert now >= leased_at

@@ -4,7 +4,7 @@
 --
 -- Shard keys (all share the hash tag {<run_id>#<shard>}):
 --   KEYS[1] meta     hash: run, shard, max_attempts, backoff_base_ms, backoff_cap_ms, closed
---   KEYS[2] counts   hash: pending, leased, done, dead and event counters
+--   KEYS[2] counts   hash: done and the event counters (pending, leased, dead: ZCARD of due, leases, dead)
 --   KEYS[3] items    hash: item id -> JSON record
 --   KEYS[4] due      zset: pending items by eligible-at (ms)
 --   KEYS[5] leases   zset: leased items by lease expiry (ms)
@@ -45,7 +45,8 @@ local function meta_number(field, default)
   return tonumber(rcall('HGET', META, field)) or default
 end
 
--- Moves an item to `state`, keeping counters and indexes in step. `score` is
+-- Moves an item to `state`, keeping the indexes in step: pending, leased and
+-- dead are counted by their indexes (ZCARD), done by the `done` counter. `score` is
 -- the index score: eligible-at for pending, time of death for dead, lease
 -- expiry for leased (the lease start is rec.leased_at).
 local function set_state(id, rec, state, score)
@@ -53,10 +54,7 @@ local function set_state(id, rec, state, score)
   if old == 'pending' then rcall('ZREM', DUE, id)
   elseif old == 'leased' then rcall('ZREM', LEASES, id); rcall('ZREM', HELD, id)
   elseif old == 'dead' then rcall('ZREM', DEAD, id) end
-  if old ~= state then
-    if old then bump(old, -1) end
-    bump(state)
-  end
+  if state == 'done' and old ~= 'done' then bump('done') end
   rec.state = state
   if state == 'pending' then rcall('ZADD', DUE, score, id)
   elseif state == 'leased' then rcall('ZADD', LEASES, score, id); rcall('ZADD', HELD, rec.leased_at, id)
