@@ -1,0 +1,237 @@
+"""Helpers of the fleet tests: worker processes, polling, RQ cleanup, job payload checks."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from redis_lease import LeaseStore
+from redis_lease.runs import FINAL_STATES, Runs
+from redis_lease.tick import tick
+
+REPO = Path(__file__).resolve().parent.parent
+FLEET_PATH = "tests.fleet_jobs:fleet"
+NIGHTLY_PATH = "tests.fleet_jobs:nightly"
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.05) -> T:
+    """Polls ``check`` until it returns something truthy; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+def text(value: Any) -> str:
+    """Bytes or text as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while a process exists and is not a zombie (read from /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def processes_mentioning(needle: str) -> list[int]:
+    """Process ids whose command line contains ``needle`` (a /proc scan, no psutil)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmdline and pid_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def children_of(pid: int) -> list[tuple[int, str]]:
+    """Live direct children of ``pid`` with their command lines."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+@dataclass
+class Processes:
+    """Processes a test started; :meth:`kill_all` leaves none behind."""
+
+    logs: Path
+    started: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    extra_pids: set[int] = field(default_factory=set)
+
+    def start(self, args: list[str], env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
+        """Starts ``args`` in its own session, in the repository, logging to ``name``.log."""
+        log = (self.logs / f"{name}.log").open("wb")
+        process = subprocess.Popen(
+            args,
+            cwd=REPO,
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self.started.append(process)
+        return process
+
+    def worker(
+        self, url: str, queue: str, env: dict[str, str], *, simple: bool = True, name: str = "w"
+    ) -> subprocess.Popen[bytes]:
+        """Starts ``redis-lease worker`` on ``queue`` (``--simple`` unless told otherwise)."""
+        args = [sys.executable, "-m", "redis_lease", "--url", url, "worker", "--queue", queue]
+        return self.start([*args, "--simple"] if simple else args, env, name)
+
+    def log(self, name: str) -> str:
+        """The output of process ``name`` so far (for failure messages)."""
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+    def kill_all(self) -> None:
+        """SIGKILL to every process group started and every extra pid; waits for each."""
+        for process in self.started:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+        for pid in self.extra_pids:
+            if pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for process in self.started:
+            process.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(pid_alive(pid) for pid in self.extra_pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def fleet_env(queue: str, **settings: Any) -> dict[str, str]:
+    """Environment for worker processes of the fleet job: ``FLEET_<NAME>`` variables."""
+    env = {"FLEET_QUEUE": queue}
+    env.update({f"FLEET_{name.upper()}": str(value) for name, value in settings.items()})
+    return env
+
+
+def drive(store: LeaseStore, path: str, run_id: str, timeout: float) -> str:
+    """Ticks (as the scheduler would) until the run is final; returns its state."""
+    runs = Runs(store)
+
+    def final() -> str | None:
+        tick(store, [path])
+        state = runs.info(run_id)["state"]
+        return state if state in FINAL_STATES else None
+
+    return wait_for(final, timeout, f"run {run_id} to finish", every=0.2)
+
+
+def owner_pid(owner: str | None) -> int | None:
+    """The process id in a lease owner name (``host:pid:job``)."""
+    parts = (owner or "").split(":")
+    return int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
+
+
+def leased_by(store: LeaseStore, run_id: str) -> dict[str, int]:
+    """Leased items of the run and the pid of their holder."""
+    held = {}
+    for shard in range(store.shard_count(run_id)):
+        for record in store.items(run_id, shard):
+            pid = owner_pid(record.owner)
+            if record.state == "leased" and pid is not None:
+                held[record.item_id] = pid
+    return held
+
+
+def all_records(store: LeaseStore, run_id: str) -> Iterator[Any]:
+    """Every item record of the run."""
+    for shard in range(store.shard_count(run_id)):
+        yield from store.items(run_id, shard)
+
+
+def job_data(client: redis.Redis, rq_id: str) -> bytes:
+    """The raw ``data`` field of an RQ job hash, decompressed when RQ compressed it."""
+    raw = client.hget(f"rq:job:{rq_id}", "data")
+    assert raw is not None, f"rq:job:{rq_id} has no data field"
+    try:
+        return zlib.decompress(raw)
+    except zlib.error:
+        return bytes(raw)
+
+
+def assert_json_job(client: redis.Redis, rq_id: str) -> Any:
+    """Asserts the RQ job's payload is JSON, not a pickle; returns it decoded."""
+    raw = client.hget(f"rq:job:{rq_id}", "data")
+    assert raw is not None, f"rq:job:{rq_id} has no data field"
+    assert not bytes(raw).startswith(b"\x80"), f"{rq_id}: stored data is a pickle"
+    data = job_data(client, rq_id)
+    assert not data.startswith(b"\x80"), f"{rq_id}: data is a pickle"
+    return json.loads(data)
+
+
+def purge_queue(client: redis.Redis, name: str, extra_job_ids: tuple[str, ...] = ()) -> None:
+    """Deletes an RQ queue of this test: its jobs in every registry, its workers, its keys."""
+    queue = Queue(name, connection=client, serializer=JSONSerializer)
+    ids = {text(i) for i in client.lrange(queue.key, 0, -1)} | set(extra_job_ids)
+    registries = [
+        queue.started_job_registry,
+        queue.finished_job_registry,
+        queue.failed_job_registry,
+        queue.deferred_job_registry,
+        queue.scheduled_job_registry,
+        queue.canceled_job_registry,
+    ]
+    for registry in registries:
+        ids |= {text(m).split(":")[0] for m in client.zrange(registry.key, 0, -1)}
+    for rq_id in ids:
+        keys = [f"rq:job:{rq_id}", f"rq:results:{rq_id}", f"rq:executions:{rq_id}"]
+        keys += [text(k) for k in client.scan_iter(match=f"rq:execution:{rq_id}:*", count=500)]
+        client.delete(*keys)
+    worker_keys = {text(k) for k in client.smembers(f"rq:workers:{name}")}
+    for key in client.scan_iter(match="rq:worker:*", count=1000):  # dead ones linger a while
+        queues = client.hget(key, "queues") if client.type(key) == b"hash" else None
+        if queues is not None and name in text(queues).split(","):
+            worker_keys.add(text(key))
+    for worker_key in worker_keys:
+        client.delete(worker_key, f"{worker_key}:executions")
+        client.srem("rq:workers", worker_key)
+    client.srem("rq:queues", queue.key)
+    leftovers = [
+        text(k)
+        for pattern in (f"rq:*:{name}", f"rq:queue:{name}:*")
+        for k in client.scan_iter(match=pattern, count=500)
+    ]
+    client.delete(queue.key, *[r.key for r in registries], *leftovers)

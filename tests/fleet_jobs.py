@@ -1,0 +1,131 @@
+"""Jobs for the fleet, tick, scheduler and SIGTERM tests, found by import path.
+
+Worker processes import this module by path (``tests.fleet_jobs:fleet``), so
+the :data:`fleet` job takes its settings from environment variables that the
+test passes to the worker processes (options are fixed at import):
+
+- ``FLEET_QUEUE`` the RQ queue, ``FLEET_ITEMS`` item count, ``FLEET_SHARDS``,
+  ``FLEET_TTL`` lease seconds, ``FLEET_BATCH`` claim batch, ``FLEET_BUDGET``
+  shard budget, ``FLEET_DELAY`` handler seconds per item;
+- ``FLEET_SLOW_ITEM`` and ``FLEET_SLOW_SECONDS``: one item whose handler takes
+  longer, so that a test can catch a worker inside it;
+- ``FLEET_SCHEDULE``, ``FLEET_GRACE``: the cron schedule and catch-up grace.
+
+The handler counts its effect per item in ``<prefix>:fleet:effects`` (a hash
+under the store's prefix) and records every start of the slow item, with the
+process id, in ``<prefix>:fleet:started:<item>`` (a list).
+
+:data:`nightly` is for in-process tick tests: they replace its options with
+``monkeypatch`` and steer its planner through :data:`PLAN`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from datetime import date
+from typing import Any
+
+from redis_lease.jobs import Job
+from redis_lease.lease import Item
+from redis_lease.worker import ActiveLease
+
+ITEMS = int(os.environ.get("FLEET_ITEMS", "20"))
+DELAY = float(os.environ.get("FLEET_DELAY", "0"))
+SLOW_ITEM = os.environ.get("FLEET_SLOW_ITEM", "")
+SLOW_SECONDS = float(os.environ.get("FLEET_SLOW_SECONDS", "1"))
+
+fleet = Job(
+    "fleet",
+    shards=int(os.environ.get("FLEET_SHARDS", "4")),
+    lease_ttl=float(os.environ.get("FLEET_TTL", "5")),
+    batch_size=int(os.environ.get("FLEET_BATCH", "10")),
+    shard_budget=float(os.environ.get("FLEET_BUDGET", "30")),
+    max_attempts=10,
+    backoff_base=0.1,
+    backoff_cap=0.5,
+    deadline="10m",
+    # 29 February only: no run of this job falls due by itself while a test runs.
+    schedule=os.environ.get("FLEET_SCHEDULE", "0 0 29 2 *"),
+    catch_up="latest",
+    catch_up_grace=float(os.environ.get("FLEET_GRACE", "900")),
+    max_workers=16,
+    queue=os.environ.get("FLEET_QUEUE", "rltest-fleet"),
+)
+
+
+def item_id(n: int) -> str:
+    """The id of the fleet job's item number ``n``."""
+    return f"item-{n:04d}"
+
+
+def effects_key(prefix: str) -> str:
+    """The hash of effect counts per item id."""
+    return f"{prefix}:fleet:effects"
+
+
+def started_key(prefix: str, item: str) -> str:
+    """The list of process ids that started the handler of ``item``."""
+    return f"{prefix}:fleet:started:{item}"
+
+
+@fleet.planner
+def plan_fleet(business_date: date) -> Iterator[Item]:
+    """``FLEET_ITEMS`` items."""
+    for n in range(ITEMS):
+        yield Item(item_id(n), {"n": n, "date": business_date.isoformat()})
+
+
+@fleet.handler
+def handle_fleet(item: Item, lease: ActiveLease) -> dict[str, Any]:
+    """Counts the effect, works a while, and answers with its process and token."""
+    client = lease.store.client
+    prefix = lease.store.prefix
+    client.hincrby(effects_key(prefix), item.id, 1)
+    if item.id == SLOW_ITEM:
+        client.rpush(started_key(prefix, item.id), os.getpid())
+        time.sleep(SLOW_SECONDS)
+    elif DELAY:
+        time.sleep(DELAY)
+    return {"pid": os.getpid(), "token": lease.token}
+
+
+class PlannerCrash(BaseException):
+    """Stands for the planner's process dying: not an error a planner reports."""
+
+
+#: The nightly job's planner settings: item count, and where it raises or crashes.
+PLAN: dict[str, int | None] = {"items": 4, "fail_after": None, "crash_after": None}
+
+nightly = Job(
+    "nightly",
+    shards=2,
+    lease_ttl=30,
+    schedule="0 2 * * *",
+    timezone="UTC",
+    deadline="6h",
+    catch_up="all",
+    catch_up_days=7,
+    catch_up_grace=900,
+    max_workers=4,
+    queue="rltest-nightly",
+)
+
+
+@nightly.planner
+def plan_nightly(business_date: date) -> Iterator[Item]:
+    """``PLAN['items']`` items; raises after ``fail_after``, crashes after ``crash_after``."""
+    count = PLAN["items"] or 0
+    for n in range(count):
+        if PLAN["fail_after"] is not None and n == PLAN["fail_after"]:
+            raise RuntimeError("the ledger export is missing")
+        if PLAN["crash_after"] is not None and n == PLAN["crash_after"]:
+            raise PlannerCrash()
+        yield Item(f"night-{n:05d}", {"n": n})
+
+
+@nightly.handler
+def handle_nightly(item: Item, lease: ActiveLease) -> dict[str, Any]:
+    """Does nothing (the tick tests run no workers)."""
+    return {"n": item.payload["n"] if isinstance(item.payload, dict) else None}

@@ -1,0 +1,108 @@
+"""``redis-lease demo --json`` as a user runs it: on the real Redis and on the embedded
+backend, with its faults, leaving no worker processes (and, on a given Redis, no keys).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from tests.fleet_helpers import REPO, children_of, pid_alive, processes_mentioning, purge_queue
+
+pytestmark = pytest.mark.slow
+
+QUEUE = re.compile(r"--queue (demo-[0-9a-f]+-shards)")
+
+
+def run_demo(args: list[str], timeout: float) -> tuple[dict[str, Any], set[str], set[int], float]:
+    """Runs the demo; returns its report, its workers' queues and pids, and its duration."""
+    command = [sys.executable, "-m", "redis_lease", *args]
+    started = time.monotonic()
+    queues: set[str] = set()
+    workers: set[int] = set()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        demo = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=err)
+        try:
+            while demo.poll() is None:  # watch its children while it runs
+                for pid, cmdline in children_of(demo.pid):
+                    match = QUEUE.search(cmdline)
+                    if match and " worker " in cmdline:
+                        queues.add(match.group(1))
+                        workers.add(pid)
+                if time.monotonic() - started > timeout:
+                    raise AssertionError(f"demo ran longer than {timeout}s")
+                time.sleep(0.1)
+        finally:
+            if demo.poll() is None:
+                demo.kill()
+                demo.wait(timeout=10)
+            for pid in workers:  # only if the demo failed to stop them itself
+                if pid_alive(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
+        took = time.monotonic() - started
+        out.seek(0)
+        err.seek(0)
+        output, errors = out.read(), err.read()
+    assert demo.returncode == 0, errors.decode(errors="replace")[-3000:]
+    return json.loads(output), queues, workers, took
+
+
+def assert_clean_report(report: dict[str, Any]) -> None:
+    """The demo's promises: all done, nothing applied twice, the faults were refused."""
+    assert re.fullmatch(r"payment-reconciliation:\d{4}-\d\d-\d\d", report["run_id"])
+    assert report["state"] == "succeeded", report
+    assert report["items"] == report["done"]
+    assert report["unfinished"] == 0
+    assert report["duplicate_effects"] == 0
+    assert report["stale_commits_refused"] >= 1, report
+    assert report["lease_takeovers"] >= 1, report
+
+
+def assert_no_workers_left(queues: set[str], workers: set[int]) -> None:
+    """Every worker process of the demo has ended."""
+    assert len(queues) == 1, queues
+    assert workers, "the demo's workers were seen"
+    (queue,) = queues
+    assert processes_mentioning(queue) == []
+    assert [pid for pid in workers if pid_alive(pid)] == []
+
+
+def test_demo_on_real_redis_default_size(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    queues: set[str] = set()
+    try:
+        report, queues, workers, took = run_demo(["--url", redis_url, "demo", "--json"], 120)
+        assert took < 60, f"the default demo took {took:.1f}s"
+        assert report["items"] == 2000
+        assert_clean_report(report)
+        assert report["backend"].startswith("Redis at")
+        assert_no_workers_left(queues, workers)
+        (queue,) = queues
+        prefix = queue.removesuffix("-shards")
+        assert list(client.scan_iter(match=f"{prefix}:*", count=1000)) == []
+    finally:
+        for queue in queues:
+            purge_queue(client, queue)
+        client.close()
+
+
+def test_demo_on_the_embedded_backend() -> None:
+    report, queues, workers, _took = run_demo(
+        ["demo", "--json", "--backend", "embedded", "--items", "600"], 120
+    )
+    assert report["items"] == 600
+    assert_clean_report(report)
+    assert report["backend"].startswith("embedded fakeredis")
+    assert_no_workers_left(queues, workers)

@@ -1,0 +1,122 @@
+"""rq-scheduler starts the nightly run: the installed tick entries, a real ``rqscheduler``
+process and a real worker create the run for the date that is due, then finish it.
+
+The job's schedule fires three minutes before the test starts, and its catch-up grace
+is an hour. The first tick registers the job (``registered_at`` = that tick's time) and
+looks back ``catch_up_grace`` from it, so that start counts as on time and its run is due.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from redis_lease import LeaseStore
+from redis_lease.errors import NotFound
+from redis_lease.runs import Runs
+from redis_lease.schedule import entries, install, remove
+from tests import fleet_jobs
+from tests.fleet_helpers import (
+    FLEET_PATH,
+    Processes,
+    assert_json_job,
+    fleet_env,
+    purge_queue,
+    text,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+RQSCHEDULER = str(Path(sys.executable).parent / "rqscheduler")
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    """The test's processes; every one is killed at teardown."""
+    processes = Processes(tmp_path)
+    yield processes
+    processes.kill_all()
+
+
+def stop_gracefully(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, so that rqscheduler gives up its lock (a killed one holds it ~11 s)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # else killed at teardown
+            process.wait(timeout=15)
+
+
+def test_rqscheduler_triggers_the_tick_and_the_run_is_created(
+    real_store: LeaseStore,
+    redis_url: str,
+    procs: Processes,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runs = Runs(real_store)
+    fire = (runs.server_now() - timedelta(minutes=3)).replace(second=0, microsecond=0)
+    queue_name = f"{real_store.prefix}-q"
+    env = fleet_env(
+        queue_name, items=6, shards=2, ttl=5, schedule=f"{fire.minute} {fire.hour} * * *",
+        grace=3600,
+    )  # fmt: skip
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    job = importlib.reload(fleet_jobs).fleet
+    run_id = job.run_id(fire.date())
+    ids: list[str] = []
+    try:
+        ids = install(real_store, FLEET_PATH, job, interval=2)
+        assert sorted(e["id"] for e in entries(real_store, job)) == sorted(ids)
+        scheduler = procs.start(
+            [RQSCHEDULER, "--url", redis_url, "-i", "1", "-j", "redis_lease.dispatch.JsonJob"],
+            env,
+            "rqscheduler",
+        )
+        procs.worker(redis_url, queue_name, env, name="worker")
+
+        def created() -> dict[str, str] | None:
+            try:
+                return runs.info(run_id)
+            except NotFound:
+                return None
+
+        info = wait_for(created, 60, f"run {run_id} to be created", every=0.2)
+        assert info["business_date"] == fire.date().isoformat()
+        create = [e for e in runs.events(run_id) if e["kind"] == "create"]
+        assert len(create) == 1
+        assert create[0]["reason"] == f"scheduled at {fire.isoformat()}"
+        registered = real_store.client.hget(real_store.keys.job(job.name), "registered_at")
+        assert registered is not None
+
+        # The repeating tick plans, dispatches and finally closes the run.
+        def finished() -> str | None:
+            state = runs.info(run_id)["state"]
+            return state if state in ("succeeded", "partial", "failed") else None
+
+        assert wait_for(finished, 60, f"run {run_id} to finish", every=0.2) == "succeeded", (
+            procs.log("worker"),
+            procs.log("rqscheduler"),
+        )
+        assert real_store.status(run_id).counts["done"] == 6
+        assert real_store.run_ids() == [run_id]  # one run, however often it ticked
+        for rq_id in ids:  # what the scheduler wrote and moved stayed JSON
+            payload = assert_json_job(real_store.client, rq_id)
+            assert payload[0] == "redis_lease.tick.tick_entry"
+        stop_gracefully(scheduler)
+        assert scheduler.returncode is not None
+    finally:
+        remove(real_store, job)
+        purge_queue(real_store.client, queue_name, extra_job_ids=tuple(ids))
+        monkeypatch.undo()
+        importlib.reload(fleet_jobs)
+    assert entries(real_store, job) == []
+    assert text(real_store.client.exists(*[f"rq:job:{i}" for i in ids])) == "0"

@@ -1,0 +1,300 @@
+"""The scheduler tick with explicit times: one run per date under concurrent ticks,
+catch-up policies, deadlines ending runs partial, resume, planner errors, re-planning
+after a crash, burst capacity, and the decision log.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from redis_lease import LeaseStore
+from redis_lease.dispatch import live_jobs, queue
+from redis_lease.errors import InvalidInput, RunClosed
+from redis_lease.jobs import Job
+from redis_lease.runs import Decision, Runs, to_ms
+from redis_lease.tick import tick
+from tests import fleet_jobs
+from tests.fleet_helpers import NIGHTLY_PATH, REPO, purge_queue, text
+
+#: 30 seconds after the nightly job's 02:00 start on 10 March.
+T0 = datetime(2026, 3, 10, 2, 0, 30, tzinfo=UTC)
+RUN = "nightly:2026-03-10"
+
+Configure = Callable[..., Job]
+
+
+@pytest.fixture
+def nightly(real_store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[Configure]:
+    """Sets the nightly job's options for this test (its own RQ queue) and its planner."""
+    name = f"{real_store.prefix}-q"
+    for key, value in {"items": 4, "fail_after": None, "crash_after": None}.items():
+        monkeypatch.setitem(fleet_jobs.PLAN, key, value)
+
+    def configure(**options: Any) -> Job:
+        job = fleet_jobs.nightly
+        monkeypatch.setattr(job, "options", replace(job.options, queue=name, **options))
+        return job
+
+    configure()
+    yield configure
+    purge_queue(real_store.client, name)
+
+
+def assert_logged(runs: Runs, decisions: list[Decision]) -> None:
+    """Every decision a tick returned is in its run's event log, with its reason."""
+    for decision in decisions:
+        reasons = [e["reason"] for e in runs.events(decision.run_id, count=200)]
+        assert any(r in decision.reason or decision.reason in r for r in reasons), (
+            decision,
+            reasons,
+        )
+
+
+def kinds(runs: Runs, run_id: str) -> list[str]:
+    """The kinds of the run's events, oldest first."""
+    return [e["kind"] for e in runs.events(run_id, count=200)]
+
+
+def test_concurrent_ticks_create_one_run(
+    real_store: LeaseStore, redis_url: str, nightly: Configure
+) -> None:
+    stores = [LeaseStore.from_url(redis_url, prefix=real_store.prefix) for _ in range(4)]
+    barrier = threading.Barrier(len(stores))
+    results: list[list[Decision]] = []
+    errors: list[BaseException] = []
+
+    def one(store: LeaseStore) -> None:
+        try:
+            barrier.wait(timeout=10)
+            results.append(tick(store, [NIGHTLY_PATH], now=T0))
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    for store in stores:
+        store.client.close()
+    assert not errors, errors
+    decisions = [d for result in results for d in result]
+    assert [d.kind for d in decisions].count("create") == 1
+    assert real_store.run_ids() == [RUN]
+    runs = Runs(real_store)
+    assert kinds(runs, RUN).count("create") == 1
+    planned = [e for e in runs.events(RUN) if e["reason"] == "planned 4 items"]
+    assert len(planned) == 1
+    assert real_store.status(RUN).total == 4
+    assert real_store.client.zcard(real_store.keys.job_dates("nightly")) == 1
+    # A later tick at the same moment changes nothing either.
+    again = tick(real_store, [NIGHTLY_PATH], now=T0)
+    assert "create" not in [d.kind for d in again]
+    assert real_store.run_ids() == [RUN]
+    assert_logged(runs, decisions + again)
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("all", ["nightly:2026-03-11", "nightly:2026-03-12", "nightly:2026-03-13"]),
+        ("latest", ["nightly:2026-03-13"]),
+        ("none", []),
+    ],
+)
+def test_missed_days_follow_the_catch_up_policy(
+    real_store: LeaseStore, nightly: Configure, policy: str, expected: list[str]
+) -> None:
+    nightly(catch_up=policy)
+    registered = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)  # no start within the grace
+    assert tick(real_store, [NIGHTLY_PATH], now=registered) == []
+    assert real_store.run_ids() == []
+    record = real_store.client.hgetall(real_store.keys.job("nightly"))
+    assert int(record[b"registered_at"]) == to_ms(registered)
+
+    later = registered + timedelta(days=3, hours=4)  # 13 March 16:00: 14h past the grace
+    decisions = tick(real_store, [NIGHTLY_PATH], now=later)
+    assert sorted(real_store.run_ids()) == expected
+    runs = Runs(real_store)
+    for run_id in expected:
+        events = runs.events(run_id)
+        catch_up = [e for e in events if e["kind"] == "catch_up"]
+        assert len(catch_up) == 1, events
+        assert "missed at" in catch_up[0]["reason"]
+        assert f"policy {policy}" in catch_up[0]["reason"]
+        # A late run keeps its full six-hour window from when it started.
+        assert int(runs.info(run_id)["deadline_at"]) == to_ms(later + timedelta(hours=6))
+    assert sorted(d.run_id for d in decisions if d.kind == "catch_up") == expected
+    skipped = 3 - len(expected)
+    if skipped:
+        note = text(real_store.client.hget(real_store.keys.job("nightly"), "last_catch_up"))
+        assert note.startswith(f"skipped {skipped} missed dates (policy {policy})")
+    # The skipped dates stay skipped, and nothing is created twice.
+    tick(real_store, [NIGHTLY_PATH], now=later + timedelta(minutes=1))
+    assert sorted(real_store.run_ids()) == expected
+    assert_logged(runs, decisions)
+
+
+def _partial_run(store: LeaseStore) -> Runs:
+    """A run past its deadline with one item done, one leased and two pending: partial."""
+    runs = Runs(store)
+    first = tick(store, [NIGHTLY_PATH], now=T0)
+    assert [d.kind for d in first][:2] == ["create", "plan"]
+    lease = store.claim(RUN, "night-00000", worker="w1", ttl=60)
+    store.commit(lease, {"ok": True})
+    store.claim(RUN, "night-00001", worker="w2", ttl=60)
+    late = tick(store, [NIGHTLY_PATH], now=T0 + timedelta(hours=6, minutes=1))
+    assert [d.kind for d in late] == ["finalize"]
+    assert_logged(runs, first + late)
+    return runs
+
+
+def test_deadline_ends_run_partial_and_cli_resume_reopens_it(
+    real_store: LeaseStore, redis_url: str, nightly: Configure
+) -> None:
+    runs = _partial_run(real_store)
+    info = runs.info(RUN)
+    assert info["state"] == "partial"
+    assert info["reason"].startswith("deadline passed with items unfinished")
+    assert json.loads(info["final_counts"]) == {"pending": 2, "leased": 1, "done": 1, "dead": 0}
+    assert "finalize" in kinds(runs, RUN)
+    assert RUN not in runs.open_runs("nightly")
+    with pytest.raises(RunClosed):
+        real_store.claim_next(RUN, "w3", limit=10)
+
+    cli = [sys.executable, "-m", "redis_lease", "--url", redis_url, "--prefix", real_store.prefix]
+    done = subprocess.run(
+        [*cli, "resume", RUN, "--deadline", "1h"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"{RUN}: running" in done.stdout
+    info = runs.info(RUN)
+    assert info["state"] == "running"
+    expected = to_ms(runs.server_now() + timedelta(hours=1))
+    assert abs(int(info["deadline_at"]) - expected) < 60_000
+    assert RUN in runs.open_runs("nightly")
+    assert kinds(runs, RUN)[-1] == "resume"
+    leases = real_store.claim_next(RUN, "w3", limit=10)
+    assert sorted(lease.item_id for lease in leases) == ["night-00002", "night-00003"]
+    # The next tick keeps it open: its new deadline is still ahead (and its shard jobs
+    # are still queued, so nothing is dispatched twice).
+    assert tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(hours=6, minutes=2)) == []
+    assert runs.info(RUN)["state"] == "running"
+
+
+def test_api_resume_reopens_a_partial_run(real_store: LeaseStore, nightly: Configure) -> None:
+    runs = _partial_run(real_store)
+    assert runs.info(RUN)["state"] == "partial"
+    with pytest.raises(InvalidInput, match="past its deadline"):
+        runs.resume(RUN)
+    decision = runs.resume(RUN, deadline=runs.server_now() + timedelta(hours=2))
+    assert decision.kind == "resume"
+    assert runs.info(RUN)["state"] == "running"
+    assert len(real_store.claim_next(RUN, "w3", limit=10)) == 2
+    with pytest.raises(InvalidInput, match="only partial, failed or canceled"):
+        runs.resume(RUN)
+
+
+def test_planner_error_fails_the_run(real_store: LeaseStore, nightly: Configure) -> None:
+    fleet_jobs.PLAN["fail_after"] = 2
+    runs = Runs(real_store)
+    decisions = tick(real_store, [NIGHTLY_PATH], now=T0)
+    assert [d.kind for d in decisions] == ["create", "finalize"]
+    assert "planning error" in decisions[-1].reason
+    info = runs.info(RUN)
+    assert info["state"] == "failed"
+    assert "planning error" in info["reason"]
+    assert "the ledger export is missing" in info["reason"]
+    assert RUN not in runs.open_runs("nightly")
+    assert real_store.status(RUN).total == 0
+    fleet_jobs.PLAN["fail_after"] = None  # a later tick does not plan a failed run again
+    assert tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(minutes=1)) == []
+    assert runs.info(RUN)["state"] == "failed"
+    assert_logged(runs, decisions)
+
+
+def test_replanning_after_a_crash_adds_only_the_missing_items(
+    real_store: LeaseStore, nightly: Configure, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet_jobs.PLAN.update(items=1200, crash_after=700)
+    adds: list[tuple[int, int]] = []
+    add = real_store.add
+
+    def counting_add(*args: Any, **kwargs: Any) -> tuple[list[str], list[str]]:
+        added, existing = add(*args, **kwargs)
+        adds.append((len(added), len(existing)))
+        return added, existing
+
+    monkeypatch.setattr(real_store, "add", counting_add)
+    with pytest.raises(fleet_jobs.PlannerCrash):
+        tick(real_store, [NIGHTLY_PATH], now=T0)
+    runs = Runs(real_store)
+    assert runs.info(RUN)["state"] == "planning"
+    assert real_store.status(RUN).total == 500  # one batch of PLAN_BATCH got in
+    assert adds == [(500, 0)]
+    lease = real_store.claim(RUN, "night-00007", worker="w1", ttl=60)
+    real_store.commit(lease, {"before": "crash"})
+
+    fleet_jobs.PLAN["crash_after"] = None
+    adds.clear()
+    decisions = tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(minutes=1))
+    assert decisions[0] == Decision("plan", RUN, "planned 1200 items")
+    assert sum(a for a, _ in adds) == 700
+    assert sum(e for _, e in adds) == 500
+    status = real_store.status(RUN)
+    assert status.total == 1200
+    assert status.counts["done"] == 1
+    record = real_store.item(RUN, "night-00007")
+    assert (record.state, record.token, record.result) == ("done", lease.token, {"before": "crash"})
+    assert runs.info(RUN)["state"] == "running"
+    assert_logged(runs, decisions)
+
+
+def test_burst_adds_shard_jobs_up_to_max_workers(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    job = nightly(shards=4, workers_per_shard=1, max_workers=6, deadline="1h")
+    fleet_jobs.PLAN["items"] = 40
+    runs = Runs(real_store)
+    first = tick(real_store, [NIGHTLY_PATH], now=T0)
+    assert [d.kind for d in first] == ["create", "plan", "dispatch"]
+    assert sum(len(ids) for ids in live_jobs(real_store, RUN).values()) == 4
+    for item in ("night-00000", "night-00001"):
+        real_store.commit(real_store.claim(RUN, item, worker="w1", ttl=60))
+
+    # Half an hour in, 2 of 40 done: at this rate the run ends long after its deadline.
+    slow = tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(minutes=30))
+    bursts = [d for d in slow if d.kind == "burst"]
+    assert len(bursts) == 1, slow
+    reason = bursts[0].reason
+    assert "projected finish" in reason and "passes the deadline" in reason
+    assert "+2 shard jobs (cap 6)" in reason
+    info = runs.info(RUN)
+    assert int(info["projected_finish_at"]) > int(info["deadline_at"])
+    assert float(info["rate_per_s"]) > 0
+    live = live_jobs(real_store, RUN)
+    assert sum(len(ids) for ids in live.values()) == job.options.max_workers
+    assert queue(real_store.client, job.options.queue).count == job.options.max_workers
+
+    # At the cap: no more burst, however far behind.
+    later = tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(minutes=31))
+    assert "burst" not in [d.kind for d in later]
+    assert sum(len(ids) for ids in live_jobs(real_store, RUN).values()) == 6
+    events = runs.events(RUN, count=200)
+    assert [e["kind"] for e in events].count("burst") == 1
+    burst_event = next(e for e in events if e["kind"] == "burst")
+    assert burst_event["reason"] == reason
+    assert_logged(runs, first + slow + later)
