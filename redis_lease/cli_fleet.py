@@ -227,11 +227,12 @@ def demo(
     if as_json:
         report = run_demo(config, on_backend=lambda text: typer.echo(f"backend: {text}", err=True))
         print_json(report)
-        return
-    with progress_bar() as (on_backend, on_progress):
-        report = run_demo(config, on_progress=on_progress, on_backend=on_backend)
-    print_report(report)
-    if report["duplicate_effects"] or (report["unfinished"] and report["state"] == "succeeded"):
+    else:
+        with progress_bar() as (on_backend, on_progress):
+            report = run_demo(config, on_progress=on_progress, on_backend=on_backend)
+        print_report(report)
+    # The demo's promise: every item done, no effect applied twice.
+    if report["duplicate_effects"] or report["state"] != "succeeded":
         raise typer.Exit(1)
 
 

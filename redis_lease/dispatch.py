@@ -96,3 +96,42 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
         if dead:
             store.client.hdel(key, *dead)
     return live
+
+
+def purge_queue(client: redis.Redis, name: str, extra_job_ids: tuple[str, ...] = ()) -> None:
+    """Deletes an RQ queue and what RQ keeps for it: its jobs in every registry, its workers.
+
+    For a queue of one's own (a demo's, a test's) on a shared server; RQ's keys
+    carry no prefix of ours.
+    """
+    rq_queue = queue(client, name)
+    ids = {as_text(i) for i in client.lrange(rq_queue.key, 0, -1)} | set(extra_job_ids)
+    registries = [
+        rq_queue.started_job_registry,
+        rq_queue.finished_job_registry,
+        rq_queue.failed_job_registry,
+        rq_queue.deferred_job_registry,
+        rq_queue.scheduled_job_registry,
+        rq_queue.canceled_job_registry,
+    ]
+    for registry in registries:
+        ids |= {as_text(m).split(":")[0] for m in client.zrange(registry.key, 0, -1)}
+    for rq_id in ids:
+        keys = [f"rq:job:{rq_id}", f"rq:results:{rq_id}", f"rq:executions:{rq_id}"]
+        keys += [as_text(k) for k in client.scan_iter(match=f"rq:execution:{rq_id}:*", count=500)]
+        client.delete(*keys)
+    worker_keys = {as_text(k) for k in client.smembers(f"rq:workers:{name}")}
+    for key in client.scan_iter(match="rq:worker:*", count=1000):  # dead ones linger a while
+        queues = client.hget(key, "queues") if client.type(key) == b"hash" else None
+        if queues is not None and name in as_text(queues).split(","):
+            worker_keys.add(as_text(key))
+    for worker_key in worker_keys:
+        client.delete(worker_key, f"{worker_key}:executions")
+        client.srem("rq:workers", worker_key)
+    client.srem("rq:queues", rq_queue.key)
+    leftovers = [
+        as_text(k)
+        for pattern in (f"rq:*:{name}", f"rq:queue:{name}:*")
+        for k in client.scan_iter(match=pattern, count=500)
+    ]
+    client.delete(rq_queue.key, *[r.key for r in registries], *leftovers)

@@ -166,12 +166,13 @@ class Runs:
     def finalize(self, run_id: str, reason: str) -> Decision | None:
         """Closes the run and records succeeded, partial or failed from its counts.
 
-        succeeded: every item done; partial: some done; failed: none done.
+        succeeded: every item done (a run planned with no items too); partial: some
+        done; failed: none done.
         """
         self.store.set_closed(run_id, True)
         status = self.store.status(run_id)
         counts = status.counts
-        if counts["done"] == status.total and status.total > 0:
+        if counts["done"] == status.total:
             state = "succeeded"
         elif counts["done"] > 0:
             state = "partial"

@@ -1,8 +1,10 @@
 """Registering the tick with rq-scheduler.
 
 Two entries per job: the job's own cron schedule (rq-scheduler reads cron in
-UTC), and a tick every ``interval`` seconds that plans, dispatches, bursts and
-finalizes between nightly starts. Both run :func:`redis_lease.tick.tick_entry`;
+the scheduler machine's local time, not the job's timezone; the tick itself
+decides by the job's timezone whether a run is due), and a tick every
+``interval`` seconds that plans, dispatches, bursts and finalizes between
+nightly starts. Both run :func:`redis_lease.tick.tick_entry`;
 a tick is idempotent, so an extra or early one changes nothing. The entries are
 JSON jobs (:class:`~redis_lease.dispatch.JsonJob`); run the scheduler as
 ``rqscheduler --url URL -j redis_lease.dispatch.JsonJob``.

@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
-from rq import Queue
-from rq.serializers import JSONSerializer
 
-from redis_lease import LeaseStore
+from redis_lease import LeaseStore, dispatch
 from redis_lease.runs import FINAL_STATES, Runs
 from redis_lease.tick import tick
 
@@ -204,34 +202,4 @@ def assert_json_job(client: redis.Redis, rq_id: str) -> Any:
 
 def purge_queue(client: redis.Redis, name: str, extra_job_ids: tuple[str, ...] = ()) -> None:
     """Deletes an RQ queue of this test: its jobs in every registry, its workers, its keys."""
-    queue = Queue(name, connection=client, serializer=JSONSerializer)
-    ids = {text(i) for i in client.lrange(queue.key, 0, -1)} | set(extra_job_ids)
-    registries = [
-        queue.started_job_registry,
-        queue.finished_job_registry,
-        queue.failed_job_registry,
-        queue.deferred_job_registry,
-        queue.scheduled_job_registry,
-        queue.canceled_job_registry,
-    ]
-    for registry in registries:
-        ids |= {text(m).split(":")[0] for m in client.zrange(registry.key, 0, -1)}
-    for rq_id in ids:
-        keys = [f"rq:job:{rq_id}", f"rq:results:{rq_id}", f"rq:executions:{rq_id}"]
-        keys += [text(k) for k in client.scan_iter(match=f"rq:execution:{rq_id}:*", count=500)]
-        client.delete(*keys)
-    worker_keys = {text(k) for k in client.smembers(f"rq:workers:{name}")}
-    for key in client.scan_iter(match="rq:worker:*", count=1000):  # dead ones linger a while
-        queues = client.hget(key, "queues") if client.type(key) == b"hash" else None
-        if queues is not None and name in text(queues).split(","):
-            worker_keys.add(text(key))
-    for worker_key in worker_keys:
-        client.delete(worker_key, f"{worker_key}:executions")
-        client.srem("rq:workers", worker_key)
-    client.srem("rq:queues", queue.key)
-    leftovers = [
-        text(k)
-        for pattern in (f"rq:*:{name}", f"rq:queue:{name}:*")
-        for k in client.scan_iter(match=pattern, count=500)
-    ]
-    client.delete(queue.key, *[r.key for r in registries], *leftovers)
+    dispatch.purge_queue(client, name, extra_job_ids)

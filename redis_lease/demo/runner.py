@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..dispatch import purge_queue
 from ..gate import ProviderGate
 from ..runs import FINAL_STATES, Runs
 from ..store import LeaseStore
@@ -233,6 +234,7 @@ def run_demo(
         }
         if not backend.owned and not config.keep:
             _delete_prefix(store, prefix)
+            purge_queue(store.client, queue)
         store.client.close()
         return report
 
