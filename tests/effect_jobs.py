@@ -1,0 +1,443 @@
+"""Test jobs for the effect and fault tests, and the harness that runs them on real processes.
+
+Worker processes import the jobs by path (``tests.effect_jobs:effects``,
+``tests.effect_jobs:seat_race``) and read their settings from environment
+variables (:class:`EffectConfig`), so that every process of a test sees the
+same job. The test process builds the same job from the same config with
+:func:`make_effects_job`.
+
+Handlers can stop at named points (:class:`Hooks`): the first process to reach
+a point that the test armed writes ``<point>.at`` (its pid, item and token) into
+the hook directory and waits for ``<point>.go``, so the test can SIGSTOP or
+SIGKILL it exactly there. The points of the effects job, in order:
+
+- ``before_effect``: claimed, nothing recorded in the effect ledger yet;
+- ``before_call``: the ledger says ``intended``; the request is not sent yet;
+- ``after_call``: the provider answered; the ledger still says ``intended``;
+- ``after_effect``: the ledger says ``applied``; the item is not committed yet.
+
+The seat-race job stops at ``before_commit`` after the reservations handler
+re-read its hold and before the worker commits the guarded release.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from redis_lease.demo.provider import ProviderClient
+from redis_lease.gate import ProviderGate
+from redis_lease.jobs import Job
+from redis_lease.lease import Item
+from redis_lease.runs import FINAL_STATES, Runs
+from redis_lease.store import LeaseStore
+from redis_lease.tick import tick_job
+from redis_lease.worker import ActiveLease, Outcome
+
+ROOT = Path(__file__).resolve().parent.parent
+RESERVATIONS_DIR = ROOT / "examples" / "reservations"
+EFFECTS_PATH = "tests.effect_jobs:effects"
+SEAT_RACE_PATH = "tests.effect_jobs:seat_race"
+#: A schedule that practically never fires, so that ticks only serve the test's own run.
+NEVER = "0 0 29 2 *"
+ENV = "EFFECT_JOBS_"
+GATE_NAME = "test-provider"
+WORKER_COMMAND = (sys.executable, "-m", "redis_lease")
+POINTS = ("before_effect", "before_call", "after_call", "after_effect", "before_commit")
+
+
+# -- configuration ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EffectConfig:
+    """Settings of the effects job, passed to worker processes as environment variables."""
+
+    queue: str = "effects-test"
+    items: int = 4
+    shards: int = 1
+    ttl: float = 1.5
+    provider_url: str = "http://127.0.0.1:8700"
+    provider_timeout: float = 5.0
+    honours_keys: bool = True
+    use_lookup: bool = True
+    gate_cap: int = 0
+    slot_wait: float = 2.0
+    hook_dir: str = ""
+    pause_at: tuple[str, ...] = ()
+    max_attempts: int = 8
+    backoff_base: float = 0.05
+    batch_size: int = 10
+
+    def env(self) -> dict[str, str]:
+        """The environment variables that carry this config."""
+        values: dict[str, str] = {}
+        for name, value in self.__dict__.items():
+            if isinstance(value, bool):
+                text = "1" if value else "0"
+            elif isinstance(value, tuple):
+                text = ",".join(value)
+            else:
+                text = str(value)
+            values[ENV + name.upper()] = text
+        return values
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> EffectConfig:
+        """The config in the environment (defaults where a variable is missing)."""
+        source = os.environ if environ is None else environ
+        defaults = cls()
+        values: dict[str, Any] = {}
+        for name, default in defaults.__dict__.items():
+            raw = source.get(ENV + name.upper())
+            if raw is None:
+                continue
+            if isinstance(default, bool):
+                values[name] = raw == "1"
+            elif isinstance(default, tuple):
+                values[name] = tuple(p for p in raw.split(",") if p)
+            else:
+                values[name] = type(default)(raw)
+        return cls(**values)
+
+
+# -- hooks ------------------------------------------------------------------------
+
+
+class Hooks:
+    """Named pause points shared by the processes of one test through a directory."""
+
+    def __init__(self, directory: str, armed: tuple[str, ...], timeout: float = 120.0) -> None:
+        self.directory = Path(directory) if directory else None
+        self.armed = set(armed)
+        self.timeout = timeout
+
+    def reach(self, point: str, lease: ActiveLease) -> None:
+        """At an armed point the first process to arrive stops until the test says go."""
+        if self.directory is None or point not in self.armed:
+            return
+        info = {"pid": os.getpid(), "item": lease.item_id, "token": lease.token, "point": point}
+        scratch = self.directory / f".{point}.{os.getpid()}.{uuid.uuid4().hex}"
+        scratch.write_text(json.dumps(info))
+        try:
+            os.link(scratch, self.directory / f"{point}.at")  # atomic: one process wins
+        except FileExistsError:
+            return  # another process stopped here already; this one goes on
+        finally:
+            scratch.unlink()
+        go = self.directory / f"{point}.go"
+        deadline = time.monotonic() + self.timeout
+        while not go.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"hook {point}: no go within {self.timeout}s")
+            time.sleep(0.005)
+
+
+def wait_for_hook(directory: Path, point: str, timeout: float = 30.0) -> dict[str, Any]:
+    """Waits until a process stopped at ``point``; returns its pid, item and token."""
+    path = directory / f"{point}.at"
+    deadline = time.monotonic() + timeout
+    while True:
+        if path.exists():
+            return dict(json.loads(path.read_text()))
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no process reached hook {point} within {timeout}s")
+        time.sleep(0.005)
+
+
+def release_hook(directory: Path, point: str) -> None:
+    """Lets the process stopped at ``point`` go on."""
+    (directory / f"{point}.go").touch()
+
+
+# -- the jobs ---------------------------------------------------------------------
+
+
+def item_id(n: int, business_date: date) -> str:
+    """The id of item ``n``: account, provider cursor and business date."""
+    return f"acct_{n}:cursor_{n % 3}:{business_date.isoformat()}"
+
+
+def make_effects_job(config: EffectConfig) -> Job:
+    """A payout job: one provider effect per item, through the lease's fenced ledger."""
+    job = Job(
+        "effects-test",
+        shards=config.shards,
+        lease_ttl=config.ttl,
+        max_attempts=config.max_attempts,
+        backoff_base=config.backoff_base,
+        backoff_cap=0.5,
+        deadline="10m",
+        schedule=NEVER,
+        shard_budget=60.0,
+        batch_size=config.batch_size,
+        max_workers=8,
+        queue=config.queue,
+    )
+    hooks = Hooks(config.hook_dir, config.pause_at)
+
+    @job.planner
+    def plan(business_date: date) -> Iterator[Item]:
+        for n in range(config.items):
+            yield Item(item_id(n, business_date), {"account": n, "amount_cents": 100 + n})
+
+    @job.handler
+    def handle(item: Item, lease: ActiveLease) -> dict[str, Any]:
+        client = ProviderClient(config.provider_url, timeout=config.provider_timeout)
+        hooks.reach("before_effect", lease)
+
+        def call(key: str) -> Any:
+            hooks.reach("before_call", lease)
+            result = client.apply(key, item.payload)
+            hooks.reach("after_call", lease)
+            return result
+
+        slot: AbstractContextManager[None] = nullcontext()
+        if config.gate_cap:
+            gate = ProviderGate(lease.store, GATE_NAME, max_concurrency=config.gate_cap)
+            slot = gate.slot(wait=config.slot_wait)
+        with slot:
+            record = lease.effect(
+                "payout",
+                call,
+                lookup=client.lookup if config.use_lookup else None,
+                honours_keys=config.honours_keys,
+            )
+        hooks.reach("after_effect", lease)
+        return {"reference": record["id"], "token": lease.token}
+
+    return job
+
+
+def _reservations() -> Any:
+    if str(RESERVATIONS_DIR) not in sys.path:
+        sys.path.insert(0, str(RESERVATIONS_DIR))
+    import reservations
+
+    return reservations
+
+
+def make_seat_race_job(queue: str, hook_dir: str) -> Job:
+    """The reservations cleanup, stopping once between its re-read and the worker's commit."""
+    reservations = _reservations()
+    base = reservations.cleanup.options
+    job = Job(
+        "seat-race",
+        shards=1,
+        lease_ttl=base.lease_ttl,
+        max_attempts=base.max_attempts,
+        backoff_base=base.backoff_base,
+        backoff_cap=base.backoff_cap,
+        deadline="10m",
+        schedule=NEVER,
+        shard_budget=60.0,
+        batch_size=base.batch_size,
+        queue=queue,
+    )
+    hooks = Hooks(hook_dir, ("before_commit",))
+    job.planner(reservations.plan)
+
+    @job.handler
+    def handle(item: Item, lease: ActiveLease) -> Outcome:
+        answer: Outcome = reservations.handle(item, lease)
+        if answer.label == "released":
+            hooks.reach("before_commit", lease)
+        return answer
+
+    return job
+
+
+def clone_job(job: Job, **options: Any) -> Job:
+    """A copy of ``job`` with some options changed (e.g. a test's own queue)."""
+    copy = Job(job.name, **{**job.options.__dict__, **options})
+    copy.plan_items, copy.handle_item = job.plan_items, job.handle_item
+    return copy
+
+
+_CONFIG = EffectConfig.from_env()
+effects = make_effects_job(_CONFIG)
+seat_race = (
+    make_seat_race_job(_CONFIG.queue, _CONFIG.hook_dir)
+    if (RESERVATIONS_DIR / "reservations.py").exists()
+    else None
+)
+
+
+# -- the harness ------------------------------------------------------------------
+
+
+@dataclass
+class Workers:
+    """``redis-lease worker --simple`` processes, each in its own session, logging to files."""
+
+    logs: Path
+    env: dict[str, str]
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _files: list[Any] = field(default_factory=list)
+
+    def start(self, url: str, queue: str, count: int = 1, **env: str) -> list[int]:
+        """Starts ``count`` workers on ``queue``; returns their indexes."""
+        started = []
+        for _ in range(count):
+            index = len(self.processes)
+            log = (self.logs / f"worker-{index}.log").open("wb")
+            self._files.append(log)
+            self.processes.append(
+                subprocess.Popen(
+                    [*WORKER_COMMAND, "--url", url, "worker", "--simple", "--queue", queue],
+                    env={**self.env, **env},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    cwd=ROOT,
+                )
+            )
+            started.append(index)
+        return started
+
+    def index_of(self, pid: int) -> int:
+        """The index of the worker with this pid."""
+        for index, process in enumerate(self.processes):
+            if process.pid == pid:
+                return index
+        raise AssertionError(f"pid {pid} is not one of this test's workers")
+
+    def signal(self, index: int, sig: int) -> None:
+        """Sends ``sig`` to worker ``index``'s process group."""
+        process = self.processes[index]
+        if process.poll() is None:
+            os.killpg(process.pid, sig)
+
+    def kill(self, index: int) -> None:
+        """SIGKILLs worker ``index`` and reaps it."""
+        self.signal(index, signal.SIGKILL)
+        self.processes[index].wait(timeout=10)
+
+    def close(self) -> None:
+        """Kills every worker still running and closes the logs."""
+        for index in range(len(self.processes)):
+            self.signal(index, signal.SIGKILL)
+        for process in self.processes:
+            process.wait(timeout=10)
+        for log in self._files:
+            log.close()
+
+    def output(self) -> str:
+        """The tail of every worker's log, for failure messages."""
+        parts = []
+        for path in sorted(self.logs.glob("worker-*.log")):
+            parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}")
+        return "\n".join(parts)
+
+
+def worker_env(*extra_paths: Path) -> dict[str, str]:
+    """The environment of worker processes: this repository (and more) on the path."""
+    paths = [str(ROOT), *(str(p) for p in extra_paths), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+def start_run(store: LeaseStore, job: Job) -> str:
+    """Creates today's run of ``job`` (server clock); the next tick plans it."""
+    runs = Runs(store)
+    now = runs.server_now()
+    run_id, _ = runs.ensure(job, now.astimezone(job.zone).date(), now)
+    return run_id
+
+
+def drive(
+    store: LeaseStore,
+    path: str,
+    job: Job,
+    run_id: str,
+    *,
+    timeout: float = 60.0,
+    until: Callable[[], bool] | None = None,
+    step: Callable[[], None] | None = None,
+    describe: Callable[[], str] = lambda: "",
+) -> str:
+    """Ticks the job until ``until()`` holds (default: the run is final); returns its state.
+
+    Polls every 0.1 s with a deadline; ``step`` runs after every tick.
+    """
+    runs = Runs(store)
+    deadline = time.monotonic() + timeout
+    while True:
+        tick_job(store, runs, path, job, runs.server_now())
+        state = runs.info(run_id)["state"]
+        if step is not None:
+            step()
+        if until() if until is not None else state in FINAL_STATES:
+            return state
+        if time.monotonic() > deadline:
+            status = store.status(run_id)
+            raise AssertionError(
+                f"run {run_id} still {state} after {timeout}s: {status.counts} "
+                f"{status.events}\n{describe()}"
+            )
+        time.sleep(0.1)
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    """Polls ``check`` every 10 ms until it holds; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def delete_prefix(client: redis.Redis, prefix: str) -> None:
+    """Deletes every key under ``prefix:``."""
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    for start in range(0, len(keys), 500):
+        client.delete(*keys[start : start + 500])
+
+
+_REGISTRIES = ("wip", "finished", "failed", "deferred", "scheduled", "canceled", "ready")
+
+
+def delete_rq_queue(client: redis.Redis, queue: str) -> None:
+    """Deletes an RQ queue with every job, result, registry and worker record it left.
+
+    Only ``rq:`` keys that name this queue, one of its jobs or one of its workers go.
+    """
+    queue_key = f"rq:queue:{queue}"
+    job_ids = {_text(j) for j in client.lrange(queue_key, 0, -1)}
+    for registry in _REGISTRIES:
+        key = f"rq:{registry}:{queue}"
+        if _text(client.type(key)) == "zset":
+            job_ids |= {_text(j).split(":")[0] for j in client.zrange(key, 0, -1)}
+    worker_keys = {_text(w) for w in client.smembers(f"rq:workers:{queue}")}
+    names = {queue, *job_ids, *(w.removeprefix("rq:worker:") for w in worker_keys)}
+    doomed = [
+        key
+        for key in (_text(k) for k in client.scan_iter(match="rq:*", count=1000))
+        if any(_names_part(key, name) for name in names)
+    ]
+    client.srem("rq:queues", queue_key)
+    if worker_keys:
+        client.srem("rq:workers", *worker_keys)
+    for start in range(0, len(doomed), 500):
+        client.delete(*doomed[start : start + 500])
+
+
+def _names_part(key: str, name: str) -> bool:
+    """True when ``name`` is one whole ``:``-separated part of ``key``."""
+    return name in key.split(":")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
