@@ -365,7 +365,7 @@ def process_shard(job_path: str, run_id: str, shard: int, prefix: str = "rl") ->
     if rq_job is None:
         raise LeaseError("process_shard runs inside an RQ worker; use work_shard directly")
     job = load_job(job_path)
-    store = LeaseStore(rq_job.connection, prefix=prefix)
+    store = LeaseStore(rq_job.connection, prefix=prefix, url=_describe(rq_job.connection))
     stop = threading.Event()
     beat_key = store.keys.run_beat(run_id, rq_job.id)
     keeper = LeaseKeeper(
@@ -408,6 +408,14 @@ def process_shard(job_path: str, run_id: str, shard: int, prefix: str = "rl") ->
         "stopped": report.stopped,
         "drained": report.drained,
     }
+
+
+def _describe(client: redis.Redis) -> str:
+    """A URL-like name of the client's server, for error messages (no password)."""
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    return f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
 
 
 def _worker_stopping(store: LeaseStore, name: str | None) -> bool:
