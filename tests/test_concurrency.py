@@ -47,8 +47,8 @@ def worker(url: str, prefix: str, name: str, out: str, go: Any, sleepy: bool, se
     """One process: claim batches and commit them until the run has no unfinished item."""
     store = LeaseStore.from_url(url, prefix=prefix)
     rng = random.Random(seed)
-    if not go.wait(60):
-        raise RuntimeError("start signal never came")
+    go.wait(60)  # a barrier: every process has started and imported before any claims
+    first = True
     deadline = time.monotonic() + 60
     with open(out, "w") as log:
 
@@ -61,7 +61,8 @@ def worker(url: str, prefix: str, name: str, out: str, go: Any, sleepy: bool, se
                 log.write(Event.committed(lease, outcome).to_json() + "\n")
 
         while time.monotonic() < deadline:
-            short = sleepy and rng.random() < 0.3
+            short = sleepy and (first or rng.random() < 0.3)
+            first = False
             ttl = SHORT_TTL if short else TTL
             leases = store.claim_next(RUN, name, limit=BATCH, ttl=ttl)
             for lease in leases:
@@ -95,7 +96,7 @@ def test_processes_commit_every_item_exactly_once(
     assert len(added) == ITEMS
 
     ctx = multiprocessing.get_context("spawn")
-    go = ctx.Event()
+    go = ctx.Barrier(PROCESSES + 1)
     files = [tmp_path / f"worker-{n}.jsonl" for n in range(PROCESSES)]
     procs = [
         ctx.Process(
@@ -106,7 +107,7 @@ def test_processes_commit_every_item_exactly_once(
     ]
     for proc in procs:
         proc.start()
-    go.set()
+    go.wait(60)
     for proc in procs:
         proc.join(timeout=120)
     assert [proc.exitcode for proc in procs] == [0] * PROCESSES
