@@ -112,7 +112,9 @@ def worker(
     for queue_name in names:
         check_id(queue_name, "queue")
     client = client_from_url(settings.url)
-    open_store(ctx).client.ping()
+    store = open_store(ctx)
+    with store.errors():
+        store.client.ping()
     worker_class = SimpleWorker if simple else Worker
     rq_worker = worker_class(
         [queue(client, n) for n in names],

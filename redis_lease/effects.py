@@ -18,6 +18,7 @@ import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .errors import InvalidInput
 from .jobs import PermanentError
 from .validation import check_id
 
@@ -56,6 +57,8 @@ def idempotency_key(run_id: str, item_id: str, effect: str) -> str:
     keeps its first 190 and ends with a SHA-256 digest of the whole.
     """
     check_id(effect, "effect name")
+    if ":" in effect:  # the last ':' must separate the item from the effect
+        raise InvalidInput(f"effect name {effect!r} may not contain ':'")
     key = f"{run_id}:{item_id}:{effect}"
     if len(key) <= KEY_MAX_LENGTH:
         return key

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import uuid
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
+
+import redis
 
 from .connection import as_text
 from .errors import InvalidInput, NotFound
@@ -93,10 +96,20 @@ class Runs:
 
     # -- job runs -------------------------------------------------------------
 
-    def ensure(self, job: Job, business_date: date, started: datetime) -> tuple[str, bool]:
-        """Creates the job's run for a business date once; returns (run id, created now)."""
+    def ensure(
+        self,
+        job: Job,
+        business_date: date,
+        started: datetime,
+        deadline: datetime | None = None,
+    ) -> tuple[str, bool]:
+        """Creates the job's run for a business date once; returns (run id, created now).
+
+        ``deadline`` defaults to the job's deadline for the date. Repeating the call
+        after a crash midway completes the bookkeeping of an open run.
+        """
         run_id = job.run_id(business_date)
-        deadline = job.deadline_for(business_date, started)
+        deadline = deadline or job.deadline_for(business_date, started)
         created, _ = self.store.create_run(
             run_id,
             job.options.shards,
@@ -109,12 +122,12 @@ class Runs:
                 "retention_days": str(job.options.retention_days),
             },
         )
+        still_open = created or self.info(run_id)["state"] in OPEN_STATES
         with self.store.errors(run_id):
             pipe = self.client.pipeline(transaction=False)
-            pipe.zadd(
-                self.keys.job_dates(job.name), {business_date.isoformat(): to_ms(started)}, nx=True
-            )
-            if created:
+            dates = self.keys.job_dates(job.name)
+            pipe.zadd(dates, {business_date.isoformat(): to_ms(started)}, nx=True)
+            if still_open:
                 pipe.sadd(self.keys.job_open_runs(job.name), run_id)
             pipe.execute()
         if created:
@@ -126,7 +139,9 @@ class Runs:
 
         Safe to repeat after a crash midway: existing items are left alone. Returns
         the number of items planned, or None when another planner holds the run.
-        A planner error fails the run with the error as its reason.
+        An error of the planner (or an item it yields that is not valid) fails the
+        run with the error as its reason; a Redis failure leaves the run planning,
+        for the next tick to plan again.
         """
         if job.plan_items is None:
             raise InvalidInput(f"job {job.name!r} has no planner; decorate one with @job.planner")
@@ -138,28 +153,43 @@ class Runs:
         business_date = date.fromisoformat(self.info(run_id)["business_date"])
         total = 0
         try:
-            items = iter(job.plan_items(business_date))
-            while batch := list(itertools.islice(items, PLAN_BATCH)):
-                self.store.add(
-                    run_id,
-                    batch,
-                    max_attempts=job.options.max_attempts,
-                    backoff_base=job.options.backoff_base,
-                    backoff_cap=job.options.backoff_cap,
-                )
+            try:
+                items = iter(job.plan_items(business_date))
+            except Exception as error:  # the planner is user code: any failure fails the run
+                self._fail_planning(job, run_id, error)
+                raise
+            while True:
+                try:
+                    batch = list(itertools.islice(items, PLAN_BATCH))
+                except Exception as error:
+                    self._fail_planning(job, run_id, error)
+                    raise
+                if not batch:
+                    break
+                try:
+                    self.store.add(
+                        run_id,
+                        batch,
+                        max_attempts=job.options.max_attempts,
+                        backoff_base=job.options.backoff_base,
+                        backoff_cap=job.options.backoff_cap,
+                    )
+                except InvalidInput as error:  # the planner yielded a bad item
+                    self._fail_planning(job, run_id, error)
+                    raise
                 total += len(batch)
                 self.client.pexpire(lock, PLANNER_LOCK_MS)
-        except Exception as error:  # the planner is user code: any failure fails the run
-            self.transition(run_id, OPEN_STATES, "failed", f"planning error: {error!r}")
-            self._retire(job.name, run_id, job.options.retention_days)
-            raise
         finally:
-            if self.client.get(lock) == owner.encode():
-                self.client.delete(lock)
+            with contextlib.suppress(redis.RedisError):
+                self.store.scripts.run("release_lock", [lock], [owner])
         self.transition(
             run_id, "planning", "running", f"planned {total} items", planned="1", items=total
         )
         return total
+
+    def _fail_planning(self, job: Job, run_id: str, error: Exception) -> None:
+        self.transition(run_id, OPEN_STATES, "failed", f"planning error: {error!r}")
+        self._retire(job.name, run_id, job.options.retention_days)
 
     # -- closing and reopening ------------------------------------------------
 
@@ -186,6 +216,8 @@ class Runs:
         if not changed:
             return None
         info = self.info(run_id)
+        if info["state"] != state:  # resumed in the meantime: keep it open
+            return None
         self._retire(info.get("job", ""), run_id, int(info.get("retention_days", "14")))
         return self.event(run_id, "finalize", f"{state}: {full_reason}")
 
@@ -196,12 +228,16 @@ class Runs:
             pipe = self.client.pipeline(transaction=False)
             if job_name:
                 pipe.srem(self.keys.job_open_runs(job_name), run_id)
-            for shard in range(self.store.shard_count(run_id)):
-                for key in self.keys.shard(run_id, shard):
-                    pipe.pexpire(key, ttl_ms)
-            pipe.pexpire(self.keys.run(run_id), ttl_ms)
-            pipe.pexpire(self.keys.run_events(run_id), ttl_ms)
+            for key in self._run_keys(run_id):
+                pipe.pexpire(key, ttl_ms)
             pipe.execute()
+
+    def _run_keys(self, run_id: str) -> list[str]:
+        """Every key of a run: its record, log and RQ jobs, and each shard's keys and ledger."""
+        keys = [self.keys.run(run_id), self.keys.run_events(run_id), self.keys.run_jobs(run_id)]
+        for shard in range(self.store.shard_count(run_id)):
+            keys += self.keys.shard(run_id, shard) + self.keys.effects(run_id, shard)
+        return keys
 
     def resume(self, run_id: str, deadline: datetime | None = None) -> Decision:
         """Reopens a partial or failed run (optionally with a new deadline)."""
@@ -216,17 +252,16 @@ class Runs:
         elif int(info.get("deadline_at", "0")) <= to_ms(self.server_now()):
             raise InvalidInput(f"run {run_id!r} is past its deadline; pass --deadline")
         reason = "resumed by an operator"
-        self.transition(run_id, ("partial", "failed", "canceled"), "running", reason, **fields)
+        # A run whose plan never completed goes back to planning (re-planning adds what is missing).
+        state = "running" if info.get("planned", "1") == "1" else "planning"
+        self.transition(run_id, ("partial", "failed", "canceled"), state, reason, **fields)
         self.store.set_closed(run_id, False)
         with self.store.errors(run_id):
             pipe = self.client.pipeline(transaction=False)
             if info.get("job"):
                 pipe.sadd(self.keys.job_open_runs(info["job"]), run_id)
-            for shard in range(self.store.shard_count(run_id)):
-                for key in self.keys.shard(run_id, shard):
-                    pipe.persist(key)
-            pipe.persist(self.keys.run(run_id))
-            pipe.persist(self.keys.run_events(run_id))
+            for key in self._run_keys(run_id):
+                pipe.persist(key)
             pipe.execute()
         return self.event(run_id, "resume", reason)
 

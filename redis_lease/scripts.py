@@ -32,6 +32,7 @@ KEY_COUNTS: dict[str, int] = {
     "shard_status": 7,
     "create_run": 1,
     "run_transition": 2,
+    "release_lock": 1,
     "record_effect": 9,
     "slot_acquire": 2,
     "slot_release": 2,

@@ -346,32 +346,36 @@ class LeaseStore:
         """Commits several items in one round trip, each fenced on its own.
 
         Returns, per request, its CommitOutcome or the LeaseError that refused it
-        (LeaseLost, ConditionFailed, ...). Every request is checked before any is sent.
+        (LeaseLost, ConditionFailed, ...); a request that is not valid (a result that
+        is not JSON or too large, a bad token) gets its InvalidInput and is not sent.
         """
-        calls = [(request, *self._commit_args(request)) for request in requests]
-        for request, _extra, _args in calls:
-            _check_lease(request.lease)
-        if not calls:
-            return []
+        outcomes: list[CommitOutcome | LeaseError | None] = [None] * len(requests)
+        sent: list[int] = []
         with self.errors():
             pipe = self.client.pipeline(transaction=False)
-            for request, extra, args in calls:
+            for index, request in enumerate(requests):
                 lease = request.lease
+                try:
+                    _check_lease(lease)
+                    extra, args = self._commit_args(request)
+                except InvalidInput as invalid:
+                    outcomes[index] = invalid
+                    continue
                 keys = self.keys.shard(lease.run_id, lease.shard) + extra
                 holder_args = [lease.item_id, lease.token, lease.lease_id, *args]
                 self.scripts.run("commit", keys, holder_args, client=pipe)
-            replies = pipe.execute(raise_on_error=False)
-        outcomes: list[CommitOutcome | LeaseError] = []
-        for request, reply in zip(requests, replies, strict=True):
+                sent.append(index)
+            replies = pipe.execute(raise_on_error=False) if sent else []
+        for index, reply in zip(sent, replies, strict=True):
             if isinstance(reply, redis.ResponseError):
-                lease = request.lease
+                lease = requests[index].lease
                 error = self._translate(reply, lease.run_id, lease.item_id, lease.token)
                 if not isinstance(error, LeaseError):
                     raise error
-                outcomes.append(error)
+                outcomes[index] = error
             else:
-                outcomes.append(_commit_outcome(reply))
-        return outcomes
+                outcomes[index] = _commit_outcome(reply)
+        return [outcome for outcome in outcomes if outcome is not None]
 
     def _commit_args(self, request: CommitRequest) -> tuple[list[str], list[Any]]:
         """The guarded keys and the commit script's arguments after the holder's three."""

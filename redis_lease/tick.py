@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import date, datetime, timedelta
 from typing import Any
 
+import redis
 from redis.exceptions import LockError
 from rq import get_current_job
 
@@ -53,7 +54,8 @@ def tick_job(store: LeaseStore, runs: Runs, path: str, job: Job, now: datetime) 
             decisions += _tick_run(store, runs, path, job, run_id, now)
         return decisions
     finally:
-        with contextlib.suppress(LockError):  # expired: another tick may have taken over
+        # Expired (another tick may have taken over), or Redis is gone: the body's error wins.
+        with contextlib.suppress(LockError, redis.RedisError):
             lock.release()
 
 
@@ -112,13 +114,10 @@ def _create_due_runs(
         business_date = _business_date(job, fire)
         late = fire not in on_time
         # A run started late keeps its full window: its deadline moves with its start.
-        started = now if late else fire
-        run_id, created = runs.ensure(job, business_date, started if late else fire)
-        if late and created:
-            window = job.deadline_for(business_date, fire) - fire
-            runs.transition(
-                run_id, "planning", "planning", "catch-up deadline", deadline_at=to_ms(now + window)
-            )
+        window = job.deadline_for(business_date, fire) - fire
+        run_id, created = runs.ensure(
+            job, business_date, now if late else fire, (now if late else fire) + window
+        )
         if created:
             reason = (
                 f"missed at {fire.isoformat()} while nothing ticked; caught up (policy "

@@ -24,7 +24,7 @@ import redis
 from rq import get_current_job
 
 from .effects import Throttled, apply_effect
-from .errors import ConditionFailed, LeaseError, LeaseLost, RunClosed
+from .errors import ConditionFailed, InvalidInput, LeaseError, LeaseLost, RunClosed
 from .gate import SlotTimeout
 from .guards import Condition, Write
 from .jobs import Job, PermanentError, load_job
@@ -138,9 +138,10 @@ class LeaseKeeper(threading.Thread):
             self._held[active.item_id] = active
 
     def drop(self, active: ActiveLease) -> None:
-        """Stops renewing ``active``."""
+        """Stops renewing ``active`` (not a newer lease on the same item)."""
         with self._lock:
-            self._held.pop(active.item_id, None)
+            if self._held.get(active.item_id) is active:
+                del self._held[active.item_id]
 
     def beat(self) -> None:
         """Refreshes the heartbeat key (lives three intervals)."""
@@ -235,6 +236,7 @@ def work_shard(
                 report.stopped = stop.is_set()
                 report.released += _release(store, keeper, batch[index:])
                 return report
+            pending.flush_due()  # a finished item's commit does not wait on a slow handler
             request = _handle(store, job, active, report) if not active.lost else None
             if request is None:  # handled (failed, released) or its lease was lost while waiting
                 keeper.drop(active)
@@ -260,7 +262,11 @@ class _PendingCommits:
         if not self.waiting:
             self.oldest = time.monotonic()
         self.waiting.append((active, request))
-        if time.monotonic() - self.oldest >= self.interval:
+        self.flush_due()
+
+    def flush_due(self) -> None:
+        """Sends the waiting commits once the oldest has waited ``interval`` seconds."""
+        if self.waiting and time.monotonic() - self.oldest >= self.interval:
             self.flush()
 
     def flush(self) -> None:
@@ -275,6 +281,13 @@ class _PendingCommits:
                 active.mark_lost()
                 self.report.stale += 1
                 log.info("stale: %s", answer)
+            elif isinstance(
+                answer, InvalidInput
+            ):  # e.g. a result that is not JSON: no retry mends it
+                _settle(
+                    self.store.fail, active, self.report, f"permanent: {answer}", permanent=True
+                )
+                self.report.failed += 1
             elif isinstance(answer, ConditionFailed):
                 # What the handler read changed before the commit: back at once, read again.
                 with contextlib.suppress(LeaseLost):

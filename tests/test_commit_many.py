@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
-from redis_lease import ConditionFailed, FieldEquals, InvalidInput, Item, LeaseLost, LeaseStore
+from redis_lease import ConditionFailed, FieldEquals, Item, LeaseLost, LeaseStore
 from redis_lease.store import CommitRequest
 from tests.helpers import wait_past
 
@@ -40,11 +38,16 @@ def test_each_commit_is_fenced_on_its_own(store: LeaseStore) -> None:
     assert getattr(again[0], "repeated", False) and getattr(again[0], "result", None) == {"n": 0}
 
 
-def test_bad_request_sends_nothing(store: LeaseStore) -> None:
-    store.add("r", [Item("a"), Item("b")])
+def test_a_bad_request_is_answered_and_not_sent(store: LeaseStore) -> None:
+    store.add("r", [Item("a"), Item("b"), Item("c")])
     good = store.claim("r", "a", "w")
-    bad = store.lease_ref("r", "b", 0)
-    with pytest.raises(InvalidInput):
-        store.commit_many([CommitRequest(good), CommitRequest(bad)])
-    assert store.item("r", "a").state == "leased"
+    bad_token = store.lease_ref("r", "b", 0)
+    held = store.claim("r", "c", "w")
+    answers = store.commit_many(
+        [CommitRequest(good), CommitRequest(bad_token), CommitRequest(held, {"x": object()})]
+    )
+    assert [type(a).__name__ for a in answers] == ["CommitOutcome", "InvalidInput", "InvalidInput"]
+    assert store.item("r", "a").state == "done"
+    assert store.item("r", "b").state == "pending"
+    assert store.item("r", "c").state == "leased", "the unencodable result was not sent"
     assert store.commit_many([]) == []
