@@ -10,11 +10,16 @@
 -- ARGV[6], ARGV[7] ... pairs of item id, payload (JSON text)
 --
 -- Returns: an array with one entry per item, 1 when added, 0 when it existed.
--- Errors: RUN_CLOSED when the shard is closed.
+-- Errors: RUN_CLOSED when the shard is closed; INVALID for non-numeric settings or an odd
+--   number of id/payload arguments.
 -- @include "shard.lua"
 
 local function main()
   if is_closed() then return fail('RUN_CLOSED', 'run=' .. ARGV[1]) end
+  for i = 2, 5 do
+    if not tonumber(ARGV[i]) then return fail('INVALID', 'ARGV[' .. i .. '] must be a number') end
+  end
+  if (#ARGV - 5) % 2 ~= 0 then return fail('INVALID', 'items must be id, payload pairs') end
   local now = now_ms()
   rcall('HSETNX', META, 'run', ARGV[1])
   rcall('HSETNX', META, 'shard', ARGV[2])

@@ -25,8 +25,13 @@ local function main()
   local function take(index)
     local ids = rcall('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, limit - #rows)
     for _, id in ipairs(ids) do
-      local row = grant(id, load(id), worker, base .. '.' .. (#rows + 1), ttl, now)
-      if row then rows[#rows + 1] = row end
+      local rec = load(id)
+      if rec then
+        local row = grant(id, rec, worker, base .. '.' .. (#rows + 1), ttl, now)
+        if row then rows[#rows + 1] = row end
+      else
+        rcall('ZREM', index, id)  -- an index entry without a record: drop it, never wedge
+      end
     end
   end
   take(LEASES)

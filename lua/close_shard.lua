@@ -5,9 +5,11 @@
 -- ARGV[1] '1' to close, '0' to reopen
 --
 -- Returns: 1 when the flag changed, 0 when it was already so
+-- Errors: INVALID when the flag is neither '0' nor '1'
 -- @include "shard.lua"
 
 local function main()
+  if ARGV[1] ~= '0' and ARGV[1] ~= '1' then return fail('INVALID', "ARGV[1] must be '0' or '1'") end
   local was = is_closed()
   local close = ARGV[1] == '1'
   if was == close then return 0 end

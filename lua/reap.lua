@@ -6,6 +6,7 @@
 -- ARGV[1] N, the most leases to reap
 --
 -- Returns: {moved to pending, moved to dead, now ms}
+-- Errors: INVALID when the limit is not a number
 -- @include "shard.lua"
 
 local function main()
@@ -13,20 +14,26 @@ local function main()
   local now = now_ms()
   local max_attempts = meta_number('max_attempts', 5)
   local to_pending, to_dead = 0, 0
+  if not limit then return fail('INVALID', 'ARGV[1] must be a number') end
   for _, id in ipairs(rcall('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, limit)) do
     local rec = load(id)
-    rec.expires_at = nil
-    rec.updated_at = now
-    bump('expired')
-    if rec.attempts >= max_attempts then
-      rec.error = 'lease expired on the last attempt'
-      set_state(id, rec, 'dead', now)
-      to_dead = to_dead + 1
+    if not rec then  -- an index entry without a record: drop it, never wedge
+      rcall('ZREM', LEASES, id)
+      rcall('ZREM', HELD, id)
     else
-      set_state(id, rec, 'pending', now)
-      to_pending = to_pending + 1
+      rec.expires_at = nil
+      rec.updated_at = now
+      bump('expired')
+      if rec.attempts >= max_attempts then
+        rec.error = 'lease expired on the last attempt'
+        set_state(id, rec, 'dead', now)
+        to_dead = to_dead + 1
+      else
+        set_state(id, rec, 'pending', now)
+        to_pending = to_pending + 1
+      end
+      save(id, rec)
     end
-    save(id, rec)
   end
   return {to_pending, to_dead, now}
 end

@@ -9,10 +9,11 @@
 -- ARGV[4...] optional field, value pairs set with the change (e.g. deadline_at, final counts)
 --
 -- Returns: {1, previous state, now ms} when changed; {0, current state, now ms} when not
--- Errors: NOT_FOUND run=<id>
+-- Errors: NOT_FOUND run=<id>; INVALID for an odd number of field/value arguments
 local rcall = redis.call
 
 local function main()
+  if (#ARGV - 3) % 2 ~= 0 then return redis.error_reply('INVALID fields must be name, value pairs') end
   local state = rcall('HGET', KEYS[1], 'state')
   if not state then return redis.error_reply('NOT_FOUND run=' .. KEYS[1]) end
   local t = rcall('TIME')

@@ -9,11 +9,15 @@
 -- ARGV[3] max cap (set once), ARGV[4] min cap (set once)
 --
 -- Returns: {1, cap, in use} when granted; {0, cap, in use, wait ms} when not
+-- Errors: INVALID when the TTL or a cap is not a number
 local rcall = redis.call
 
 local function main()
   local t = rcall('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  for i = 2, 4 do
+    if not tonumber(ARGV[i]) then return redis.error_reply('INVALID ARGV[' .. i .. '] must be a number') end
+  end
   rcall('HSETNX', KEYS[2], 'max_cap', ARGV[3])
   rcall('HSETNX', KEYS[2], 'min_cap', ARGV[4])
   rcall('HSETNX', KEYS[2], 'cap', ARGV[3])

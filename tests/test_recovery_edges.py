@@ -8,6 +8,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
+import redis
 
 from redis_lease import InvalidInput, Item, LeaseStore, RedisUnavailable
 from redis_lease.effects import idempotency_key
@@ -93,3 +94,24 @@ def test_effect_names_cannot_make_two_keys_alike() -> None:
     assert idempotency_key("job:2026-12-02", "a:b", "c") == "job:2026-12-02:a:b:c"
     with pytest.raises(InvalidInput):
         idempotency_key("job:2026-12-02", "a", "b:c")
+
+
+def test_an_index_entry_without_a_record_does_not_wedge_the_shard(store: LeaseStore) -> None:
+    store.add("r", [Item("a"), Item("b")])
+    keys = store.keys.shard("r", 0)
+    store.client.zadd(keys[3], {"ghost": 0})  # a due entry whose record is gone
+    leases = store.claim_next("r", "w", shard=0, limit=10)
+    assert sorted(lease.item_id for lease in leases) == ["a", "b"]
+    assert store.client.zscore(keys[3], "ghost") is None
+
+
+def test_scripts_refuse_malformed_arguments_before_writing(store: LeaseStore) -> None:
+    store.add("r", [Item("a")])
+    keys = store.keys.shard("r", 0)
+    before = store.client.hgetall(keys[0])
+    with pytest.raises(redis.ResponseError, match="INVALID"):
+        store.scripts.run("close_shard", keys, ["yes"])
+    with pytest.raises(redis.ResponseError, match="INVALID"):
+        store.scripts.run("add_items", keys, ["r", 0, "many", 1000, 2000, "b", "null"])
+    assert store.client.hgetall(keys[0]) == before
+    assert store.client.hexists(keys[2], "b") == 0
