@@ -1,7 +1,7 @@
 """End-to-end items/s of a worker fleet: redis-lease shard jobs against one RQ job per item.
 
 Figures, all measured in one run on the same Redis with the same number of worker
-processes (2 by default) and a handler that does nothing (see benchmarks/FLEET.md):
+processes (2 by default) and a handler that does nothing (see benchmarks/README.md):
 
 (a)  redis-lease: a run of ``--items`` items over ``--shards`` shards, planned with
      ``Runs.ensure`` + ``Runs.plan``, one RQ shard job per shard enqueued with
