@@ -152,16 +152,19 @@ def _tick_run(
         info = runs.info(run_id)
     if info["state"] != "running":
         return decisions
-    status = store.status(run_id)
+    per_shard = store.shard_counts(run_id)
+    unfinished = sum(c["pending"] + c["leased"] for c in per_shard)
     deadline_ms = int(info.get("deadline_at", "0"))
     now_ms = to_ms(now)
-    if status.unfinished == 0:
+    if unfinished == 0:
         final = runs.finalize(run_id, "every item finished")
         return decisions + ([final] if final else [])
     if deadline_ms and now_ms >= deadline_ms:
         final = runs.finalize(run_id, "deadline passed with items unfinished")
         return decisions + ([final] if final else [])
-    return decisions + _dispatch(store, runs, path, job, run_id, info, now_ms, deadline_ms)
+    return decisions + _dispatch(
+        store, runs, path, job, run_id, info, per_shard, now_ms, deadline_ms
+    )
 
 
 def _dispatch(
@@ -171,13 +174,13 @@ def _dispatch(
     job: Job,
     run_id: str,
     info: dict[str, str],
+    per_shard: list[dict[str, int]],
     now_ms: int,
     deadline_ms: int,
 ) -> list[Decision]:
     opts = job.options
     live = dispatch.live_jobs(store, run_id)
     total_live = sum(len(ids) for ids in live.values())
-    per_shard = store.shard_counts(run_id)
     enqueued = 0
     for shard, counts in enumerate(per_shard):
         if counts["pending"] + counts["leased"] == 0:

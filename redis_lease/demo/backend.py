@@ -108,7 +108,11 @@ def demo_backend(url: str | None, kind: str = "auto") -> Iterator[Backend]:
                 yield Backend(private, f"private redis-server on 127.0.0.1:{port}", owned=True)
             finally:
                 process.terminate()
-                process.wait(timeout=10)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=5)
         return
     from fakeredis import TcpFakeServer
 

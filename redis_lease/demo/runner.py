@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..dispatch import purge_queue
 from ..gate import ProviderGate
@@ -59,6 +59,7 @@ class Fleet:
 
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
+    logs: list[IO[bytes]] = field(default_factory=list)
 
     def signal(self, index: int, sig: int) -> None:
         """Sends ``sig`` to worker ``index``'s whole process group."""
@@ -78,6 +79,8 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 self.signal(index, signal.SIGKILL)
                 process.wait(timeout=5)
+        for log in self.logs:
+            log.close()
 
 
 def _environment(config: DemoConfig, queue: str, provider_url: str) -> dict[str, str]:
@@ -98,6 +101,7 @@ def start_workers(url: str, queue: str, count: int, env: dict[str, str], logs: P
     fleet = Fleet()
     for n in range(count):
         log = (logs / f"worker-{n}.log").open("wb")
+        fleet.logs.append(log)
         fleet.processes.append(
             subprocess.Popen(
                 # --simple: the shard job runs in the worker process, so a signal to the
