@@ -2,43 +2,51 @@
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
 -- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
--- ARGV[1] run id
--- ARGV[2] shard number
--- ARGV[3] max attempts per item (set once, on the shard's first add)
--- ARGV[4] backoff base in ms (set once)
--- ARGV[5] backoff cap in ms (set once)
--- ARGV[6], ARGV[7] ... pairs of item id, payload (JSON text)
+-- ARGV[1] run id (id)
+-- ARGV[2] shard number (int, bound shard)
+-- ARGV[3] max attempts per item, set once, on the shard's first add (int, bound attempts)
+-- ARGV[4] backoff base in ms, set once (int, bound backoff_ms)
+-- ARGV[5] backoff cap in ms, set once (int, bound backoff_ms)
+-- ARGV[6] the run's deadline in ms, set once; 0 for none (int, bound time_ms)
+-- ARGV[7...] pairs of item id (id), payload (json, bound json_bytes); at most add_batch pairs
 --
+-- Counters: added (items added new).
 -- Returns: an array with one entry per item, 1 when added, 0 when it existed.
--- Errors: RUN_CLOSED when the shard is closed; INVALID for non-numeric settings or an odd
---   number of id/payload arguments.
+-- Errors: INVALID <what>; RUN_CLOSED run=<id> reason=closed deadline=0 when the shard is closed
 -- @include "shard.lua"
 
 local function main()
-  if is_closed() then return fail('RUN_CLOSED', 'run=' .. ARGV[1]) end
-  for i = 2, 5 do
-    if not tonumber(ARGV[i]) then return fail('INVALID', 'ARGV[' .. i .. '] must be a number') end
+  local bad = check_keys(7)
+  if bad then return bad end
+  local A
+  A, bad = check_args({{1, 'id'}, {2, 'int', 'shard'}, {3, 'int', 'attempts'},
+    {4, 'int', 'backoff_ms'}, {5, 'int', 'backoff_ms'}, {6, 'int', 'time_ms'}})
+  if bad then return bad end
+  local pairs_
+  pairs_, bad = check_rest(7, {{'id'}, {'json', 'json_bytes'}}, 'add_batch')
+  if bad then return bad end
+  if rcall('HGET', META, 'closed') == '1' then
+    return fail('RUN_CLOSED', 'run=' .. A[1] .. ' reason=closed deadline=0')
   end
-  if (#ARGV - 5) % 2 ~= 0 then return fail('INVALID', 'items must be id, payload pairs') end
   local now = now_ms()
-  rcall('HSETNX', META, 'run', ARGV[1])
-  rcall('HSETNX', META, 'shard', ARGV[2])
-  rcall('HSETNX', META, 'max_attempts', ARGV[3])
-  rcall('HSETNX', META, 'backoff_base_ms', ARGV[4])
-  rcall('HSETNX', META, 'backoff_cap_ms', ARGV[5])
+  for i, field in ipairs({'run', 'shard', 'max_attempts', 'backoff_base_ms', 'backoff_cap_ms',
+      'deadline_at'}) do
+    rcall('HSETNX', META, field, ARGV[i])
+  end
   rcall('HSETNX', META, 'created_at', now)
   local added = {}
-  for i = 6, #ARGV, 2 do
-    local id = ARGV[i]
+  for _, pair in ipairs(pairs_) do
+    local id = pair[1]
     if rcall('HEXISTS', ITEMS, id) == 1 then
       added[#added + 1] = 0
     else
-      local rec = {payload = ARGV[i + 1], added_at = now}
-      set_state(id, rec, 'pending', now)
-      save(id, rec)
+      put(id, {payload = pair[2], added_at = now}, 'pending', now)
       added[#added + 1] = 1
     end
   end
+  local count = 0
+  for _, flag in ipairs(added) do count = count + flag end
+  if count > 0 then bump('added', count) end
   return added
 end
 

@@ -1,18 +1,25 @@
--- close_shard: close a shard to claims (when its run closes) or reopen it.
+-- close_shard: close a shard to claims (when its run closes) or reopen it,
+-- and set the deadline after which no new lease is granted.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
 -- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
--- ARGV[1] '1' to close, '0' to reopen
+-- ARGV[1] '1' to close, '0' to reopen, '' to leave the flag (one of 1|0|'')
+-- ARGV[2] optional new deadline in ms, 0 for none, '' to leave it (int, bound time_ms)
 --
--- Returns: 1 when the flag changed, 0 when it was already so
--- Errors: INVALID when the flag is neither '0' nor '1'
+-- Returns: 1 when the closed flag changed, 0 when it was already so (or left)
+-- Errors: INVALID <what>
 -- @include "shard.lua"
 
 local function main()
-  if ARGV[1] ~= '0' and ARGV[1] ~= '1' then return fail('INVALID', "ARGV[1] must be '0' or '1'") end
-  local was = is_closed()
-  local close = ARGV[1] == '1'
-  if was == close then return 0 end
+  local bad = check_keys(7)
+  if bad then return bad end
+  local A
+  A, bad = check_args({{1, 'one', {'1', '0', ''}}, {2, 'int', 'time_ms', false}})
+  if bad then return bad end
+  if A[2] then rcall('HSET', META, 'deadline_at', A[2]) end
+  if A[1] == '' then return 0 end
+  local close = A[1] == '1'
+  if (rcall('HGET', META, 'closed') == '1') == close then return 0 end
   rcall('HSET', META, 'closed', close and '1' or '0')
   return 1
 end

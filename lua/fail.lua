@@ -1,43 +1,46 @@
 -- fail: the holder reports a failed attempt. The item is retried after an
--- exponential backoff with jitter while attempts < max attempts, else it goes
+-- exponential backoff with jitter unless it was its last attempt, else it goes
 -- dead; a permanent failure goes dead at once. The error text is stored.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
 -- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
--- ARGV[1] item id
--- ARGV[2] token
--- ARGV[3] lease id ('' to check the token alone)
--- ARGV[4] error text
--- ARGV[5] '1' for a permanent failure, else '0'
--- ARGV[6] jitter, a number in [0, 1): the delay is backoff * (0.5 + jitter / 2)
+-- ARGV[1] item id (id)
+-- ARGV[2] token (int, bound token)
+-- ARGV[3] lease id, '' to check the token alone (id?)
+-- ARGV[4] error text (text, bound error_bytes)
+-- ARGV[5] '1' for a permanent failure, else '0' (one of 1|0)
+-- ARGV[6] jitter: the delay is backoff * (0.5 + jitter / 2) (num, bound jitter)
 --
 -- Returns: {'retry' | 'dead', eligible_at ms (0 when dead), attempts, now ms}
--- Errors: INVALID <what>; NOT_FOUND item=<id>; LEASE_LOST item=<id> token=<t> current_token=<t> state=<s>
+-- Errors: INVALID <what>; NOT_FOUND item=<id>;
+--   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s> reason=<r> expires_at=<ms>
 -- @include "shard.lua"
 
 local function main()
-  local id, token, lease_id, err_text = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-  local permanent, jitter = ARGV[5] == '1', tonumber(ARGV[6])
-  if not jitter or jitter < 0 or jitter >= 1 then
-    return fail('INVALID', 'jitter must be a number in [0, 1)')
-  end
+  local bad = check_keys(7)
+  if bad then return bad end
+  local A
+  A, bad = check_args({{1, 'id'}, {2, 'int', 'token'}, {3, 'id?'}, {4, 'text', 'error_bytes'},
+    {5, 'one', {'1', '0'}}, {6, 'num', 'jitter'}})
+  if bad then return bad end
+  local id = A[1]
   local now = now_ms()
-  local rec, err = held(id, token, lease_id, now)
+  local rec, err = held(id, A[2], A[3], now)
   if not rec then return err end
-  rec.error = err_text
+  rec.error = A[4]
   rec.updated_at = now
-  rec.expires_at = nil
-  bump('failures')
-  if permanent or rec.attempts >= meta_number('max_attempts', 5) then
-    set_state(id, rec, 'dead', now)
-    save(id, rec)
+  if A[5] == '1' or out_of_attempts(rec) then
+    err = put(id, rec, 'dead', now)
+    if err then return err end
+    bump('failures')
     return {'dead', 0, rec.attempts, now}
   end
-  local base, cap = meta_number('backoff_base_ms', 1000), meta_number('backoff_cap_ms', 300000)
+  local base, cap = meta_number('backoff_base_ms'), meta_number('backoff_cap_ms')
   local backoff = math.min(cap, base * 2 ^ (rec.attempts - 1))
-  local eligible = now + math.floor(backoff * (0.5 + jitter / 2))
-  set_state(id, rec, 'pending', eligible)
-  save(id, rec)
+  local eligible = now + math.floor(backoff * (0.5 + A[6] / 2))
+  err = put(id, rec, 'pending', eligible)
+  if err then return err end
+  bump('failures')
   bump('retries')
   return {'retry', eligible, rec.attempts, now}
 end

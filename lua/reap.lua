@@ -3,36 +3,34 @@
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
 -- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
--- ARGV[1] N, the most leases to reap
+-- ARGV[1] N, the most leases to reap (int, bound sweep)
 --
+-- Counters: expired, lost (index entries whose record vanished, dropped).
 -- Returns: {moved to pending, moved to dead, now ms}
--- Errors: INVALID when the limit is not a number
+-- Errors: INVALID <what>
 -- @include "shard.lua"
 
 local function main()
-  local limit = tonumber(ARGV[1])
+  local bad = check_keys(7)
+  if bad then return bad end
+  local A
+  A, bad = check_args({{1, 'int', 'sweep'}})
+  if bad then return bad end
   local now = now_ms()
-  local max_attempts = meta_number('max_attempts', 5)
   local to_pending, to_dead = 0, 0
-  if not limit then return fail('INVALID', 'ARGV[1] must be a number') end
-  for _, id in ipairs(rcall('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, limit)) do
+  for _, id in ipairs(rcall('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, A[1])) do
     local rec = load(id)
-    if not rec then  -- an index entry without a record: drop it, never wedge
-      rcall('ZREM', LEASES, id)
+    if not rec then
+      drop_orphan(id)
+    elseif not lease_expired(rec, now) then
+      rcall('ZREM', LEASES, id)  -- a stray entry: the record is not leased
       rcall('ZREM', HELD, id)
+    elseif expire_lease(id, rec, now) then
+      to_dead = to_dead + 1
     else
-      rec.expires_at = nil
       rec.updated_at = now
-      bump('expired')
-      if rec.attempts >= max_attempts then
-        rec.error = 'lease expired on the last attempt'
-        set_state(id, rec, 'dead', now)
-        to_dead = to_dead + 1
-      else
-        set_state(id, rec, 'pending', now)
-        to_pending = to_pending + 1
-      end
-      save(id, rec)
+      put(id, rec, 'pending', now)
+      to_pending = to_pending + 1
     end
   end
   return {to_pending, to_dead, now}

@@ -7,20 +7,20 @@
 -- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
 -- KEYS[8] effects: hash, idempotency key -> JSON record
 -- KEYS[9] unknown effects: zset, idempotency key -> since (ms)
--- ARGV[1] item id
--- ARGV[2] token
--- ARGV[3] lease id ('' to check the token alone)
--- ARGV[4] idempotency key
--- ARGV[5] effect name
--- ARGV[6] new state: intended | applied | failed | unknown
--- ARGV[7] detail (JSON text): the provider's result when applied, the error otherwise
+-- ARGV[1] item id (id)
+-- ARGV[2] token (int, bound token)
+-- ARGV[3] lease id, '' to check the token alone (id?)
+-- ARGV[4] idempotency key (text, bound key_length)
+-- ARGV[5] effect name (id)
+-- ARGV[6] new state (one of intended|applied|failed|unknown)
+-- ARGV[7] detail: the provider's result when applied, the error otherwise (json, bound json_bytes)
 --
 -- Counters: effects_<state> (records now in each state), effects_reconciled
 -- (applied after an unknown or another token's intent).
 -- Returns: {previous state ('' when new), the stored record (JSON)}; when the
 --   record is already applied it is returned unchanged.
 -- Errors: INVALID <what>; NOT_FOUND item=<id>;
---   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s>
+--   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s> reason=<r> expires_at=<ms>
 -- @include "shard.lua"
 
 local EFFECTS, UNKNOWN = KEYS[8], KEYS[9]
@@ -29,9 +29,15 @@ local FROM = {intended = {[''] = true, intended = true, unknown = true, failed =
   unknown = {intended = true}}
 
 local function main()
-  local id, token, lease_id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-  local key, name, state, detail = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-  if not FROM[state] then return fail('INVALID', 'effect state ' .. state) end
+  local bad = check_keys(9)
+  if bad then return bad end
+  local A
+  A, bad = check_args({{1, 'id'}, {2, 'int', 'token'}, {3, 'id?'}, {4, 'text', 'key_length'},
+    {5, 'id'}, {6, 'one', {'intended', 'applied', 'failed', 'unknown'}}, {7, 'json', 'json_bytes'}})
+  if bad then return bad end
+  if A[4] == '' then return fail('INVALID', 'ARGV[4] must be an idempotency key') end
+  local id, token, lease_id = A[1], A[2], A[3]
+  local key, name, state, detail = A[4], A[5], A[6], A[7]
   local now = now_ms()
   local _, err = held(id, token, lease_id, now, 'stale_effects')
   if err then return err end

@@ -4,25 +4,30 @@
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
 -- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
--- ARGV[1] item id
--- ARGV[2] token
--- ARGV[3] lease id ('' to check the token alone)
--- ARGV[4] optional delay in ms before the item is due again (default 0)
+-- ARGV[1] item id (id)
+-- ARGV[2] token (int, bound token)
+-- ARGV[3] lease id, '' to check the token alone (id?)
+-- ARGV[4] optional delay in ms before the item is due again, default 0 (int, bound delay_ms)
 --
 -- Returns: {now ms}
--- Errors: INVALID <what>; NOT_FOUND item=<id>; LEASE_LOST item=<id> token=<t> current_token=<t> state=<s>
+-- Errors: INVALID <what>; NOT_FOUND item=<id>;
+--   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s> reason=<r> expires_at=<ms>
 -- @include "shard.lua"
 
 local function main()
-  local id, token, lease_id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+  local bad = check_keys(7)
+  if bad then return bad end
+  local A
+  A, bad = check_args({{1, 'id'}, {2, 'int', 'token'}, {3, 'id?'}, {4, 'int', 'delay_ms', 0}})
+  if bad then return bad end
+  local id = A[1]
   local now = now_ms()
-  local rec, err = held(id, token, lease_id, now)
+  local rec, err = held(id, A[2], A[3], now)
   if not rec then return err end
-  rec.attempts = math.max(0, rec.attempts - 1)
-  rec.expires_at = nil
+  rec.attempts = math.max(0, (rec.attempts or 1) - 1)
   rec.updated_at = now
-  set_state(id, rec, 'pending', now + math.max(0, tonumber(ARGV[4] or '0') or 0))
-  save(id, rec)
+  err = put(id, rec, 'pending', now + A[4])
+  if err then return err end
   bump('releases')
   return {now}
 end

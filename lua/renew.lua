@@ -3,25 +3,29 @@
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
 -- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
--- ARGV[1] item id
--- ARGV[2] token
--- ARGV[3] lease id ('' to check the token alone)
--- ARGV[4] new TTL in ms, counted from now
+-- ARGV[1] item id (id)
+-- ARGV[2] token (int, bound token)
+-- ARGV[3] lease id, '' to check the token alone (id?)
+-- ARGV[4] new TTL in ms, counted from now (int, bound ttl_ms)
 --
 -- Returns: {expires_at ms, now ms}
--- Errors: INVALID <what>; NOT_FOUND item=<id>; LEASE_LOST item=<id> token=<t> current_token=<t> state=<s>
+-- Errors: INVALID <what>; NOT_FOUND item=<id>;
+--   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s> reason=<r> expires_at=<ms>
 -- @include "shard.lua"
 
 local function main()
-  local id, token, lease_id, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-  if not ttl or ttl < 1 then return fail('INVALID', 'lease TTL must be a number of ms from 1') end
+  local bad = check_keys(7)
+  if bad then return bad end
+  local A
+  A, bad = check_args({{1, 'id'}, {2, 'int', 'token'}, {3, 'id?'}, {4, 'int', 'ttl_ms'}})
+  if bad then return bad end
+  local id = A[1]
   local now = now_ms()
-  local rec, err = held(id, token, lease_id, now)
+  local rec, err = held(id, A[2], A[3], now)
   if not rec then return err end
-  rec.expires_at = now + ttl
   rec.updated_at = now
-  rcall('ZADD', LEASES, rec.expires_at, id)
-  save(id, rec)
+  err = put(id, rec, 'leased', now + A[4])
+  if err then return err end
   bump('renewals')
   return {rec.expires_at, now}
 end

@@ -3,30 +3,38 @@
 --
 -- KEYS[1] the run's hash (tag {<run_id>})
 -- KEYS[2] the run's event log (stream, same tag)
--- ARGV[1] expected states, comma-separated ('*' for any)
--- ARGV[2] new state
--- ARGV[3] reason (text)
--- ARGV[4...] optional field, value pairs set with the change (e.g. deadline_at, final counts)
+-- ARGV[1] expected states, comma-separated, '*' for any (text, bound text_bytes)
+-- ARGV[2] new state (one of planning|running|succeeded|partial|failed|canceled)
+-- ARGV[3] reason (text, bound text_bytes)
+-- ARGV[4...] optional field (id), value (text, bound text_bytes) pairs set with the change
+--   (e.g. deadline_at, final counts); at most guard_specs pairs
 --
 -- Returns: {1, previous state, now ms} when changed; {0, current state, now ms} when not
--- Errors: NOT_FOUND run=<id>; INVALID for an odd number of field/value arguments
-local rcall = redis.call
+-- Errors: INVALID <what>; NOT_FOUND run=<id>
+-- @include "protocol.lua"
+
+local STATES = {'planning', 'running', 'succeeded', 'partial', 'failed', 'canceled'}
 
 local function main()
-  if (#ARGV - 3) % 2 ~= 0 then return redis.error_reply('INVALID fields must be name, value pairs') end
+  local bad = check_keys(2)
+  if bad then return bad end
+  local A, fields
+  A, bad = check_args({{1, 'text', 'text_bytes'}, {2, 'one', STATES}, {3, 'text', 'text_bytes'}})
+  if bad then return bad end
+  fields, bad = check_rest(4, {{'id'}, {'text', 'text_bytes'}}, 'guard_specs')
+  if bad then return bad end
   local state = rcall('HGET', KEYS[1], 'state')
-  if not state then return redis.error_reply('NOT_FOUND run=' .. KEYS[1]) end
-  local t = rcall('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local allowed = ARGV[1] == '*'
-  for s in string.gmatch(ARGV[1], '[^,]+') do
+  if not state then return fail('NOT_FOUND', 'run=' .. (KEYS[1]:match('{(.-)}') or KEYS[1])) end
+  local now = now_ms()
+  local allowed = A[1] == '*'
+  for s in string.gmatch(A[1], '[^,]+') do
     if s == state then allowed = true end
   end
   if not allowed then return {0, state, now} end
-  rcall('HSET', KEYS[1], 'state', ARGV[2], 'state_at', now, 'reason', ARGV[3])
-  for i = 4, #ARGV, 2 do rcall('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
-  rcall('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'kind', 'state', 'from', state, 'to', ARGV[2],
-    'reason', ARGV[3], 'at', now)
+  rcall('HSET', KEYS[1], 'state', A[2], 'state_at', now, 'reason', A[3])
+  for _, pair in ipairs(fields) do rcall('HSET', KEYS[1], pair[1], pair[2]) end
+  rcall('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'kind', 'state', 'from', state, 'to', A[2],
+    'reason', A[3], 'at', now)
   return {1, state, now}
 end
 

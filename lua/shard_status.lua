@@ -8,9 +8,12 @@
 -- Returns: {counts as a flat field/value array (the counters, then pending, leased
 --   and dead from their indexes), eligible-at of the first due
 --   item or '', start of the oldest lease or '', now ms, meta as a flat array}
+-- Errors: INVALID <what>
 -- @include "shard.lua"
 
 local function main()
+  local bad = check_keys(7)
+  if bad then return bad end
   local first_due = rcall('ZRANGE', DUE, 0, 0, 'WITHSCORES')
   local first_held = rcall('ZRANGE', HELD, 0, 0, 'WITHSCORES')
   local counts = rcall('HGETALL', COUNTS)

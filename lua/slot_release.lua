@@ -5,29 +5,39 @@
 --
 -- KEYS[1] slots: zset, holder -> slot expiry (ms)
 -- KEYS[2] state: hash (cap, min_cap, max_cap, paused_until, counters)
--- ARGV[1] holder id
--- ARGV[2] outcome: ok | throttled | error
--- ARGV[3] retry-after in ms (throttled only)
+-- ARGV[1] holder id (id)
+-- ARGV[2] outcome (one of ok|throttled|error)
+-- ARGV[3] retry-after in ms, throttled only, clamped by the caller (int, bound delay_ms)
 --
 -- Returns: {cap after, 1 when the cap changed else 0}
-local rcall = redis.call
+-- Errors: INVALID <what>
+-- @include "protocol.lua"
+
+local function state_number(field, default)
+  local n = tonumber(rcall('HGET', KEYS[2], field))
+  if finite(n) then return n end
+  return default
+end
 
 local function main()
-  local t = rcall('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  rcall('ZREM', KEYS[1], ARGV[1])
-  local cap = tonumber(rcall('HGET', KEYS[2], 'cap') or '1')
-  local min_cap = tonumber(rcall('HGET', KEYS[2], 'min_cap') or '1')
-  local max_cap = tonumber(rcall('HGET', KEYS[2], 'max_cap') or tostring(cap))
+  local bad = check_keys(2)
+  if bad then return bad end
+  local A
+  A, bad = check_args({{1, 'id'}, {2, 'one', {'ok', 'throttled', 'error'}}, {3, 'int', 'delay_ms', 0}})
+  if bad then return bad end
+  local now = now_ms()
+  rcall('ZREM', KEYS[1], A[1])
+  local cap = state_number('cap', 1)
+  local min_cap = state_number('min_cap', 1)
+  local max_cap = state_number('max_cap', cap)
   local new_cap = cap
-  if ARGV[2] == 'throttled' then
+  if A[2] == 'throttled' then
     new_cap = math.max(min_cap, math.floor(cap / 2))
     rcall('HINCRBY', KEYS[2], 'throttles', 1)
     rcall('HSET', KEYS[2], 'last_throttle_at', now, 'successes', 0)
-    local until_ms = now + math.max(0, tonumber(ARGV[3]) or 0)
-    local paused = tonumber(rcall('HGET', KEYS[2], 'paused_until') or '0')
-    if until_ms > paused then rcall('HSET', KEYS[2], 'paused_until', until_ms) end
-  elseif ARGV[2] == 'ok' then
+    local until_ms = now + A[3]
+    if until_ms > state_number('paused_until', 0) then rcall('HSET', KEYS[2], 'paused_until', until_ms) end
+  elseif A[2] == 'ok' then
     local streak = rcall('HINCRBY', KEYS[2], 'successes', 1)
     if streak >= cap and cap < max_cap then
       new_cap = cap + 1

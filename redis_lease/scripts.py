@@ -1,21 +1,26 @@
 """The Lua scripts: loaded from ``lua/``, includes expanded, registered once per client.
 
 A script file may say ``-- @include "name.lua"``; the line is replaced by
-``lua/include/name.lua``. :func:`source` gives the expanded text, which is what
-any other language sends with ``EVAL``/``EVALSHA``.
+``lua/include/name.lua`` (includes nest; each file is expanded once per
+script). ``-- @include "limits.json"`` becomes the Lua table ``LIMITS`` built
+from that file. :func:`source` gives the expanded text, which is what any other
+language sends with ``EVAL``/``EVALSHA``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from functools import cache
-from importlib import resources
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+from .limits import lua_dir, table
+from .replies import DECODERS
 
 #: Each script and the number of KEYS it takes (commit takes more: its guarded keys).
 KEY_COUNTS: dict[str, int] = {
@@ -38,29 +43,60 @@ KEY_COUNTS: dict[str, int] = {
     "slot_release": 2,
 }
 
-_INCLUDE = re.compile(r'^-- @include "([a-z_]+\.lua)"$', re.MULTILINE)
+_INCLUDE = re.compile(r'^-- @include "([a-z_]+\.(?:lua|json))"$', re.MULTILINE)
+#: Times a pipeline is sent again when the server lost its scripts meanwhile.
+NOSCRIPT_RETRIES = 3
+
+__all__ = ["KEY_COUNTS", "Call", "Scripts", "lua_dir", "source"]
 
 
-def lua_dir() -> Path:
-    """The folder of the scripts: inside the installed package, else the source tree."""
-    packaged = Path(str(resources.files("redis_lease"))) / "lua"
-    if packaged.is_dir():
-        return packaged
-    return Path(__file__).resolve().parent.parent / "lua"
+def _lua_literal(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_lua_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "{" + ", ".join(_lua_literal(v) for v in value) + "}"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def _limits_table() -> str:
+    data = {name: value for name, value in table().items() if name != "about"}
+    return f"local LIMITS = {_lua_literal(data)}"
+
+
+def _expand(text: str, seen: set[str]) -> str:
+    def include(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name in seen:
+            return ""
+        seen.add(name)
+        if name == "limits.json":
+            return _limits_table()
+        return _expand((lua_dir() / "include" / name).read_text(), seen)
+
+    return _INCLUDE.sub(include, text)
 
 
 @cache
 def source(name: str) -> str:
     """The script's text with its includes expanded."""
-    folder = lua_dir()
-    text = (folder / f"{name}.lua").read_text()
-    return _INCLUDE.sub(lambda m: (folder / "include" / m.group(1)).read_text(), text)
+    return _expand((lua_dir() / f"{name}.lua").read_text(), set())
+
+
+class Call(NamedTuple):
+    """One script call, to send with others in :meth:`Scripts.many`."""
+
+    name: str
+    keys: list[str]
+    args: Sequence[Any]
 
 
 class Scripts:
     """Every script registered on one client (``register_script`` reloads on NOSCRIPT)."""
 
     def __init__(self, client: redis.Redis) -> None:
+        self.client = client
         self._scripts: dict[str, Script] = {
             name: client.register_script(source(name)) for name in KEY_COUNTS
         }
@@ -69,5 +105,37 @@ class Scripts:
         return self._scripts[name]
 
     def run(self, name: str, keys: list[str], args: Sequence[Any], client: Any = None) -> Any:
-        """Runs a script; ``client`` may be a pipeline to queue it there."""
+        """Runs a script and returns its raw reply; ``client`` may be a pipeline to queue it."""
         return self._scripts[name](keys=keys, args=args, client=client)
+
+    def call(self, name: str, keys: list[str], args: Sequence[Any]) -> Any:
+        """Runs a script and returns its decoded reply (see :mod:`redis_lease.replies`)."""
+        return DECODERS[name](self._scripts[name](keys=keys, args=args))
+
+    def many(self, calls: Sequence[Call]) -> list[Any]:
+        """Runs the calls in one pipeline; per call, its decoded reply or its ResponseError.
+
+        The pipeline loads missing scripts before it runs; calls that still meet
+        NOSCRIPT (the scripts were flushed in between) are sent again, so a
+        ``SCRIPT FLUSH`` costs a reload, never an error. Connection errors raise.
+        """
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in range(NOSCRIPT_RETRIES + 1):
+            pipe = self.client.pipeline(transaction=False)
+            for index in todo:
+                call = calls[index]
+                self._scripts[call.name](keys=call.keys, args=call.args, client=pipe)
+            answers = pipe.execute(raise_on_error=False) if todo else []
+            retry = []
+            for index, answer in zip(todo, answers, strict=True):
+                if isinstance(answer, NoScriptError) and attempt < NOSCRIPT_RETRIES:
+                    retry.append(index)
+                elif isinstance(answer, redis.ResponseError):
+                    replies[index] = answer
+                else:
+                    replies[index] = DECODERS[calls[index].name](answer)
+            if not retry:
+                break
+            todo = retry
+        return replies

@@ -25,12 +25,28 @@ from .lease import (
     Lease,
     RunStatus,
 )
-from .scripts import Scripts
-from .validation import check_id, check_positive, encode_json, ttl_to_ms
+from .limits import (
+    ADD_BATCH_MAX,
+    ATTEMPTS_MAX,
+    BATCH_MAX,
+    DEFAULT_BACKOFF_BASE,
+    DEFAULT_BACKOFF_CAP,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PREFIX,
+    DEFAULT_SWEEP,
+    DEFAULT_TTL,
+    ERROR_MAX_BYTES,
+    SHARD_COUNT_MAX,
+    SWEEP_MAX,
+    TIME_MAX_MS,
+    TOKEN_MAX,
+)
+from .replies import Committed, Grant, Snapshot
+from .scripts import Call, Scripts
+from .validation import check_id, check_positive, delay_to_ms, encode_json, ttl_to_ms
 
-#: Items sent to Redis per add_items call.
-ADD_BATCH = 500
-DEFAULT_TTL = 600.0
+#: Items sent to Redis per add_items call (at most limits.ADD_BATCH_MAX).
+ADD_BATCH = min(500, ADD_BATCH_MAX)
 
 
 class LeaseStore:
@@ -42,7 +58,9 @@ class LeaseStore:
         url: the URL the client came from, used in error messages.
     """
 
-    def __init__(self, client: redis.Redis, prefix: str = "rl", url: str = "redis") -> None:
+    def __init__(
+        self, client: redis.Redis, prefix: str = DEFAULT_PREFIX, url: str = "redis"
+    ) -> None:
         self.client = client
         self.url = url
         self.prefix = check_id(prefix, "prefix")
@@ -51,7 +69,7 @@ class LeaseStore:
         self._shards: dict[str, int] = {}
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "rl", **options: Any) -> LeaseStore:
+    def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, **options: Any) -> LeaseStore:
         """A store on the Redis at ``url`` (redis://, rediss://, unix:// or fakeredis://)."""
         client = client_from_url(url, **options)
         warn_unless_noeviction(client, url)
@@ -98,7 +116,7 @@ class LeaseStore:
         if extra_keys:
             keys += extra_keys
         try:  # the hot path: a plain try rather than the errors() context manager
-            return self.scripts.run(name, keys, args)
+            return self.scripts.call(name, keys, args)
         except (redis.RedisError, OSError) as error:
             raise self._translate(error, run_id, item_id, token) from None
 
@@ -133,10 +151,10 @@ class LeaseStore:
         Raises InvalidInput when ``shards`` differs from an existing run's count.
         """
         check_id(run_id, "run id")
-        wanted = check_positive(shards if shards is not None else 1, "shards", 1024)
+        wanted = check_positive(shards if shards is not None else 1, "shards", SHARD_COUNT_MAX)
         extra = [part for pair in (fields or {}).items() for part in pair]
         with self.errors(run_id):
-            created, count, created_at = self.scripts.run(
+            created, count, created_at = self.scripts.call(
                 "create_run", [self.keys.run(run_id)], [run_id, wanted, state, *extra]
             )
             self.client.zadd(self.keys.runs, {run_id: created_at}, nx=True)
@@ -154,16 +172,20 @@ class LeaseStore:
         items: Iterable[Item],
         *,
         shards: int | None = None,
-        max_attempts: int = 5,
-        backoff_base: float = 1.0,
-        backoff_cap: float = 300.0,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff_base: float = DEFAULT_BACKOFF_BASE,
+        backoff_cap: float = DEFAULT_BACKOFF_CAP,
+        deadline_ms: int | None = None,
     ) -> tuple[list[str], list[str]]:
         """Adds items to a run (creating it); returns (added ids, ids that existed).
 
         Every item is validated before anything is written. Items go to Redis in
-        batches of ADD_BATCH per shard.
+        batches of ADD_BATCH per shard. The settings (attempts, backoff, the
+        deadline after which no lease is granted; None for none) are fixed by a
+        shard's first add; :meth:`set_deadline` moves the deadline later.
         """
-        check_positive(max_attempts, "max_attempts", 1000)
+        check_positive(max_attempts, "max_attempts", ATTEMPTS_MAX)
+        deadline = _check_time(deadline_ms, "deadline_ms")
         base_ms, cap_ms = (
             ttl_to_ms(backoff_base, "backoff_base"),
             ttl_to_ms(backoff_cap, "backoff_cap"),
@@ -186,7 +208,7 @@ class LeaseStore:
                     "add_items",
                     run_id,
                     shard,
-                    [run_id, shard, max_attempts, base_ms, cap_ms, *flat],
+                    [run_id, shard, max_attempts, base_ms, cap_ms, deadline, *flat],
                 )
                 for (item_id, _), flag in zip(batch, flags, strict=True):
                     (added if flag else existing).append(item_id)
@@ -213,18 +235,17 @@ class LeaseStore:
 
     # -- leases ---------------------------------------------------------------
 
-    def _lease(self, run_id: str, shard: int, worker: str, row: Sequence[Any]) -> Lease:
-        item_id, token, lease_id, expires, attempt, payload, takeover, _now = row
+    def _lease(self, run_id: str, shard: int, worker: str, grant: Grant) -> Lease:
         return Lease(
             run_id=run_id,
-            item_id=as_text(item_id),
+            item_id=grant.item_id,
             shard=shard,
-            token=int(token),
-            lease_id=as_text(lease_id),
-            expires_at_ms=int(expires),
-            attempt=int(attempt),
-            payload=json.loads(payload) if payload else None,
-            takeover=bool(int(takeover)),
+            token=grant.token,
+            lease_id=grant.lease_id,
+            expires_at_ms=grant.expires_at_ms,
+            attempt=grant.attempt,
+            payload=json.loads(grant.payload) if grant.payload else None,
+            takeover=grant.takeover,
             worker=worker,
         )
 
@@ -259,7 +280,7 @@ class LeaseStore:
         order. Returns an empty list when nothing is due.
         """
         check_id(worker, "worker")
-        check_positive(limit, "limit", 10_000)
+        check_positive(limit, "limit", BATCH_MAX)
         ttl_ms = ttl_to_ms(ttl)
         count = self.shard_count(run_id)
         if shard is not None and not 0 <= shard < count:
@@ -291,33 +312,33 @@ class LeaseStore:
     def renew(self, lease: Lease, ttl: float = DEFAULT_TTL) -> Lease:
         """Extends a lease from now; only its holder may. Raises LeaseLost."""
         ttl_ms = ttl_to_ms(ttl)
-        expires, _now = self._holder_script("renew", lease, [ttl_ms])
-        return _replace(lease, expires_at_ms=int(expires))
+        renewed = self._holder_script("renew", lease, [ttl_ms])
+        return _replace(lease, expires_at_ms=renewed.expires_at_ms)
 
     def renew_many(self, leases: Sequence[Lease], ttl: float = DEFAULT_TTL) -> list[Lease | None]:
         """Renews several leases in one round trip; None where a lease was lost."""
         ttl_ms = ttl_to_ms(ttl)
         if not leases:
             return []
+        calls = [
+            Call(
+                "renew",
+                self.keys.shard(lease.run_id, lease.shard),
+                [lease.item_id, lease.token, lease.lease_id, ttl_ms],
+            )
+            for lease in leases
+        ]
         with self.errors():
-            pipe = self.client.pipeline(transaction=False)
-            for lease in leases:
-                self.scripts.run(
-                    "renew",
-                    self.keys.shard(lease.run_id, lease.shard),
-                    [lease.item_id, lease.token, lease.lease_id, ttl_ms],
-                    client=pipe,
-                )
-            replies = pipe.execute(raise_on_error=False)
+            replies = self.scripts.many(calls)
         renewed: list[Lease | None] = []
         for lease, reply in zip(leases, replies, strict=True):
             if isinstance(reply, redis.ResponseError):
-                error = from_reply(reply, run_id=lease.run_id, item_id=lease.item_id)
+                error = self._translate(reply, lease.run_id, lease.item_id, lease.token)
                 if not isinstance(error, (LeaseLost, NotFound)):
                     raise error
                 renewed.append(None)
             else:
-                renewed.append(_replace(lease, expires_at_ms=int(reply[0])))
+                renewed.append(_replace(lease, expires_at_ms=reply.expires_at_ms))
         return renewed
 
     def commit(
@@ -351,21 +372,20 @@ class LeaseStore:
         """
         outcomes: list[CommitOutcome | LeaseError | None] = [None] * len(requests)
         sent: list[int] = []
+        calls: list[Call] = []
+        for index, request in enumerate(requests):
+            lease = request.lease
+            try:
+                _check_lease(lease)
+                extra, args = self._commit_args(request)
+            except InvalidInput as invalid:
+                outcomes[index] = invalid
+                continue
+            keys = self.keys.shard(lease.run_id, lease.shard) + extra
+            calls.append(Call("commit", keys, [lease.item_id, lease.token, lease.lease_id, *args]))
+            sent.append(index)
         with self.errors():
-            pipe = self.client.pipeline(transaction=False)
-            for index, request in enumerate(requests):
-                lease = request.lease
-                try:
-                    _check_lease(lease)
-                    extra, args = self._commit_args(request)
-                except InvalidInput as invalid:
-                    outcomes[index] = invalid
-                    continue
-                keys = self.keys.shard(lease.run_id, lease.shard) + extra
-                holder_args = [lease.item_id, lease.token, lease.lease_id, *args]
-                self.scripts.run("commit", keys, holder_args, client=pipe)
-                sent.append(index)
-            replies = pipe.execute(raise_on_error=False) if sent else []
+            replies = self.scripts.many(calls) if calls else []
         for index, reply in zip(sent, replies, strict=True):
             if isinstance(reply, redis.ResponseError):
                 lease = requests[index].lease
@@ -390,20 +410,21 @@ class LeaseStore:
         """Reports a failed attempt: retried with backoff, or dead. Raises LeaseLost."""
         if not isinstance(error, str) or not error.strip():
             raise InvalidInput("an error text is required; say what failed")
-        text = error[:4000]
-        state, eligible, attempts, _now = self._holder_script(
-            "fail", lease, [text, "1" if permanent else "0", random.random()]
+        text = _clip(error, ERROR_MAX_BYTES)
+        failed = self._holder_script(
+            "fail", lease, [text, "1" if permanent else "0", f"{random.random():.6f}"]
         )
         return FailOutcome(
-            state=as_text(state), eligible_at_ms=int(eligible), attempts=int(attempts)
+            state=failed.state, eligible_at_ms=failed.eligible_at_ms, attempts=failed.attempts
         )
 
     def release(self, lease: Lease, delay: float = 0.0) -> None:
         """Gives the item back unprocessed, due at once or after ``delay`` seconds.
 
-        The attempt is not counted. Raises LeaseLost.
+        The attempt is not counted. Raises LeaseLost; InvalidInput for a delay
+        outside the protocol's bound (at most limits.DELAY_MAX_MS).
         """
-        delay_ms = ttl_to_ms(delay, "delay") if delay else 0
+        delay_ms = delay_to_ms(delay) if delay else 0
         self._holder_script("release", lease, [delay_ms])
 
     def _holder_script(
@@ -428,13 +449,13 @@ class LeaseStore:
         An applied record is final: it is returned unchanged. Raises LeaseLost.
         """
         detail_text = encode_json(detail, "effect detail")
-        previous, text = self._holder_script(
+        recorded = self._holder_script(
             "record_effect",
             lease,
             [key, name, state, detail_text],
             extra_keys=self.keys.effects(lease.run_id, lease.shard),
         )
-        return as_text(previous), _effect_record(text)
+        return recorded.previous, _effect_record(recorded.record)
 
     def effect(self, run_id: str, item_id: str, key: str) -> dict[str, Any] | None:
         """The effect record ``key`` of an item, or None."""
@@ -456,18 +477,20 @@ class LeaseStore:
 
     # -- maintenance ----------------------------------------------------------
 
-    def reap(self, run_id: str, limit: int = 1000) -> tuple[int, int]:
+    def reap(self, run_id: str, limit: int = DEFAULT_SWEEP) -> tuple[int, int]:
         """Moves expired leases of every shard back to pending (or dead); returns the counts."""
-        check_positive(limit, "limit")
+        check_positive(limit, "limit", SWEEP_MAX)
         to_pending = to_dead = 0
         for shard in range(self.shard_count(run_id)):
-            pending, dead, _now = self._run_script("reap", run_id, shard, [limit])
-            to_pending, to_dead = to_pending + int(pending), to_dead + int(dead)
+            reaped = self._run_script("reap", run_id, shard, [limit])
+            to_pending, to_dead = to_pending + reaped.to_pending, to_dead + reaped.to_dead
         return to_pending, to_dead
 
-    def requeue(self, run_id: str, item_ids: Sequence[str] = (), limit: int = 1000) -> int:
+    def requeue(self, run_id: str, item_ids: Sequence[str] = (), limit: int = DEFAULT_SWEEP) -> int:
         """Moves dead items (named, or up to ``limit`` per shard) back to pending."""
-        check_positive(limit, "limit")
+        check_positive(limit, "limit", SWEEP_MAX)
+        if len(item_ids) > SWEEP_MAX:
+            raise InvalidInput(f"at most {SWEEP_MAX} items per requeue; split the list")
         count = self.shard_count(run_id)
         named: dict[int, list[str]] = {}
         for item_id in item_ids:
@@ -481,7 +504,17 @@ class LeaseStore:
     def set_closed(self, run_id: str, closed: bool) -> None:
         """Closes every shard of the run to claims, or reopens them."""
         for shard in range(self.shard_count(run_id)):
-            self._run_script("close_shard", run_id, shard, ["1" if closed else "0"])
+            self._run_script("close_shard", run_id, shard, ["1" if closed else "0", ""])
+
+    def set_deadline(self, run_id: str, deadline_ms: int) -> None:
+        """Sets the time (server clock, ms) after which no lease is granted; 0 lifts the bar.
+
+        Leases granted before the deadline may still commit; such commits are
+        counted as ``late_commits``.
+        """
+        deadline = _check_time(deadline_ms, "deadline_ms")
+        for shard in range(self.shard_count(run_id)):
+            self._run_script("close_shard", run_id, shard, ["", deadline])
 
     # -- status ---------------------------------------------------------------
 
@@ -491,27 +524,29 @@ class LeaseStore:
 
     def _snapshots(self, run_id: str) -> tuple[dict[Any, Any], list[_Snapshot]]:
         count = self.shard_count(run_id)
+        calls = [Call("shard_status", self.keys.shard(run_id, shard), []) for shard in range(count)]
         with self.errors(run_id):
             pipe = self.client.pipeline(transaction=False)
             pipe.hgetall(self.keys.run(run_id))
             for shard in range(count):
-                self.scripts.run("shard_status", self.keys.shard(run_id, shard), [], client=pipe)
                 pipe.zrange(self.keys.effects(run_id, shard)[1], 0, 0, withscores=True)
-            info_raw, *raw = pipe.execute()
+            info_raw, *unknowns = pipe.execute()
+            shard_replies = self.scripts.many(calls)
         snapshots = []
-        for (flat_counts, due, held, shard_now, _meta), unknown in zip(
-            raw[::2], raw[1::2], strict=True
-        ):
-            counts = {name: int(value) for name, value in _pairs(flat_counts).items()}
+        for reply, unknown in zip(shard_replies, unknowns, strict=True):
+            if isinstance(reply, redis.ResponseError):
+                raise self._translate(reply, run_id, None, None)
+            snapshot: Snapshot = reply
+            counts = dict(snapshot.counts)
             for state in COUNT_STATES:
                 counts.setdefault(state, 0)
             snapshots.append(
                 _Snapshot(
                     counts,
-                    int(float(due)) if due else None,
-                    int(float(held)) if held else None,
+                    snapshot.first_due_ms,
+                    snapshot.first_held_ms,
                     int(unknown[0][1]) if unknown else None,
-                    int(shard_now),
+                    snapshot.now_ms,
                 )
             )
         return info_raw, snapshots
@@ -564,17 +599,35 @@ class CommitRequest:
 def _check_lease(lease: Lease) -> None:
     check_id(lease.run_id, "run id")
     check_id(lease.item_id, "item id")
-    if not isinstance(lease.token, int) or lease.token < 1:
+    if lease.lease_id:
+        check_id(lease.lease_id, "lease id")
+    if isinstance(lease.token, bool) or not isinstance(lease.token, int):
         raise InvalidInput(f"token must be a whole number from 1, got {lease.token!r}")
+    if not 1 <= lease.token <= TOKEN_MAX:
+        raise InvalidInput(f"token must be a whole number from 1 to {TOKEN_MAX}, got {lease.token}")
 
 
-def _commit_outcome(reply: Sequence[Any]) -> CommitOutcome:
-    status, token, stored, done_at = reply
+def _check_time(ms: int | None, what: str) -> int:
+    """A time in ms on the server clock (0 or None: none), within the protocol's bound."""
+    if ms is None:
+        return 0
+    if isinstance(ms, bool) or not isinstance(ms, int) or not 0 <= ms <= TIME_MAX_MS:
+        raise InvalidInput(f"{what} must be whole milliseconds from 0 to {TIME_MAX_MS}, got {ms!r}")
+    return ms
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes (on a character boundary)."""
+    data = text.encode()
+    return text if len(data) <= limit else data[:limit].decode(errors="ignore")
+
+
+def _commit_outcome(reply: Committed) -> CommitOutcome:
     return CommitOutcome(
-        token=int(token),
-        result=json.loads(stored) if stored else None,
-        done_at_ms=int(done_at),
-        repeated=as_text(status) == "repeated",
+        token=reply.token,
+        result=json.loads(reply.result) if reply.result else None,
+        done_at_ms=reply.done_at_ms,
+        repeated=reply.repeated,
     )
 
 
@@ -595,10 +648,6 @@ def _effect_record(raw: str | bytes) -> dict[str, Any]:
     if isinstance(record.get("result"), str):
         record["result"] = json.loads(record["result"])
     return record
-
-
-def _pairs(flat: Sequence[Any]) -> dict[str, Any]:
-    return {as_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
 
 
 def _replace(lease: Lease, **changes: Any) -> Lease:

@@ -1,30 +1,53 @@
-"""Checks on ids, payloads and TTLs, made before anything reaches Redis.
+"""Checks on ids, payloads, TTLs and counts, made before anything reaches Redis.
 
 Ids (runs, items, workers) are 1 to 200 characters from ``A-Z a-z 0-9`` and
 ``_ - . : @ / + =``. That keeps them safe inside Redis Cluster hash tags (no
 ``{`` ``}``), in shard tags (no ``#``), on a command line and in logs (no
-whitespace or control characters).
+whitespace or control characters). Every bound comes from :mod:`.limits`, the
+same table the Lua scripts enforce.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 from .errors import InvalidInput
+from .limits import (
+    DELAY_MAX_MS,
+    ID_MAX_LENGTH,
+    JSON_MAX_BYTES,
+    JSON_MAX_DEPTH,
+    TTL_MAX_MS,
+    TTL_MIN_MS,
+)
 
-ID_MAX_LENGTH = 200
-ID_PATTERN = re.compile(r"[A-Za-z0-9_.:@/+=-]{1,200}")
-PAYLOAD_MAX_BYTES = 64 * 1024
-TTL_MIN_MS = 1
-TTL_MAX_MS = 7 * 24 * 3600 * 1000
+ID_PATTERN = re.compile(rf"[A-Za-z0-9_.:@/+=-]{{1,{ID_MAX_LENGTH}}}")
+#: Kept for callers of earlier versions: the largest JSON payload in bytes.
+PAYLOAD_MAX_BYTES = JSON_MAX_BYTES
+
+__all__ = [
+    "ID_MAX_LENGTH",
+    "ID_PATTERN",
+    "JSON_MAX_DEPTH",
+    "PAYLOAD_MAX_BYTES",
+    "TTL_MAX_MS",
+    "TTL_MIN_MS",
+    "check_id",
+    "check_positive",
+    "delay_to_ms",
+    "encode_json",
+    "parse_json",
+    "ttl_to_ms",
+]
 
 
 def check_id(value: str, what: str = "id") -> str:
     """Returns ``value`` when it is a valid id, else raises InvalidInput."""
     if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
-        shown = value if isinstance(value, str) else type(value).__name__
+        shown = value[:60] if isinstance(value, str) else type(value).__name__
         raise InvalidInput(
             f"invalid {what} {shown!r}: use 1-{ID_MAX_LENGTH} characters from "
             "A-Z a-z 0-9 _ - . : @ / + = (no braces, '#', spaces or control characters)"
@@ -32,11 +55,31 @@ def check_id(value: str, what: str = "id") -> str:
     return value
 
 
-def encode_json(value: Any, what: str = "payload", limit: int = PAYLOAD_MAX_BYTES) -> str:
+def _depth(value: Any) -> int:
+    """The nesting depth of a JSON value (0 for a scalar), counted without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, level + 1)
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def _too_deep(what: str) -> InvalidInput:
+    return InvalidInput(f"{what} is nested more than {JSON_MAX_DEPTH} levels deep; flatten it")
+
+
+def encode_json(value: Any, what: str = "payload", limit: int = JSON_MAX_BYTES) -> str:
     """Encodes ``value`` as compact JSON text no larger than ``limit`` bytes."""
     try:
+        if _depth(value) > JSON_MAX_DEPTH:
+            raise _too_deep(what)
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, RecursionError) as error:
+        if isinstance(error, InvalidInput):
+            raise
         raise InvalidInput(f"{what} is not JSON-serialisable: {error}") from None
     size = len(text.encode())
     if size > limit:
@@ -44,29 +87,49 @@ def encode_json(value: Any, what: str = "payload", limit: int = PAYLOAD_MAX_BYTE
     return text
 
 
-def parse_json(text: str, what: str = "payload", limit: int = PAYLOAD_MAX_BYTES) -> Any:
-    """Parses JSON text given on a command line, checking its size."""
+def parse_json(text: str, what: str = "payload", limit: int = JSON_MAX_BYTES) -> Any:
+    """Parses JSON text given on a command line, checking its size and depth."""
+    if len(text.encode()) > limit:
+        raise InvalidInput(f"{what} is over the {limit}-byte limit; keep it small")
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as error:
         raise InvalidInput(
-            f"{what} is not valid JSON ({error.msg} at {error.pos}): {text!r}"
+            f"{what} is not valid JSON ({error.msg} at {error.pos}): {text[:80]!r}"
         ) from None
+    except RecursionError:
+        raise _too_deep(what) from None
     encode_json(value, what, limit)
     return value
 
 
-def ttl_to_ms(seconds: float, what: str = "ttl") -> int:
-    """Converts a TTL in seconds to whole milliseconds within the allowed bounds."""
+def _no_constant(name: str) -> Any:
+    raise InvalidInput(f"JSON has no {name}; use a number or a string")
+
+
+def _seconds_to_ms(seconds: float, what: str, low: int, high: int, low_text: str) -> int:
     try:
-        ms = round(float(seconds) * 1000)
+        value = float(seconds)
+        if not math.isfinite(value):
+            raise ValueError
+        ms = round(value * 1000)
     except (TypeError, ValueError, OverflowError):
-        raise InvalidInput(f"{what} must be a number of seconds, got {seconds!r}") from None
-    if not TTL_MIN_MS <= ms <= TTL_MAX_MS:
+        raise InvalidInput(f"{what} must be a finite number of seconds, got {seconds!r}") from None
+    if not low <= ms <= high:
         raise InvalidInput(
-            f"{what} {seconds!r}s is out of range: use 0.001 to {TTL_MAX_MS // 1000} seconds"
+            f"{what} {seconds!r}s is out of range: use {low_text} to {high // 1000} seconds"
         )
     return ms
+
+
+def ttl_to_ms(seconds: float, what: str = "ttl") -> int:
+    """Converts a TTL in seconds to whole milliseconds within the protocol's TTL bound."""
+    return _seconds_to_ms(seconds, what, TTL_MIN_MS, TTL_MAX_MS, "0.001")
+
+
+def delay_to_ms(seconds: float, what: str = "delay") -> int:
+    """Converts a delay in seconds to whole milliseconds within the protocol's delay bound."""
+    return _seconds_to_ms(seconds, what, 0, DELAY_MAX_MS, "0")
 
 
 def check_positive(value: int, what: str, maximum: int = 1_000_000) -> int:

@@ -12,7 +12,7 @@ def test_each_commit_is_fenced_on_its_own(store: LeaseStore) -> None:
     leases = [store.claim("r", f"i{n}", "w", ttl=60) for n in range(3)]
     stale = store.claim("r", "i3", "w", ttl=0.02)
     wait_past(store.client, stale.expires_at_ms)
-    guard_key = f"{store.prefix}:guard"
+    guard_key = f"{store.prefix}:{{r#{leases[1].shard}}}:guard"  # the shard's hash tag
     store.client.hset(guard_key, "v", "1")
     answers = store.commit_many(
         [

@@ -22,9 +22,12 @@ from redis_lease import (
     NotFound,
     RunClosed,
     Write,
+    limits,
+    validation,
 )
 from redis_lease.errors import from_reply
 from redis_lease.guards import KeyMissing
+from redis_lease.replies import DECODERS
 from redis_lease.scripts import KEY_COUNTS, Scripts, lua_dir, source
 from tests.helpers import text
 from tests.redis_server import RedisServer
@@ -114,17 +117,89 @@ def test_expanded_source_is_complete(name: str) -> None:
     text_ = source(name)
     assert not re.search(r"^-- @include", text_, re.MULTILINE)
     assert "local rcall = redis.call" in text_
-    if "@include" in raw(name):
+    assert "local LIMITS = {" in text_, "the bounds table is expanded into every script"
+    assert "local function check_args(" in text_
+    if '@include "shard.lua"' in raw(name):
         assert "local function held(" in text_
+
+
+def test_the_lua_bounds_are_the_python_bounds() -> None:
+    text_ = source("claim")
+    for name, (low, high) in limits.table()["bounds"].items():
+        assert f"{name} = {{{low}, {high}}}" in text_, name
+    assert limits.TTL_MAX_MS == limits.bound("ttl_ms")[1] == validation.TTL_MAX_MS
+
+
+#: The errors each prelude function can reply with (lua/include/*.lua).
+PRELUDE_ERRORS = {
+    "held(": {"LEASE_LOST", "NOT_FOUND"},
+    "barred(": {"RUN_CLOSED"},
+    "check_args(": {"INVALID"},
+    "check_rest(": {"INVALID"},
+    "check_keys(": {"INVALID"},
+    "put(": {"INVALID"},
+}
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_error_a_script_replies_with_is_in_its_header(name: str) -> None:
     own = raw(name)
     used = body_errors(own)
-    if "held(" in own.replace("local function held(", ""):
-        used |= body_errors((lua_dir() / "include" / "shard.lua").read_text())
+    for call, codes in PRELUDE_ERRORS.items():
+        if re.search(rf"(?<![\w.]){re.escape(call)}", own):
+            used |= codes
+    if '@include "guards.lua"' in own:
+        used |= body_errors((lua_dir() / "include" / "guards.lua").read_text())
     assert used <= documented_errors(name), f"{name} replies with undocumented {used}"
+    assert "INVALID" in documented_errors(name), f"{name} must document INVALID"
+
+
+ANNOTATION = re.compile(r"\((int|num|id\??|text|json)(?:, bound (\w+))?\)|\(one of ([^)]*)\)")
+SPEC = re.compile(r"\{(\d+), '(int|num|id\??|text|json|one)'(?:, '(\w+)')?")
+REST = re.compile(r"check_rest\((\d+), \{(.*?)\}\}?, '(\w+)'\)")
+
+
+def header_arguments(name: str) -> tuple[set[tuple[int, str, str | None]], dict[int, list[str]]]:
+    """The ARGV entries a header documents: (index, kind, bound), and variadic tails' kinds."""
+    fixed: set[tuple[int, str, str | None]] = set()
+    rest: dict[int, list[str]] = {}
+    for line in header(name):
+        match = re.match(r"ARGV\[(\d+)(\.\.\.)?\]", line)
+        if not match:
+            continue
+        found = ANNOTATION.findall(line)
+        assert found, f"{name}: ARGV[{match.group(1)}] does not say its kind: {line}"
+        if match.group(2):
+            rest[int(match.group(1))] = [kind for kind, _bound, _one in found]
+        else:
+            kind, bound, one = found[0]
+            fixed.add((int(match.group(1)), "one" if one else kind, bound or None))
+    return fixed, rest
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_argument_is_checked_as_its_header_says(name: str) -> None:
+    """Each documented ARGV entry is checked by check_args/check_rest with its kind and bound."""
+    fixed, rest = header_arguments(name)
+    body = raw(name).split("@include", 1)[-1] if "@include" in raw(name) else raw(name)
+    checked = {(int(i), kind, bound or None) for i, kind, bound in SPEC.findall(body)}
+    checked_fixed = {entry for entry in checked if entry[0] not in rest}
+    assert checked_fixed == fixed, f"{name}: header {sorted(fixed)} vs checks {sorted(checked)}"
+    for index, kind, bound in fixed:
+        if kind in ("int", "num"):
+            assert bound in limits.table()["bounds"], f"{name}: ARGV[{index}] has no known bound"
+    tails = {
+        int(i): re.findall(r"'(int|num|id\??|text|json)'", kinds)
+        for i, kinds, _ in REST.findall(body)
+    }
+    assert tails == rest, f"{name}: variadic header {rest} vs checks {tails}"
+    if "(no ARGV)" not in "\n".join(header(name)):
+        assert "check_args(" in body or "check_rest(" in body
+    assert "check_keys(" in body, f"{name} must check its key count"
+
+
+def test_every_script_has_one_reply_decoder() -> None:
+    assert set(DECODERS) == set(KEY_COUNTS)
 
 
 def test_every_documented_error_maps_to_a_lease_error_subclass() -> None:
@@ -231,7 +306,7 @@ def test_scripts_queue_in_a_pipeline(store: LeaseStore) -> None:
     keys = store.keys.shard("r", 0)
     scripts = Scripts(store.client)
     pipe = store.client.pipeline(transaction=True)
-    scripts.run("add_items", keys, ["r", 0, 3, 1000, 60000, "a", "{}", "b", "{}"], client=pipe)
+    scripts.run("add_items", keys, ["r", 0, 3, 1000, 60000, 0, "a", "{}", "b", "{}"], client=pipe)
     scripts.run("claim_next", keys, ["w", "B", 60000, 5], client=pipe)
     scripts.run("shard_status", keys, [], client=pipe)
     added, rows, snap = pipe.execute()
@@ -239,7 +314,7 @@ def test_scripts_queue_in_a_pipeline(store: LeaseStore) -> None:
     assert sorted(text(r[0]) for r in rows) == ["a", "b"]
     assert [int(r[1]) for r in rows] == [1, 1]
     counts = dict(zip(text(snap[0][::2]), map(int, snap[0][1::2]), strict=True))
-    assert counts == {"pending": 0, "leased": 2, "dead": 0, "claims": 2}
+    assert counts == {"pending": 0, "leased": 2, "dead": 0, "claims": 2, "added": 2}
 
 
 def test_script_errors_in_a_pipeline_are_returned_per_command(store: LeaseStore) -> None:

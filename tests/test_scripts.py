@@ -50,7 +50,7 @@ class Shard:
         payload: str = '{"n":1}',
     ) -> Any:
         flat = [part for item in ids for part in (item, payload)]
-        return self.call("add_items", RUN, 0, max_attempts, base_ms, cap_ms, *flat)
+        return self.call("add_items", RUN, 0, max_attempts, base_ms, cap_ms, 0, *flat)
 
     def claim(self, item: str, ttl: int = 60000, worker: str = "w1", lease_id: str = "L1") -> Any:
         return self.call("claim", item, worker, lease_id, ttl)
@@ -63,13 +63,16 @@ class Shard:
         return {text(m): s for m, s in pairs}
 
     def counts(self) -> dict[str, int]:
-        """The shard's counters and its index sizes (pending, leased, dead), leaving out zeros."""
+        """The shard's counters and its index sizes (pending, leased, dead), leaving out zeros.
+
+        ``added`` (the run's accounting of items added) is left out too: its own test checks it.
+        """
         raw = self.client.hgetall(self.counts_key)
         counts = {text(k): int(v) for k, v in raw.items()}
         prefix = self.counts_key.removesuffix("counts")
         for state, index in (("pending", "due"), ("leased", "leases"), ("dead", "dead")):
             counts[state] = int(self.client.zcard(prefix + index))
-        return {name: value for name, value in counts.items() if value != 0}
+        return {name: value for name, value in counts.items() if value != 0 and name != "added"}
 
     def meta(self) -> dict[str, str]:
         return {text(k): text(v) for k, v in self.client.hgetall(self.meta_key).items()}
@@ -123,16 +126,18 @@ def test_add_items_flags_new_and_existing_and_sets_meta_once(sh: Shard) -> None:
         "max_attempts": "3",
         "backoff_base_ms": "1000",
         "backoff_cap_ms": "60000",
+        "deadline_at": "0",
         "created_at": str(recs["a"]["added_at"]),
     }
+    assert int(text(sh.client.hget(sh.counts_key, "added"))) == 3, "added counts new items once"
 
 
 def test_add_items_on_a_closed_shard_is_refused_and_writes_nothing(sh: Shard) -> None:
     assert sh.call("close_shard", "1") == 1
     before = sh.snapshot()
-    assert sh.error("add_items", RUN, 0, 3, 1000, 60000, "a", "{}") == (
+    assert sh.error("add_items", RUN, 0, 3, 1000, 60000, 0, "a", "{}") == (
         "RUN_CLOSED",
-        {"run": RUN},
+        {"run": RUN, "reason": "closed", "deadline": "0"},
     )
     assert sh.snapshot() == before
 
@@ -238,7 +243,10 @@ def test_claim_on_a_closed_shard_is_refused(sh: Shard) -> None:
     sh.add("a")
     sh.call("close_shard", "1")
     before = sh.snapshot()
-    assert sh.error("claim", "a", "w1", "L1", 1000) == ("RUN_CLOSED", {"run": RUN})
+    assert sh.error("claim", "a", "w1", "L1", 1000) == (
+        "RUN_CLOSED",
+        {"run": RUN, "reason": "closed", "deadline": "0"},
+    )
     assert sh.snapshot() == before
 
 
@@ -325,9 +333,11 @@ def test_renew_by_the_holder_moves_the_expiry_only(sh: Shard) -> None:
 
 
 @pytest.mark.parametrize(
-    ("token", "lease_id"), [(2, "L1"), (0, "L1"), (1, "other"), (1, "L1 ")], ids=str
+    ("token", "lease_id", "reason"), [(2, "L1", "token"), (1, "other", "lease")], ids=str
 )
-def test_renew_by_a_non_holder_is_lease_lost(sh: Shard, token: int, lease_id: str) -> None:
+def test_renew_by_a_non_holder_is_lease_lost(
+    sh: Shard, token: int, lease_id: str, reason: str
+) -> None:
     sh.add("a")
     sh.claim("a")
     before = sh.snapshot()
@@ -338,6 +348,8 @@ def test_renew_by_a_non_holder_is_lease_lost(sh: Shard, token: int, lease_id: st
         "token": str(token),
         "current_token": "1",
         "state": "leased",
+        "reason": reason,
+        "expires_at": str(sh.record("a")["expires_at"]),
     }
     assert unrefused(sh.snapshot()) == unrefused(before)
     assert sh.counts()["stale_refused"] == 1
@@ -402,7 +414,14 @@ def test_commit_with_a_stale_token_is_lease_lost_and_changes_nothing(sh: Shard) 
     code, fields = sh.error("commit", "a", 1, "L1", '"late"', "[]", writes, extra=[guard])
     assert (code, fields) == (
         "LEASE_LOST",
-        {"item": "a", "token": "1", "current_token": "2", "state": "leased"},
+        {
+            "item": "a",
+            "token": "1",
+            "current_token": "2",
+            "state": "leased",
+            "reason": "token",
+            "expires_at": str(sh.record("a")["expires_at"]),
+        },
     )
     assert unrefused(sh.snapshot()) == unrefused(before)
     assert sh.client.exists(guard) == 0
@@ -493,22 +512,30 @@ def test_commit_with_a_failed_condition_writes_nothing_and_keeps_the_lease(
 @pytest.mark.parametrize(
     ("conditions", "writes", "message"),
     [
-        ("not json", "[]", "must be JSON arrays"),
-        ("[]", "{", "must be JSON arrays"),
-        ('"text"', "[]", "must be JSON arrays"),
-        ("[]", "7", "must be JSON arrays"),
+        ("not json", "[]", "must be a JSON array"),
+        ("[]", "{", "must be a JSON array"),
+        ('"text"', "[]", "must be a JSON array"),
+        ("[]", "7", "must be a JSON array"),
         ('[{"if": "like", "key": 1}]', "[]", 'condition 1 needs "if"'),
         ('["exists"]', "[]", 'condition 1 needs "if"'),
         ('[{"if": "exists", "key": 1}, {"if": "exists", "key": 2}]', "[]", "condition 2 names"),
         ('[{"if": "exists", "key": 0}]', "[]", "condition 1 names key 0"),
         ('[{"if": "exists"}]', "[]", "condition 1 names key nil"),
         ('[{"if": "exists", "key": "1"}]', "[]", "condition 1 names key 1"),
-        ('[{"if": "equals", "key": 1, "value": "x"}]', "[]", "needs a field and a value"),
-        ('[{"if": "equals", "key": 1, "field": "f"}]', "[]", "needs a field and a value"),
+        (
+            '[{"if": "equals", "key": 1, "value": "x"}]',
+            "[]",
+            "needs a string field and a string or number value",
+        ),
+        (
+            '[{"if": "equals", "key": 1, "field": "f"}]',
+            "[]",
+            "needs a string field and a string or number value",
+        ),
         ("[]", '[{"do": "incr", "key": 1}]', 'write 1 needs "do"'),
-        ("[]", '[{"do": "hset", "key": 1, "fields": {}}]', 'needs a non-empty "fields"'),
-        ("[]", '[{"do": "sadd", "key": 1}]', 'needs a non-empty "members"'),
-        ("[]", '[{"do": "zadd", "key": 1, "scores": "x"}]', 'needs a non-empty "scores"'),
+        ("[]", '[{"do": "hset", "key": 1, "fields": {}}]', 'needs a non-empty object "fields"'),
+        ("[]", '[{"do": "sadd", "key": 1}]', 'needs a non-empty array "members"'),
+        ("[]", '[{"do": "zadd", "key": 1, "scores": "x"}]', 'needs a non-empty object "scores"'),
         ("[]", '[{"do": "del", "key": 2}]', "write 1 names key 2 of 1 guarded keys"),
         (
             "[]",
@@ -756,7 +783,9 @@ def test_requeue_named_items_leaves_others_alone(sh: Shard) -> None:
         ("commit", ["b", "abc", "L1", "null", "[]", "[]"]),
         ("fail", ["b", "abc", "L1", "boom", "0", 0]),
         ("fail", ["b", 1, "L1", "boom", "0", "abc"]),
-        ("fail", ["b", 1, "L1", "boom", "0", 1]),
+        ("fail", ["b", 1, "L1", "boom", "0", 1.5]),
+        ("renew", ["b", 0, "L1", 1000]),
+        ("renew", ["b", 1, "L1 ", 1000]),
         ("release", ["b", "abc", "L1"]),
     ],
     ids=str,
@@ -807,7 +836,7 @@ def test_shard_status_reports_counts_first_due_and_oldest_lease(sh: Shard) -> No
     counts, first_due, first_held, now, meta = sh.call("shard_status")
     assert sh.snapshot() == before, "status only reads"
     pairs = dict(zip(counts[::2], map(int, counts[1::2]), strict=True))
-    assert pairs == {"pending": 1, "leased": 2, "dead": 0, "claims": 2}
+    assert pairs == {"pending": 1, "leased": 2, "dead": 0, "claims": 2, "added": 3}
     assert int(float(first_due)) == sh.record("a")["added_at"]
     assert int(float(first_held)) == leased_at
     assert now >= leased_at

@@ -473,19 +473,29 @@ def test_throttled_burst_lowers_cap_and_stays_within_it(harness: Harness) -> Non
 # -- 6. a reservation renewed after its cleanup message was queued ------------------
 
 
+def seats_prefix(prefix: str) -> str:
+    """The seat data's own prefix: the application's keys, outside the store's (guarded
+    writes may not touch keys under the store's prefix without the shard's hash tag)."""
+    return f"{prefix}-seats"
+
+
 @pytest.fixture
-def seats(harness: Harness, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+def seats(harness: Harness, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The reservations example's module, with this test's key prefix and Redis."""
     reservations = effect_jobs._reservations()
-    monkeypatch.setattr(reservations, "PREFIX", f"{prefix}:seats")
+    monkeypatch.setattr(reservations, "PREFIX", seats_prefix(prefix))
     monkeypatch.setenv("RESERVATIONS_REDIS_URL", harness.url)
-    return reservations
+    yield reservations
+    client = harness.store.client
+    keys = list(client.scan_iter(match=f"{seats_prefix(prefix)}:*", count=1000))
+    if keys:
+        client.delete(*keys)
 
 
 def seat_env(h: Harness, prefix: str) -> dict[str, str]:
     """The reservations job's settings for worker processes."""
     return {
-        "RESERVATIONS_PREFIX": f"{prefix}:seats",
+        "RESERVATIONS_PREFIX": seats_prefix(prefix),
         "RESERVATIONS_QUEUE": h.queue,
         "RESERVATIONS_REDIS_URL": h.url,
     }

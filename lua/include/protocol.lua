@@ -1,0 +1,128 @@
+-- The prelude of every script, expanded where a script says
+-- `-- @include "protocol.lua"`: the server clock, error replies, the protocol's
+-- bounds (LIMITS, from limits.json) and the one argument checker.
+--
+-- A Lua error does not roll back the writes before it, so every script checks
+-- all of its arguments with check_args/check_rest (and its key count with
+-- check_keys) before its first write, and answers a bad one with
+-- `INVALID <what>`, never a raw Lua error.
+local rcall = redis.call
+-- @include "limits.json"
+
+-- Milliseconds on the server clock: the only clock that decides lease expiry.
+local function now_ms()
+  local t = rcall('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function fail(code, detail)
+  return redis.error_reply(code .. ' ' .. detail)
+end
+
+local function finite(n)
+  return type(n) == 'number' and n == n and n > -math.huge and n < math.huge
+end
+
+-- Patterns of the accepted argument forms: decimal integers (no sign but '-',
+-- no hex, no exponent, no spaces) and decimal numbers (an exponent allowed).
+local INT = '^%-?%d+$'
+local DECIMALS = {'^%-?%d+%.?%d*$', '^%-?%d*%.%d+$', '^%-?%d+%.?%d*[eE][%-+]?%d+$',
+  '^%-?%d*%.%d+[eE][%-+]?%d+$'}
+local ID = '^[%w_%.:@/%+=%-]+$'
+
+-- Checks one value of kind `kind` against the bound named `bound`; returns the
+-- value (a number for int and num) or nil and the reason.
+--   int   a decimal integer within the bound
+--   num   a finite decimal number within the bound
+--   id    1 to id_length characters from A-Z a-z 0-9 _ - . : @ / + =
+--   id?   an id or '' (absent)
+--   text  a string of at most the bound's highest number of bytes
+--   json  JSON text of at most the bound's bytes
+--   one   one of the words in `bound` (a table)
+local function check_value(kind, bound, raw)
+  if type(raw) ~= 'string' then return nil, 'is missing' end
+  if kind == 'int' or kind == 'num' then
+    local ok = kind == 'int' and raw:find(INT) and #raw <= 15
+    if kind == 'num' then
+      for _, pattern in ipairs(DECIMALS) do ok = ok or (#raw <= 40 and raw:find(pattern)) end
+    end
+    local n = ok and tonumber(raw)
+    if not finite(n) then return nil, 'must be a ' .. (kind == 'int' and 'whole' or 'finite')
+      .. ' number, got ' .. raw:sub(1, 40) end
+    local range = LIMITS.bounds[bound]
+    if n < range[1] or n > range[2] then
+      return nil, 'must be from ' .. range[1] .. ' to ' .. range[2] .. ', got ' .. raw:sub(1, 40)
+    end
+    return n
+  end
+  if kind == 'id' or kind == 'id?' then
+    if raw == '' and kind == 'id?' then return raw end
+    if #raw > LIMITS.bounds.id_length[2] or not raw:find(ID) then
+      return nil, 'must be 1-' .. LIMITS.bounds.id_length[2]
+        .. ' characters from A-Z a-z 0-9 _ - . : @ / + ='
+    end
+    return raw
+  end
+  if kind == 'text' or kind == 'json' then
+    local most = LIMITS.bounds[bound][2]
+    if #raw > most then return nil, 'is ' .. #raw .. ' bytes, over ' .. most end
+    if kind == 'json' and not pcall(cjson.decode, raw) then return nil, 'must be JSON text' end
+    return raw
+  end
+  if kind == 'one' then
+    for _, word in ipairs(bound) do
+      if raw == word then return raw end
+    end
+    return nil, 'must be one of ' .. table.concat(bound, ', ')
+  end
+  return nil, 'has an unknown kind ' .. kind
+end
+
+-- Checks ARGV against `spec`, a list of {index, kind, bound[, default]}; an
+-- argument with a default may be absent or ''. Returns the checked values by
+-- index, or nil and an INVALID error reply.
+local function check_args(spec)
+  local values = {}
+  for _, s in ipairs(spec) do
+    local index, kind, bound, default = s[1], s[2], s[3], s[4]
+    local raw = ARGV[index]
+    if default ~= nil and (raw == nil or raw == '') then
+      values[index] = default
+    else
+      local value, why = check_value(kind, bound, raw)
+      if value == nil then return nil, fail('INVALID', 'ARGV[' .. index .. '] ' .. why) end
+      values[index] = value
+    end
+  end
+  return values
+end
+
+-- Checks the variadic tail ARGV[first...]: groups of #kinds arguments, each
+-- {kind, bound}, at most `most` groups (a bound name). Returns the groups as
+-- lists, or nil and an INVALID error reply.
+local function check_rest(first, kinds, most)
+  local count = math.max(0, #ARGV - first + 1)
+  if count % #kinds ~= 0 then
+    return nil, fail('INVALID', 'ARGV[' .. first .. '...] must come in groups of ' .. #kinds)
+  end
+  if count / #kinds > LIMITS.bounds[most][2] then
+    return nil, fail('INVALID', 'at most ' .. LIMITS.bounds[most][2] .. ' per call')
+  end
+  local groups = {}
+  for i = first, #ARGV, #kinds do
+    local group = {}
+    for k, kind in ipairs(kinds) do
+      local value, why = check_value(kind[1], kind[2], ARGV[i + k - 1])
+      if value == nil then return nil, fail('INVALID', 'ARGV[' .. (i + k - 1) .. '] ' .. why) end
+      group[k] = value
+    end
+    groups[#groups + 1] = group
+  end
+  return groups
+end
+
+-- Checks that the caller passed `count` keys (at least `count` when `open`).
+local function check_keys(count, open)
+  if #KEYS == count or (open and #KEYS >= count) then return nil end
+  return fail('INVALID', 'expected ' .. (open and 'at least ' or '') .. count .. ' keys, got ' .. #KEYS)
+end

@@ -1,0 +1,180 @@
+"""Each script's reply, decoded in exactly one place into a named type.
+
+:data:`DECODERS` maps every script to its decoder; :class:`~redis_lease.scripts.Scripts`
+applies it, so no other module reads a reply by position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, Any]:
+    return {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def _ms(value: Any) -> int | None:
+    return int(float(value)) if value not in (None, b"", "") else None
+
+
+class Grant(NamedTuple):
+    """One lease granted by claim or claim_next."""
+
+    item_id: str
+    token: int
+    lease_id: str
+    expires_at_ms: int
+    attempt: int
+    payload: str
+    takeover: bool
+    now_ms: int
+
+
+class Committed(NamedTuple):
+    """commit: the stored outcome; ``repeated`` when an earlier identical commit stored it."""
+
+    repeated: bool
+    token: int
+    result: str
+    done_at_ms: int
+
+
+class Failed(NamedTuple):
+    """fail: ``retry`` (due again at ``eligible_at_ms``) or ``dead``."""
+
+    state: str
+    eligible_at_ms: int
+    attempts: int
+    now_ms: int
+
+
+class Renewed(NamedTuple):
+    """renew: the new expiry."""
+
+    expires_at_ms: int
+    now_ms: int
+
+
+class Reaped(NamedTuple):
+    """reap: leases moved back to pending and to dead."""
+
+    to_pending: int
+    to_dead: int
+    now_ms: int
+
+
+class Snapshot(NamedTuple):
+    """shard_status: counters (with pending, leased, dead from the indexes) and first entries."""
+
+    counts: dict[str, int]
+    first_due_ms: int | None
+    first_held_ms: int | None
+    now_ms: int
+    meta: dict[str, str]
+
+
+class RunCreated(NamedTuple):
+    """create_run: whether it was created now, its shard count and creation time."""
+
+    created: bool
+    shards: int
+    created_at_ms: int
+
+
+class Transition(NamedTuple):
+    """run_transition: whether the state changed, the state before (or now), the time."""
+
+    changed: bool
+    state: str
+    now_ms: int
+
+
+class EffectRecorded(NamedTuple):
+    """record_effect: the previous state ('' when new) and the stored record (JSON text)."""
+
+    previous: str
+    record: str
+
+
+class SlotAnswer(NamedTuple):
+    """slot_acquire: granted or not, the cap, slots in use, and how long to wait (ms)."""
+
+    granted: bool
+    cap: int
+    in_use: int
+    wait_ms: int
+
+
+class SlotReleased(NamedTuple):
+    """slot_release: the cap after the release and whether it changed."""
+
+    cap: int
+    changed: bool
+
+
+def grant(row: Sequence[Any]) -> Grant:
+    """Decodes one claim row."""
+    item_id, token, lease_id, expires, attempt, payload, takeover, now = row
+    return Grant(
+        _text(item_id),
+        int(token),
+        _text(lease_id),
+        int(expires),
+        int(attempt),
+        _text(payload),
+        bool(int(takeover)),
+        int(now),
+    )
+
+
+def _committed(reply: Sequence[Any]) -> Committed:
+    status, token, result, done_at = reply
+    return Committed(_text(status) == "repeated", int(token), _text(result), int(done_at))
+
+
+def _failed(reply: Sequence[Any]) -> Failed:
+    state, eligible, attempts, now = reply
+    return Failed(_text(state), int(eligible), int(attempts), int(now))
+
+
+def _snapshot(reply: Sequence[Any]) -> Snapshot:
+    flat_counts, due, held, now, meta = reply
+    counts = {name: int(value) for name, value in _pairs(flat_counts).items()}
+    return Snapshot(
+        counts,
+        _ms(due),
+        _ms(held),
+        int(now),
+        {name: _text(value) for name, value in _pairs(meta).items()},
+    )
+
+
+def _slot(reply: Sequence[Any]) -> SlotAnswer:
+    granted, cap, in_use, *wait = reply
+    return SlotAnswer(bool(granted), int(cap), int(in_use), int(wait[0]) if wait else 0)
+
+
+DECODERS: dict[str, Callable[[Any], Any]] = {
+    "add_items": lambda reply: [bool(flag) for flag in reply],
+    "claim": grant,
+    "claim_next": lambda rows: [grant(row) for row in rows],
+    "renew": lambda reply: Renewed(int(reply[0]), int(reply[1])),
+    "commit": _committed,
+    "fail": _failed,
+    "release": lambda reply: int(reply[0]),
+    "reap": lambda reply: Reaped(int(reply[0]), int(reply[1]), int(reply[2])),
+    "requeue": int,
+    "close_shard": bool,
+    "shard_status": _snapshot,
+    "create_run": lambda reply: RunCreated(bool(reply[0]), int(reply[1]), int(reply[2])),
+    "run_transition": lambda reply: Transition(bool(reply[0]), _text(reply[1]), int(reply[2])),
+    "release_lock": bool,
+    "record_effect": lambda reply: EffectRecorded(_text(reply[0]), _text(reply[1])),
+    "slot_acquire": _slot,
+    "slot_release": lambda reply: SlotReleased(int(reply[0]), bool(reply[1])),
+}

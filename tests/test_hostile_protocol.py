@@ -1,0 +1,234 @@
+"""Every script called with hostile KEYS and ARGV, as a client in any language could.
+
+Each call must either succeed or answer an error reply that its header
+documents (never a raw Lua error), a refused call must change no key (``DUMP``
+and ``PTTL`` of every key before and after), and after every call each shard
+is consistent: every record sits in exactly the index of its state, with a
+finite score, and every index entry has a record.
+
+A refusal for a stale holder (``LEASE_LOST``) is counted on purpose
+(``stale_*`` counters, shown by status and metrics); that counter is the only
+change such a refusal may make.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from redis_lease import Item, LeaseStore
+from redis_lease.scripts import KEY_COUNTS
+from tests.helpers import text
+from tests.test_registry import documented_errors
+
+RUN = "hostile"
+#: Values that are not what a numeric, id or JSON argument must be.
+HOSTILE = [
+    "nan", "-nan", "inf", "-inf", "1e300", "-1e300", "0x10", "1e3", " 5", "5 ", "-1", "1.5",
+    "", "abc", "99999999999999999999", "{}", "[]", "null", "a b", "{x}", "\x00", "x" * 300,
+    "9" * 15, "0",
+]  # fmt: skip
+GUARDS = [
+    '{"1": {"if": "exists", "key": 1}}',
+    '{"if": "exists", "key": 1}',
+    '[{"if": "exists", "key": 1.5}]',
+    '[{"if": "equals", "key": 1, "field": "f", "value": null}]',
+    '[{"if": "equals", "key": 1, "field": "f", "value": {"nested": 1}}]',
+    '[{"if": "equals", "key": 1, "field": ["f"], "value": "v"}]',
+    "[1, 2, 3]",
+    "[[]]",
+    "[" * 200 + "]" * 200,
+]
+WRITES = [
+    '{"do": "del", "key": 1}',
+    '[{"do": "eval", "key": 1}]',
+    '[{"do": "hset", "key": 1, "fields": {"f": null}}]',
+    '[{"do": "hset", "key": 1, "fields": {"f": {"a": 1}}}]',
+    '[{"do": "hset", "key": 1, "fields": ["f", "v"]}]',
+    '[{"do": "sadd", "key": 1, "members": {"m": 1}}]',
+    '[{"do": "sadd", "key": 1, "members": [null]}]',
+    '[{"do": "zadd", "key": 1, "scores": {"m": 1e400}}]',
+    '[{"do": "zadd", "key": 1, "scores": {"m": "1"}}]',
+    '[{"do": "del", "key": 0}]',
+    '[{"do": "del", "key": 2}]',
+]
+
+
+class Scene:
+    """A shard with one item in each state, a ledger record and a provider gate."""
+
+    def __init__(self, store: LeaseStore) -> None:
+        self.store, self.client = store, store.client
+        store.add(RUN, [Item(i, {"n": i}) for i in ("a", "b", "c", "d")], shards=1)
+        self.lease = store.claim(RUN, "a", "w1")
+        done = store.claim(RUN, "d", "w1")
+        store.commit(done, {"ok": True})
+        dead = store.claim(RUN, "c", "w1")
+        store.fail(dead, "boom", permanent=True)
+        store.record_effect(self.lease, "k1", "pay", "intended")
+        self.shard = store.keys.shard(RUN, 0)
+        self.effects = store.keys.effects(RUN, 0)
+        self.guard = f"{store.prefix}:{{{RUN}#0}}:app"
+        self.provider = store.keys.provider("p")
+        self.run = [store.keys.run(RUN), store.keys.run_events(RUN)]
+        self.lock = f"{store.prefix}:lock"
+        self.client.set(self.lock, "owner")
+
+    def valid_calls(self) -> dict[str, tuple[list[str], list[Any]]]:
+        """One call per script that succeeds in this scene."""
+        lease = self.lease
+        holder = ["a", lease.token, lease.lease_id]
+        cond = json.dumps([{"if": "missing", "key": 1}])
+        write = json.dumps([{"do": "hset", "key": 1, "fields": {"f": "v"}}])
+        return {
+            "add_items": (self.shard, [RUN, 0, 3, 1000, 60000, 0, "e", "{}"]),
+            "claim": (self.shard, ["b", "w2", "L2", 60000]),
+            "claim_next": (self.shard, ["w2", "B2", 60000, 5]),
+            "renew": (self.shard, [*holder, 60000]),
+            "commit": ([*self.shard, self.guard], [*holder, '{"r":1}', cond, write, "ok"]),
+            "fail": (self.shard, [*holder, "boom", "0", "0.5"]),
+            "release": (self.shard, [*holder, 1000]),
+            "reap": (self.shard, [100]),
+            "requeue": (self.shard, [100, "c"]),
+            "close_shard": (self.shard, ["1", 0]),
+            "shard_status": (self.shard, []),
+            "create_run": (self.run[:1], [RUN, 1, "running", "job", "j"]),
+            "run_transition": (self.run, ["*", "running", "why", "f", "v"]),
+            "release_lock": ([self.lock], ["owner"]),
+            "record_effect": ([*self.shard, *self.effects], [*holder, "k1", "pay", "applied", "1"]),
+            "slot_acquire": (self.provider, ["h1", 60000, 4, 1]),
+            "slot_release": (self.provider, ["h1", "throttled", 1000]),
+        }
+
+    def dump(self) -> dict[str, tuple[Any, int]]:
+        """DUMP and PTTL of every key under the store's prefix."""
+        keys = sorted(text(k) for k in self.client.scan_iter(match=f"{self.store.prefix}:*"))
+        return {k: (self.client.dump(k), self.client.pttl(k)) for k in keys}
+
+
+Mutation = Callable[[list[str], list[Any]], tuple[list[str], list[Any]]]
+
+
+def _replace(index: int, value: Any) -> Mutation:
+    return lambda keys, args: (keys, [*args[:index], value, *args[index + 1 :]])
+
+
+def _guarded(key_of: Callable[[list[str]], str]) -> Mutation:
+    delete = json.dumps([{"do": "del", "key": 1}])
+    return lambda keys, args: ([*keys[:7], key_of(keys)], [*args[:4], "[]", delete, ""])
+
+
+def _tag(keys: list[str]) -> str:
+    return keys[0].split("{", 1)[1].split("}", 1)[0]
+
+
+def _prefix(keys: list[str]) -> str:
+    return keys[0].split(":{", 1)[0]
+
+
+def mutations(name: str, arity: int) -> Iterator[Mutation]:
+    """Ways to spoil a valid call: each argument replaced by each hostile value, wrong shapes.
+
+    They are applied to the scene's valid call as it is when each one runs (a
+    call that succeeded is followed by a fresh scene with new tokens).
+    """
+    for index in range(arity):
+        for value in HOSTILE:
+            yield _replace(index, value)
+        yield lambda keys, args, n=index: (keys, args[:n])  # the rest missing
+    yield lambda keys, args: (keys[:-1], args)  # a key short
+    yield lambda keys, args: ([*keys, keys[0]], args)  # one too many (commit: its own meta)
+    yield lambda keys, args: ([], args)
+    if name != "commit":
+        return
+    for conditions in GUARDS:
+        yield lambda keys, args, c=conditions: (keys, [*args[:4], c, "[]", ""])
+    for writes in WRITES:
+        yield lambda keys, args, w=writes: (keys, [*args[:4], "[]", w, ""])
+    for own in range(7):  # the shard's own keys
+        yield _guarded(lambda keys, n=own: keys[n])
+    yield _guarded(lambda keys: f"{_prefix(keys)}:{{{_tag(keys)}}}:effects")
+    yield _guarded(lambda keys: f"{_prefix(keys)}:{{{RUN}#1}}:app")  # another shard's tag
+    yield _guarded(lambda keys: f"{_prefix(keys)}:{{other}}:app")
+    yield _guarded(lambda keys: f"{_prefix(keys)}:runs")  # the store's untagged keys
+
+
+def check_consistent(client: redis.Redis, shard_keys: list[str]) -> None:
+    """Every record in exactly its state's index with a finite score; no orphan entries."""
+    _meta, _counts, items, due, leases, held, dead = shard_keys
+    records = {text(k): json.loads(v) for k, v in client.hgetall(items).items()}
+    index = {
+        name: {text(m): s for m, s in client.zrange(key, 0, -1, withscores=True)}
+        for name, key in (("pending", due), ("leased", leases), ("held", held), ("dead", dead))
+    }
+    for name, entries in index.items():
+        for member, score in entries.items():
+            assert member in records, f"{name} index entry {member} has no record"
+            assert math.isfinite(score), f"{member} scored {score} in {name}"
+    for item_id, rec in records.items():
+        where = {name for name, entries in index.items() if item_id in entries}
+        expected = {"pending": {"pending"}, "leased": {"leased", "held"}, "dead": {"dead"}}
+        assert where == expected.get(rec["state"], set()), f"{item_id} {rec['state']} in {where}"
+        if rec["state"] == "leased":
+            assert index["leased"][item_id] == rec["expires_at"], f"{item_id}: two expiries"
+
+
+def call(store: LeaseStore, name: str, keys: list[str], args: list[Any]) -> Any:
+    script = store.scripts[name]
+    try:
+        return store.client.evalsha(script.sha, len(keys), *keys, *args)
+    except redis.exceptions.NoScriptError:
+        return store.client.eval(script.script, len(keys), *keys, *args)
+
+
+@pytest.mark.parametrize("name", sorted(KEY_COUNTS))
+def test_hostile_arguments_are_refused_cleanly_or_succeed_consistently(
+    store: LeaseStore, name: str
+) -> None:
+    scene = Scene(store)
+    documented = documented_errors(name)
+    refused = 0
+    for mutate in mutations(name, len(scene.valid_calls()[name][1])):
+        bad_keys, bad_args = mutate(*scene.valid_calls()[name])
+        before = scene.dump()
+        try:
+            call(store, name, bad_keys, bad_args)
+        except redis.ResponseError as error:
+            message = str(error)
+            code = message.split(" ", 1)[0]
+            assert code in documented, f"{name}{bad_args!r} {bad_keys!r}: {message}"
+            assert "user_script" not in message and "attempt to" not in message, message
+            after = scene.dump()
+            if code == "LEASE_LOST":
+                counts = scene.shard[1]
+                before.pop(counts), after.pop(counts)
+            assert after == before, f"{name}{bad_args!r} was refused but changed keys"
+            refused += 1
+        else:
+            check_consistent(store.client, scene.shard)
+            _reset(store)  # start the next variation from the scene again
+            scene = Scene(store)
+        check_consistent(store.client, scene.shard)
+    assert refused > 0, f"{name}: no hostile call was refused"
+
+
+def _reset(store: LeaseStore) -> None:
+    keys = list(store.client.scan_iter(match=f"{store.prefix}:*"))
+    if keys:
+        store.client.delete(*keys)
+
+
+def test_every_valid_call_of_the_scene_succeeds(store: LeaseStore) -> None:
+    """The baseline the hostile test varies is itself accepted (so the refusals mean something)."""
+    assert set(Scene(store).valid_calls()) == set(KEY_COUNTS)
+    for name in KEY_COUNTS:
+        _reset(store)
+        scene = Scene(store)
+        keys, args = scene.valid_calls()[name]
+        call(store, name, keys, args)
+        check_consistent(store.client, scene.shard)
