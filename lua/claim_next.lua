@@ -36,6 +36,8 @@ local function main()
       elseif rec.state == 'pending' or lease_expired(rec, now) then
         local row = grant(id, rec, worker, base .. '.' .. (#rows + 1), ttl, now)
         if row then rows[#rows + 1] = row end
+      elseif INDEX[rec.state] ~= index then
+        rcall('ZREM', index, id)  -- a stray entry: the record is in another state
       end
     end
   end

@@ -2,14 +2,26 @@
 
 from .errors import (
     ConditionFailed,
+    EffectFailed,
+    EffectUnknown,
+    HandlerError,
     InvalidInput,
     LeaseError,
     LeaseLost,
+    NeedsReconciliation,
     NotClaimable,
     NotFound,
+    PermanentError,
+    PermissionDenied,
+    ProviderError,
+    RedisLeaseError,
     RedisUnavailable,
     RunClosed,
+    SlotTimeout,
+    Throttled,
+    TLSFailed,
 )
+from .gate import ProviderGate
 from .guards import FieldEquals, KeyExists, KeyMissing, Write
 from .lease import CommitOutcome, FailOutcome, Item, ItemRecord, Lease, RunStatus
 from .store import LeaseStore
@@ -19,8 +31,11 @@ __version__ = "0.1.0"
 __all__ = [
     "CommitOutcome",
     "ConditionFailed",
+    "EffectFailed",
+    "EffectUnknown",
     "FailOutcome",
     "FieldEquals",
+    "HandlerError",
     "InvalidInput",
     "Item",
     "ItemRecord",
@@ -30,10 +45,19 @@ __all__ = [
     "LeaseError",
     "LeaseLost",
     "LeaseStore",
+    "NeedsReconciliation",
     "NotClaimable",
     "NotFound",
+    "PermanentError",
+    "PermissionDenied",
+    "ProviderError",
+    "ProviderGate",
+    "RedisLeaseError",
     "RedisUnavailable",
     "RunClosed",
     "RunStatus",
+    "SlotTimeout",
+    "TLSFailed",
+    "Throttled",
     "Write",
 ]

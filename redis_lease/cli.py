@@ -16,26 +16,43 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import redis
 import typer
 from typer.core import TyperGroup
 
 from . import __version__
-from .connection import as_text, client_from_url, warn_unless_noeviction
-from .errors import InvalidInput, LeaseError, NotFound
+from .connection import (
+    EvictionPolicyWarning,
+    as_text,
+    client_from_url,
+    eviction_danger,
+    translate,
+    warn_unless_noeviction,
+)
+from .errors import InvalidInput, NotFound, RedisLeaseError
 from .lease import Item, ItemRecord, Lease, RunStatus, from_ms
+from .limits import (
+    ATTEMPTS_MAX,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PREFIX,
+    DEFAULT_SWEEP,
+    DEFAULT_TTL,
+    SHARD_COUNT_MAX,
+    SWEEP_MAX,
+)
 from .output import (
     compact_json,
+    danger_line,
     error_line,
     print_fields,
     print_json,
     print_table,
     warning_line,
 )
-from .store import DEFAULT_TTL, LeaseStore
+from .store import LeaseStore
 from .validation import check_id, check_positive, parse_json, ttl_to_ms
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
-DEFAULT_PREFIX = "rl"
 #: Set to 1 to let unexpected exceptions show their traceback.
 DEBUG_ENV = "REDIS_LEASE_DEBUG"
 
@@ -50,8 +67,14 @@ class Settings:
 
 
 def report(error: Exception) -> int:
-    """Prints the one-line message for ``error`` on stderr and returns its exit code."""
-    if isinstance(error, LeaseError):
+    """Prints the one-line message for ``error`` on stderr and returns its exit code.
+
+    Every redis-lease error carries its exit code (docs/cli.md); a Redis error
+    that reached here untranslated (e.g. from RQ) is translated first.
+    """
+    if isinstance(error, redis.RedisError) and not isinstance(error, RedisLeaseError):
+        error = translate("", error)
+    if isinstance(error, RedisLeaseError):
         error_line(str(error))
         return error.exit_code
     if isinstance(error, typer.Abort):
@@ -145,12 +168,13 @@ def _global_options(
 def open_store(ctx: typer.Context) -> LeaseStore:
     """The store for this invocation (made once, closed when the command ends).
 
-    Warnings (e.g. an eviction policy other than ``noeviction``) become
-    ``warning: ...`` lines on stderr.
+    Warnings become ``warning: ...`` lines on stderr; a server that may evict keys
+    (``maxmemory-policy`` other than ``noeviction``) is a ``danger: ...`` line.
 
     Raises:
-        RedisUnavailable: Redis cannot be reached or refuses the login.
-        InvalidInput: the URL or prefix is not acceptable.
+        RedisUnavailable: Redis cannot be reached, or refuses the login, a command
+            (PermissionDenied) or the TLS handshake (TLSFailed).
+        InvalidInput: the URL (malformed, unknown scheme) or prefix is not acceptable.
     """
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     ctx.obj = settings
@@ -162,7 +186,10 @@ def open_store(ctx: typer.Context) -> LeaseStore:
             warnings.simplefilter("always")
             warn_unless_noeviction(client, settings.url)
         for warning in caught:
-            warning_line(str(warning.message))
+            if issubclass(warning.category, EvictionPolicyWarning):
+                danger_line(str(warning.message))
+            else:
+                warning_line(str(warning.message))
         settings.store = store
     return settings.store
 
@@ -247,7 +274,7 @@ def add(
     ] = None,
     max_attempts: Annotated[
         int, typer.Option("--max-attempts", help="Attempts before an item is dead.")
-    ] = 5,
+    ] = DEFAULT_MAX_ATTEMPTS,
     as_json: JsonOpt = False,
 ) -> None:
     """Add items to a run, creating the run; existing items are left as they are."""
@@ -256,8 +283,8 @@ def add(
         check_id(item, "item id")
     value = parse_json(payload) if payload is not None else None
     if shards is not None:
-        check_positive(shards, "shards", 1024)
-    check_positive(max_attempts, "max attempts", 1000)
+        check_positive(shards, "shards", SHARD_COUNT_MAX)
+    check_positive(max_attempts, "max attempts", ATTEMPTS_MAX)
     store = open_store(ctx)
     added, existing = store.add(
         run, [Item(item, value) for item in items], shards=shards, max_attempts=max_attempts
@@ -425,6 +452,7 @@ def _status_row(status: RunStatus) -> list[Any]:
         counts["leased"],
         counts["done"],
         counts["dead"],
+        status.lost,
         f"{status.oldest_eligible_age_seconds:.1f}",
     ]
 
@@ -435,14 +463,30 @@ def status(
     run: Annotated[str | None, typer.Argument(help="Run id; omit to list every run.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Counts and ages of a run, or of every run."""
+    """Counts and ages of a run, or of every run; dangers to the promise (an evicting Redis)."""
+    from .runs import Runs
+
     if run is not None:
         check_id(run, "run id")
-        store = open_store(ctx)
-        one = store.status(run)
+    store = open_store(ctx)
+    with store.errors():
+        danger = eviction_danger(store.client)
+    dangers = [danger] if danger else []
+    if run is not None:
+        try:
+            one = store.status(run)
+        except NotFound as error:  # gone (evidence it existed) or never there: exit 5 either way
+            raise Runs(store).gone(run) or error from None
         decisions, settings = run_details(store, one)
         if as_json:
-            print_json({**one.to_dict(), "decisions": decisions, "job_settings": settings})
+            print_json(
+                {
+                    **one.to_dict(),
+                    "decisions": decisions,
+                    "job_settings": settings,
+                    "dangers": dangers,
+                }
+            )
             return
         info = one.info
         print_fields(
@@ -457,8 +501,11 @@ def status(
                 if info.get("projected_finish_at")
                 else None,
                 "shards": one.shards,
+                "planned": one.planned,
                 **one.counts,
                 "total": one.total,
+                "lost": one.lost,
+                "committed after the deadline": one.late,
                 "oldest eligible age (s)": f"{one.oldest_eligible_age_seconds:.1f}",
                 "oldest leased age (s)": f"{one.oldest_leased_age_seconds:.1f}",
                 **{f"events.{name}": value for name, value in sorted(one.events.items())},
@@ -471,8 +518,9 @@ def status(
                 [(_iso(int(d.get("at", "0"))), d.get("kind"), d.get("reason")) for d in decisions],
                 title="decisions",
             )
+        for line in dangers:
+            typer.echo(f"danger: {line}")
         return
-    store = open_store(ctx)
     statuses: list[RunStatus] = []
     for run_id in store.run_ids():
         try:
@@ -484,21 +532,23 @@ def status(
         return
     if not statuses:
         typer.echo("no runs")
-        return
-    columns = ("run", "state", "shards", "pending", "leased", "done", "dead", "oldest due (s)")
-    print_table(columns, [_status_row(s) for s in statuses])
+    else:
+        columns = ("run", "state", "shards", "pending", "leased", "done", "dead", "lost")
+        print_table((*columns, "oldest due (s)"), [_status_row(s) for s in statuses])
+    for line in dangers:
+        typer.echo(f"danger: {line}")
 
 
 @app.command()
 def reap(
     ctx: typer.Context,
     run: RunArg,
-    limit: Annotated[int, typer.Option("--limit", help="Most leases per shard.")] = 1000,
+    limit: Annotated[int, typer.Option("--limit", help="Most leases per shard.")] = DEFAULT_SWEEP,
     as_json: JsonOpt = False,
 ) -> None:
     """Move expired leases back to pending (or dead after their last attempt)."""
     check_id(run, "run id")
-    check_positive(limit, "limit")
+    check_positive(limit, "limit", SWEEP_MAX)
     pending, dead = open_store(ctx).reap(run, limit=limit)
     if as_json:
         print_json({"run": run, "pending": pending, "dead": dead})
@@ -513,7 +563,7 @@ def requeue(
     items: Annotated[
         list[str] | None, typer.Argument(help="Dead item ids; omit for every dead item.")
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", help="Most items per shard.")] = 1000,
+    limit: Annotated[int, typer.Option("--limit", help="Most items per shard.")] = DEFAULT_SWEEP,
     as_json: JsonOpt = False,
 ) -> None:
     """Move dead items back to pending, with fresh attempts."""
@@ -521,7 +571,7 @@ def requeue(
     names = items or []
     for item in names:
         check_id(item, "item id")
-    check_positive(limit, "limit")
+    check_positive(limit, "limit", SWEEP_MAX)
     count = open_store(ctx).requeue(run, names, limit=limit)
     if as_json:
         print_json({"run": run, "requeued": count})

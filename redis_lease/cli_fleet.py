@@ -13,12 +13,15 @@ from .cli import JsonOpt, RunArg, Settings, app, open_store
 from .connection import as_text, client_from_url
 from .errors import InvalidInput
 from .jobs import load_job, parse_duration
-from .output import print_json, print_table
+from .output import error_line, print_json, print_table
 from .runs import Runs
+from .tick import TickResult
 from .tick import tick as run_tick
 from .validation import check_id
 
 JobArg = Annotated[str, typer.Argument(help="A job's import path, package.module:attr.")]
+#: Exit code of ``tick`` and ``start`` when the tick ran but some of its work failed.
+TICK_FAILED_EXIT = 7
 
 
 def _known_job_paths(ctx: typer.Context) -> list[str]:
@@ -37,14 +40,18 @@ def tick(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create due runs, plan them, dispatch shard work, add burst capacity, finalize."""
+    """Create due runs, plan them, dispatch shard work, add burst capacity, finalize.
+
+    A failure in one run or job is printed and the others are still ticked; the
+    exit code is then 7.
+    """
+    for path in jobs or []:  # named paths must import: a typo is a usage error
+        load_job(path)
     paths = jobs or _known_job_paths(ctx)
     if not paths:
         raise InvalidInput(
             "no jobs known yet: name a job path, e.g. redis-lease tick app.jobs:nightly"
         )
-    for path in paths:
-        load_job(path)
     decisions = run_tick(open_store(ctx), paths)
     if as_json:
         print_json([{"kind": d.kind, "run": d.run_id, "reason": d.reason} for d in decisions])
@@ -54,6 +61,17 @@ def tick(
         )
     else:
         typer.echo("nothing to do")
+    _exit_if_failed(decisions)
+
+
+def _exit_if_failed(result: TickResult) -> None:
+    """Exits 7, after one line saying so, when some of the tick's work failed."""
+    if result.failures:
+        error_line(
+            f"{len(result.failures)} of the tick's runs or jobs failed (decisions error and "
+            "drop above; each is in its run's log: redis-lease status RUN)"
+        )
+        raise typer.Exit(TICK_FAILED_EXIT)
 
 
 @app.command()
@@ -82,6 +100,7 @@ def start(
         typer.echo(f"{run_id}: {'created' if created else 'exists'}")
         for decision in decisions:
             typer.echo(f"  {decision}")
+    _exit_if_failed(decisions)
 
 
 @app.command()
@@ -140,7 +159,7 @@ def resume(
     runs = Runs(open_store(ctx))
     moment = _parse_deadline(deadline, runs.server_now()) if deadline else None
     decision = runs.resume(run, moment)
-    typer.echo(f"{run}: running ({decision.reason})")
+    typer.echo(f"{run}: {runs.info(run)['state']} ({decision.reason})")
 
 
 @app.command()

@@ -1,74 +1,271 @@
-"""Redis clients from URLs, and the error translation for connection failures.
+"""Redis clients from URLs, and the one translation of what Redis answers into our errors.
 
 ``redis://``, ``rediss://`` and ``unix://`` URLs go to redis-py; ``fakeredis://NAME``
 is the embedded backend: an in-process fakeredis server (with Lua), one per
 NAME, shared by every client of this process that names it.
+
+Clients made here connect within :data:`CONNECT_TIMEOUT` seconds (the TLS
+handshake included) and retry connection errors and timeouts with exponential
+backoff (:func:`retry_policy`), so a reset costs a reconnect, not the caller's
+work. :func:`translate` turns every failure into a :class:`~.errors.RedisLeaseError`;
+:func:`safe_url` masks the secrets of a URL in every message.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
+import socket
+import ssl
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from functools import cache
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis
-from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissionError
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import AuthenticationError, NoPermissionError
+from redis.retry import Retry
 
-from .errors import InvalidInput, RedisUnavailable
+from .errors import (
+    SCRIPT_CODES,
+    InvalidInput,
+    LeaseError,
+    PermissionDenied,
+    RedisUnavailable,
+    TLSFailed,
+    from_reply,
+)
+from .scripts import KEY_COUNTS, source
+
+#: Seconds to connect, TLS handshake included (``socket_connect_timeout``).
+CONNECT_TIMEOUT = 3.0
+#: Seconds to wait for an answer (``socket_timeout``).
+SOCKET_TIMEOUT = 30.0
+#: Retries of a command after a connection error or timeout, and their backoff (seconds).
+RETRIES, BACKOFF_BASE, BACKOFF_CAP = 4, 0.1, 2.0
+
+_T = TypeVar("_T")
 
 _fake_servers: dict[str, Any] = {}
 _checked_policy: set[str] = set()
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+#: ``scheme://user:secret@``: the secret runs to the last '@' before any query.
+_USERINFO = re.compile(
+    r"^(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?(?P<user>[^:@/?#]*)(?P<secret>:[^?#]*)?@"
+)
+_SECRET_PARAM = re.compile(
+    r"(?P<name>[?&;][^=&#;]*(?:pass|pwd|secret|token|auth|credential)[^=&#;]*=)[^&#;]*",
+    re.IGNORECASE,
+)
+_DENIED_COMMAND = re.compile(r"no permissions to run the '([^']+)' command", re.IGNORECASE)
+#: How the server words an ACL refusal, in a script or not (Redis 6 to 8).
+_DENIED = re.compile(r"no permissions to|can't run this command|can't access", re.IGNORECASE)
+_SCRIPT_SHA = re.compile(r"script: ([0-9a-f]{40})")
 
 
 class EvictionPolicyWarning(UserWarning):
     """Redis may evict keys (``maxmemory-policy`` is not ``noeviction``): leases could vanish."""
 
 
-def client_from_url(url: str, **options: Any) -> redis.Redis:
-    """A Redis client for ``url``; raises InvalidInput for an unknown scheme."""
-    scheme = urlsplit(url).scheme
-    if scheme == "fakeredis":
+class TLSConnection(redis.SSLConnection):
+    """An SSL connection whose TLS handshake is bounded by the connect timeout.
+
+    redis-py runs the handshake under the socket (read) timeout; against a
+    server that does not speak TLS it would wait that long. A failed handshake
+    raises :class:`~.errors.TLSFailed`, which is not retried.
+    """
+
+    def _wrap_socket_with_ssl(self, sock: socket.socket) -> Any:
+        sock.settimeout(self.socket_connect_timeout)
         try:
-            import fakeredis
-        except ImportError:  # pragma: no cover - fakeredis is a dependency
-            raise InvalidInput(
-                "fakeredis:// needs fakeredis: pip install 'fakeredis[lua]'"
-            ) from None
-        name = urlsplit(url).netloc or "default"
-        server = _fake_servers.setdefault(name, fakeredis.FakeServer())
-        return fakeredis.FakeRedis(server=server, **options)
+            wrapped = super()._wrap_socket_with_ssl(sock)  # type: ignore[no-untyped-call]
+        except OSError as error:  # ssl.SSLError and socket timeouts are OSErrors
+            detail = (
+                f"no TLS answer within {self.socket_connect_timeout}s"
+                if isinstance(error, TimeoutError)
+                else getattr(error, "reason", None) or str(error)
+            )
+            raise TLSFailed(_tls_message(f"{self.host}:{self.port}", detail)) from error
+        wrapped.settimeout(self.socket_timeout)
+        return wrapped
+
+
+def _tls_message(where: str, detail: str) -> str:
+    return (
+        f"TLS handshake with {where} failed ({detail}): is the server TLS-enabled? "
+        "check the CA, certificate and key"
+    )
+
+
+class _TransientRetry(Retry):
+    """redis-py's Retry, except for a refused login: a password does not mend by waiting."""
+
+    def call_with_retry(
+        self,
+        do: Callable[[], _T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> _T:
+        def transient(error: Exception) -> bool:
+            if isinstance(error, AuthenticationError):
+                return False
+            return is_retryable is None or is_retryable(error)
+
+        return super().call_with_retry(do, fail, transient, with_failure_count)
+
+
+def retry_policy() -> Retry:
+    """Retries after connection errors and timeouts (not a refused login), with backoff."""
+    backoff = ExponentialWithJitterBackoff(base=BACKOFF_BASE, cap=BACKOFF_CAP)
+    return _TransientRetry(backoff, RETRIES)
+
+
+def client_from_url(url: str, **options: Any) -> redis.Redis:
+    """A Redis client for ``url``.
+
+    Unless ``options`` say otherwise it connects within :data:`CONNECT_TIMEOUT`
+    seconds (TLS handshake included) and retries connection errors and timeouts
+    (:func:`retry_policy`).
+
+    Raises:
+        InvalidInput: the URL is malformed or its scheme unsupported (the password masked).
+    """
+    scheme = _scheme(url)
+    if scheme == "fakeredis":
+        return _fake_client(url, options)
     if scheme not in ("redis", "rediss", "unix"):
         raise InvalidInput(
-            f"unsupported Redis URL {url!r}: use redis://, rediss://, unix:// or fakeredis://"
+            f"unsupported Redis URL {safe_url(url)!r}: use redis://, rediss://, unix:// or "
+            "fakeredis://"
         )
-    options.setdefault("socket_connect_timeout", 5)
-    options.setdefault("socket_timeout", 30)
+    if scheme != "unix":
+        _check_network_url(url)
+    options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
+    options.setdefault("socket_timeout", SOCKET_TIMEOUT)
     options.setdefault("health_check_interval", 30)
+    options.setdefault("retry", retry_policy())
+    if scheme == "rediss":
+        options.setdefault("connection_class", TLSConnection)
     try:
         return redis.Redis.from_url(url, **options)
     except ValueError as error:
-        raise InvalidInput(f"invalid Redis URL {url!r}: {error}") from None
+        raise InvalidInput(f"invalid Redis URL {safe_url(url)!r}: {error}") from None
+
+
+def _scheme(url: str) -> str:
+    match = _SCHEME.match(url) if isinstance(url, str) else None
+    if match is None:
+        raise InvalidInput(
+            f"invalid Redis URL {safe_url(str(url))!r}: use redis://HOST:PORT/DB, rediss://..., "
+            "unix://PATH or fakeredis://NAME"
+        )
+    return match.group(1).lower()
+
+
+def _check_network_url(url: str) -> None:
+    """Refuses what redis-py would reject with a raw error or silently ignore."""
+    shown = safe_url(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as error:
+        raise InvalidInput(
+            f"invalid Redis URL {shown!r} ({error}): use redis://HOST:PORT/DB"
+        ) from None
+    if port == 0:
+        raise InvalidInput(f"invalid Redis URL {shown!r}: the port must be from 1 to 65535")
+    database = parts.path.strip("/")
+    if database and not database.isdigit():
+        raise InvalidInput(
+            f"invalid Redis URL {shown!r}: the database {database!r} must be a number, "
+            "e.g. redis://HOST:6379/0"
+        )
+
+
+def _fake_client(url: str, options: dict[str, Any]) -> redis.Redis:
+    try:
+        import fakeredis
+    except ImportError:  # pragma: no cover - fakeredis is a dependency
+        raise InvalidInput("fakeredis:// needs fakeredis: pip install 'fakeredis[lua]'") from None
+    name = url.split("://", 1)[1].split("/", 1)[0] or "default"
+    server = _fake_servers.setdefault(name, fakeredis.FakeServer())
+    client: redis.Redis = fakeredis.FakeRedis(server=server, **options)
+    return client
+
+
+def resilient(client: redis.Redis) -> redis.Redis:
+    """A client for the same server as ``client`` whose connections retry (:func:`retry_policy`).
+
+    For a connection made elsewhere (e.g. the one RQ hands a job): its pool's
+    options are kept, the retry policy is set, and ``client`` is left as it was.
+    An embedded (fakeredis) client is returned as it is.
+    """
+    if type(client).__module__.startswith("fakeredis"):
+        return client
+    pool = client.connection_pool
+    # The pool adds these for itself; a new pool makes its own.
+    options = {
+        name: value
+        for name, value in pool.connection_kwargs.items()
+        if name not in ("himport_registry", "maint_notifications_pool_handler")
+    }
+    options["retry"] = retry_policy()
+    if options.get("socket_connect_timeout") is None:
+        options["socket_connect_timeout"] = CONNECT_TIMEOUT
+    connection_class = pool.connection_class
+    if connection_class is redis.SSLConnection:
+        connection_class = TLSConnection
+    new_pool = type(pool)(connection_class=connection_class, **options)
+    return redis.Redis.from_pool(new_pool)
+
+
+def describe(client: redis.Redis) -> str:
+    """A URL-like name of the client's server for messages (never with a password)."""
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    tls = issubclass(client.connection_pool.connection_class, redis.SSLConnection)
+    where = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+    return f"{'rediss' if tls else 'redis'}://{where}"
 
 
 def warn_unless_noeviction(client: redis.Redis, url: str) -> None:
-    """Warns once per URL when the server may evict keys."""
+    """Warns once per URL (an :class:`EvictionPolicyWarning`) when the server may evict keys.
+
+    The CLI prints it as a ``danger:`` line and shard jobs log it as an error:
+    an evicting server can lose items, which a run then counts as lost.
+    """
     if url in _checked_policy or url.startswith("fakeredis"):
         return
     _checked_policy.add(url)
     with redis_errors(url):
-        try:
-            policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
-        except redis.ResponseError:  # CONFIG disabled (managed Redis): nothing to check
-            return
-    if policy and policy != "noeviction":
-        warnings.warn(
-            f"Redis at {safe_url(url)} has maxmemory-policy {policy}: leases and tokens may be "
-            "evicted; set maxmemory-policy noeviction",
-            EvictionPolicyWarning,
-            stacklevel=3,
-        )
+        danger = eviction_danger(client)
+    if danger:
+        warnings.warn(f"Redis at {safe_url(url)}: {danger}", EvictionPolicyWarning, stacklevel=3)
+
+
+def eviction_danger(client: redis.Redis) -> str | None:
+    """A one-line danger when the server may evict keys, else None (also when CONFIG is refused).
+
+    Any ``maxmemory-policy`` but ``noeviction`` can drop item records, leases and
+    tokens (``allkeys-*``) or a finished run's keys before their retention ends
+    (``volatile-*``); see docs/durability.md.
+    """
+    try:
+        policy = as_text(client.config_get("maxmemory-policy").get("maxmemory-policy", ""))
+    except redis.ResponseError:  # CONFIG disabled (managed Redis): nothing to check
+        return None
+    if not policy or policy == "noeviction":
+        return None
+    return (
+        f"maxmemory-policy is {policy}: Redis may evict item records, leases and tokens, and "
+        "items would be lost; set maxmemory-policy noeviction (docs/durability.md)"
+    )
 
 
 def as_text(value: Any) -> str:
@@ -77,40 +274,153 @@ def as_text(value: Any) -> str:
 
 
 def safe_url(url: str) -> str:
-    """The URL without its password."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return parts._replace(netloc=netloc).geturl()
-    return url
+    """The URL with its secrets masked: the userinfo password and secret query parameters.
+
+    Regex-based, so it never raises, also for URLs that ``urlsplit`` refuses
+    (a bad port, a broken IPv6 address) and for multi-host (sentinel, cluster) URLs.
+    """
+    text = str(url)
+    text = _USERINFO.sub(
+        lambda m: f"{m['head'] or ''}{m['user']}{':***' if m['secret'] else ''}@", text, count=1
+    )
+    return _SECRET_PARAM.sub(lambda m: f"{m['name']}***", text)
 
 
-def unavailable(url: str, error: redis.RedisError | OSError) -> RedisUnavailable | None:
-    """RedisUnavailable for a connection, auth or timeout failure; None for other errors."""
-    if isinstance(error, (AuthenticationError, AuthorizationError, NoPermissionError)):
-        return RedisUnavailable(
-            f"Redis at {safe_url(url)} refused the login ({error}); check the password in --url"
-        )
+def _where(url: str) -> str:
+    return f"Redis at {safe_url(url)}" if url else "Redis"
+
+
+def translate(
+    url: str,
+    error: BaseException,
+    *,
+    run_id: str | None = None,
+    item_id: str | None = None,
+    token: int | None = None,
+) -> Exception:
+    """The library's error for anything a Redis call raised or replied, for every call path.
+
+    Connection, login, permission, timeout and TLS failures become
+    :class:`~.errors.RedisUnavailable` (exit 6); script error replies become
+    their :class:`~.errors.LeaseError` (:func:`~.errors.from_reply`); any other
+    reply is a LeaseError naming the server. ``url`` is masked in every message.
+
+    Args:
+        url: the URL the client came from ('' when unknown).
+        error: what redis-py raised, or an error reply taken from a pipeline.
+        run_id: the run the call was about, if any (likewise ``item_id`` and ``token``).
+    """
+    context: dict[str, Any] = {"run_id": run_id, "item_id": item_id, "token": token}
+    if isinstance(error, TLSFailed) or _tls_cause(error) is not None:
+        return _tls_failed(url, error, context)
+    denied = _permission_denied(error, context)
+    if denied is not None:
+        return denied
+    if isinstance(error, AuthenticationError) or _reply_code(error) in ("NOAUTH", "WRONGPASS"):
+        return _login_refused(url, error, context)
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
         return RedisUnavailable(
-            f"Redis at {safe_url(url)} is unreachable ({error}); check --url or REDIS_URL"
+            f"{_where(url)} is unreachable ({error}); check --url or REDIS_URL", **context
         )
-    if isinstance(error, redis.ResponseError) and str(error).startswith(
-        ("NOAUTH", "WRONGPASS", "NOPERM")
-    ):
-        return RedisUnavailable(
-            f"Redis at {safe_url(url)} refused the command ({error}); check the credentials"
-        )
+    if isinstance(error, redis.ResponseError) and _reply_code(error) in SCRIPT_CODES:
+        return from_reply(error, **context)
+    if isinstance(error, LeaseError):
+        return error
+    return LeaseError(f"unexpected reply from {_where(url)}: {error}", **context)
+
+
+def _reply_code(error: BaseException) -> str:
+    """The error reply's code (``NOPERM``, ``LEASE_LOST``...), '' for other errors."""
+    code = getattr(error, "status_code", None)
+    if isinstance(code, str) and code:
+        return code
+    if isinstance(error, redis.ResponseError):
+        return str(error).partition(" ")[0]
+    return ""
+
+
+def _tls_cause(error: BaseException) -> ssl.SSLError | None:
+    """The TLS error behind a connection error redis-py raised, if any."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
     return None
 
 
+def _tls_failed(url: str, error: BaseException, context: dict[str, Any]) -> TLSFailed:
+    if isinstance(error, TLSFailed):
+        message = error.message
+    else:
+        cause = _tls_cause(error)
+        message = _tls_message(safe_url(url) or "Redis", str(getattr(cause, "reason", cause)))
+    return TLSFailed(message, **context)
+
+
+def _permission_denied(error: BaseException, context: dict[str, Any]) -> PermissionDenied | None:
+    """PermissionDenied for a NOPERM reply, in a script or not; None for other errors."""
+    text = str(error)
+    refused = isinstance(error, NoPermissionError) or _reply_code(error) == "NOPERM"
+    if not (refused or (isinstance(error, redis.ResponseError) and _DENIED.search(text))):
+        return None
+    command = _DENIED_COMMAND.search(text)
+    name = command.group(1).replace("|", " ").upper() if command else None
+    if name is not None:
+        problem = f"not run {name}: grant it"
+    elif "access" in text and ("key" in text or "channel" in text):
+        problem = "not access the keys it needs: grant their key pattern"
+    else:
+        script = _script_name(text)
+        where = f"script {script!r}" if script else "a script"
+        problem = f"not run a command of {where}: grant it"
+    return PermissionDenied(
+        f"the Redis user may {problem} (see docs/cli.md)", command=name, **context
+    )
+
+
+def _script_name(text: str) -> str | None:
+    match = _SCRIPT_SHA.search(text)
+    return _script_shas().get(match.group(1)) if match else None
+
+
+@cache
+def _script_shas() -> dict[str, str]:
+    return {hashlib.sha1(source(name).encode()).hexdigest(): name for name in KEY_COUNTS}
+
+
+def _login_refused(url: str, error: BaseException, context: dict[str, Any]) -> RedisUnavailable:
+    text = str(error)
+    if _reply_code(error) == "NOAUTH" or "authenticated" in text:
+        return RedisUnavailable(
+            f"{_where(url)} needs a password (NOAUTH): check --url or REDIS_URL, e.g. "
+            "redis://USER:PASSWORD@HOST:6379/0",
+            **context,
+        )
+    return RedisUnavailable(
+        f"{_where(url)} refused the login ({text}); check the user and password in --url",
+        **context,
+    )
+
+
+def unavailable(url: str, error: BaseException) -> RedisUnavailable | None:
+    """RedisUnavailable for a connection, login, permission, TLS or timeout failure, else None."""
+    translated = translate(url, error)
+    return translated if isinstance(translated, RedisUnavailable) else None
+
+
 @contextmanager
-def redis_errors(url: str) -> Iterator[None]:
-    """Turns redis-py's connection, auth and timeout errors into RedisUnavailable."""
+def redis_errors(
+    url: str,
+    *,
+    run_id: str | None = None,
+    item_id: str | None = None,
+    token: int | None = None,
+) -> Iterator[None]:
+    """Raises what :func:`translate` makes of any Redis failure inside the block."""
     try:
         yield
     except (redis.RedisError, OSError) as error:
-        translated = unavailable(url, error)
-        if translated is None:
+        if isinstance(error, LeaseError):
             raise
-        raise translated from None
+        raise translate(url, error, run_id=run_id, item_id=item_id, token=token) from None

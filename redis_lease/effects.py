@@ -7,9 +7,12 @@ idempotency key, written only under the current lease::
                                -> failed  (definite: the provider did nothing)
                                -> unknown (timeout, reset, 5xx after sending)
 
-The key comes from the job, business date, item id and effect name (the run id
-is ``<job>:<date>``), never from the token or attempt, so a stale worker and
-the new owner send the same key to the provider.
+The key is ``<run id>|<item id>|<effect>`` (the run id is ``<job>:<date>``),
+never from the token or attempt, so a stale worker and the new owner send the
+same key to the provider. Ids cannot contain ``|``, so no two (run, item,
+effect) triples share a key. Ledgers written before this encoding keep their
+keys (``<run>:<item>:<effect>``): :func:`apply_effect` goes on using an old
+key that holds the same item's effect.
 """
 
 from __future__ import annotations
@@ -18,52 +21,76 @@ import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidInput
-from .jobs import PermanentError
+from .errors import EffectFailed, EffectUnknown, NeedsReconciliation, Throttled
+from .limits import bound
+from .store import LeaseStore, effect_record
 from .validation import check_id
 
 if TYPE_CHECKING:
     from .lease import Lease
-    from .store import LeaseStore
 
-#: Providers commonly accept keys of up to 255 characters.
-KEY_MAX_LENGTH = 255
+__all__ = [
+    "KEY_MAX_LENGTH",
+    "SEPARATOR",
+    "EffectFailed",
+    "EffectUnknown",
+    "NeedsReconciliation",
+    "Throttled",
+    "apply_effect",
+    "idempotency_key",
+]
 
-
-class EffectFailed(Exception):
-    """The provider answered definitely that it did not apply the effect."""
-
-
-class Throttled(EffectFailed):
-    """The provider refused for load (HTTP 429 or alike); retry after ``retry_after`` seconds."""
-
-    def __init__(self, message: str, retry_after: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class EffectUnknown(Exception):
-    """The call may or may not have been applied (timeout, reset, 5xx after sending)."""
-
-
-class NeedsReconciliation(PermanentError):
-    """An earlier attempt's outcome is unknown and the provider can neither dedupe nor be asked."""
+#: The protocol's longest key; providers commonly accept keys of up to 255 characters.
+KEY_MAX_LENGTH = bound("key_length")[1]
+#: Joins run, item and effect: a character no id may contain.
+SEPARATOR = "|"
+_DIGEST_LENGTH = 64  # SHA-256 in hex
 
 
 def idempotency_key(run_id: str, item_id: str, effect: str) -> str:
-    """The effect's key: ``<job>:<business date>:<item id>:<effect>``.
+    """The effect's key: ``<run id>|<item id>|<effect>``, e.g. ``nightly:2026-12-02|acct_7|pay``.
 
-    Stable across retries, tokens and workers. A key longer than 255 characters
-    keeps its first 190 and ends with a SHA-256 digest of the whole.
+    Stable across retries, tokens and workers, and different for any other
+    (run, item, effect). A key longer than KEY_MAX_LENGTH keeps its head and
+    ends with ``~`` and a SHA-256 digest of the whole (short keys have no ``~``).
+
+    Raises:
+        InvalidInput: an id or the effect name is not a valid id.
     """
+    check_id(run_id, "run id")
+    check_id(item_id, "item id")
     check_id(effect, "effect name")
-    if ":" in effect:  # the last ':' must separate the item from the effect
-        raise InvalidInput(f"effect name {effect!r} may not contain ':'")
-    key = f"{run_id}:{item_id}:{effect}"
+    return _bounded(SEPARATOR.join((run_id, item_id, effect)))
+
+
+def _legacy_key(run_id: str, item_id: str, effect: str) -> str:
+    """The key earlier versions used (``:``-joined, ambiguous); read, never newly written."""
+    return _bounded(f"{run_id}:{item_id}:{effect}")
+
+
+def _bounded(key: str) -> str:
     if len(key) <= KEY_MAX_LENGTH:
         return key
     digest = hashlib.sha256(key.encode()).hexdigest()
-    return f"{key[:190]}~{digest}"
+    return f"{key[: KEY_MAX_LENGTH - _DIGEST_LENGTH - 1]}~{digest}"
+
+
+def _ledger_entry(store: LeaseStore, lease: Lease, name: str) -> tuple[str, dict[str, Any]]:
+    """The key to use for the effect and its record (state '' when none): one round trip.
+
+    An upgrade mid-run must not send an effect again under a new key, so a
+    record under the old key that belongs to this item and effect wins.
+    """
+    key = idempotency_key(lease.run_id, lease.item_id, name)
+    old_key = _legacy_key(lease.run_id, lease.item_id, name)
+    ledger = store.keys.effects(lease.run_id, lease.shard)[0]
+    with store.errors(lease.run_id, lease.item_id, lease.token):
+        raw, old_raw = store.client.hmget(ledger, [key, old_key])
+    if raw is None and old_raw is not None:
+        old = effect_record(old_raw)
+        if old.get("item") == lease.item_id and old.get("name") == name:
+            return old_key, old
+    return key, effect_record(raw) if raw is not None else {"state": ""}
 
 
 def apply_effect(
@@ -92,8 +119,7 @@ def apply_effect(
         LeaseLost: the lease is no longer held (nothing is sent then).
         NeedsReconciliation: an earlier attempt is ambiguous and cannot be resolved.
     """
-    key = idempotency_key(lease.run_id, lease.item_id, name)
-    record = store.effect(lease.run_id, lease.item_id, key) or {"state": ""}
+    key, record = _ledger_entry(store, lease, name)
     if record["state"] == "applied":
         return record.get("result")
     if record["state"] in ("intended", "unknown"):
@@ -106,7 +132,10 @@ def apply_effect(
         elif not honours_keys:
             raise NeedsReconciliation(
                 f"needs reconciliation: effect {key!r} was {record['state']} and the provider "
-                "can neither dedupe by key nor be asked"
+                "can neither dedupe by key nor be asked",
+                run_id=lease.run_id,
+                item_id=lease.item_id,
+                token=lease.token,
             )
     store.record_effect(lease, key, name, "intended", None)
     try:

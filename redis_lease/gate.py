@@ -16,15 +16,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .connection import as_text
-from .effects import Throttled
-from .errors import LeaseError
+from .connection import as_text, redis_errors
+from .errors import SlotTimeout as SlotTimeout  # re-exported: its earlier home
+from .errors import Throttled
+from .limits import CAP_MAX
+from .replies import SlotAnswer
 from .store import LeaseStore
 from .validation import check_id, check_positive, ttl_to_ms
 
-
-class SlotTimeout(LeaseError):
-    """No provider slot became free in time; the item should be retried later."""
+#: The longest pause between polls for a free slot (seconds).
+POLL_MAX = 0.05
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class ProviderGate:
     ) -> None:
         self.store = store
         self.name = check_id(name, "provider name")
-        self.max_concurrency = check_positive(max_concurrency, "max_concurrency", 100_000)
+        self.max_concurrency = check_positive(max_concurrency, "max_concurrency", CAP_MAX)
         self.min_concurrency = check_positive(min_concurrency, "min_concurrency", max_concurrency)
         self.slot_ttl_ms = ttl_to_ms(slot_ttl, "slot_ttl")
         self.keys = store.keys.provider(name)
@@ -71,42 +72,46 @@ class ProviderGate:
     def slot(self, wait: float = 30.0) -> Iterator[None]:
         """Holds one slot around a call; a Throttled error lowers the cap.
 
+        The provider's Retry-After pauses new slots for at most the protocol's
+        delay bound (limits.DELAY_MAX_MS); an infinite or unreadable one is clamped.
+
         Raises:
             SlotTimeout: no slot within ``wait`` seconds.
         """
-        holder = f"{uuid.uuid4().hex}"
+        holder = uuid.uuid4().hex
         self._acquire(holder, wait)
         outcome, retry_after_ms = "error", 0
         try:
             yield
             outcome = "ok"
         except Throttled as error:
-            outcome, retry_after_ms = "throttled", int(error.retry_after * 1000)
+            outcome, retry_after_ms = "throttled", error.delay_ms
             raise
         finally:
-            with self.store.errors():
-                self.store.scripts.run("slot_release", self.keys, [holder, outcome, retry_after_ms])
+            self._call("slot_release", [holder, outcome, retry_after_ms])
+
+    def _call(self, script: str, args: list[Any]) -> Any:
+        with redis_errors(self.store.url):
+            return self.store.scripts.call(script, self.keys, args)
 
     def _acquire(self, holder: str, wait: float) -> None:
         deadline = time.monotonic() + wait
         while True:
-            with self.store.errors():
-                granted, *_rest = reply = self.store.scripts.run(
-                    "slot_acquire",
-                    self.keys,
-                    [holder, self.slot_ttl_ms, self.max_concurrency, self.min_concurrency],
-                )
-            if granted:
+            answer: SlotAnswer = self._call(
+                "slot_acquire",
+                [holder, self.slot_ttl_ms, self.max_concurrency, self.min_concurrency],
+            )
+            if answer.granted:
                 return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise SlotTimeout(f"no slot for provider {self.name!r} within {wait}s; retry later")
             # Poll: the wait the script suggests, capped so a freed slot is found quickly.
-            time.sleep(min(remaining, max(0.002, min(int(reply[3]) / 1000, 0.05))))
+            time.sleep(min(remaining, max(0.002, min(answer.wait_ms / 1000, POLL_MAX))))
 
     def state(self) -> GateState:
         """The current cap, slots in use and throttle counters."""
-        with self.store.errors():
+        with redis_errors(self.store.url):
             pipe = self.store.client.pipeline(transaction=False)
             pipe.time()
             pipe.zrange(self.keys[0], 0, -1, withscores=True)

@@ -16,6 +16,7 @@ its import path (``package.module:attr``)::
 from __future__ import annotations
 
 import importlib
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -26,8 +27,19 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 
 from .errors import InvalidInput
+from .errors import PermanentError as PermanentError  # re-exported: its earlier home
 from .lease import Item
-from .validation import check_id, check_positive
+from .limits import (
+    ATTEMPTS_MAX,
+    BATCH_MAX,
+    DEFAULT_BACKOFF_BASE,
+    DEFAULT_BACKOFF_CAP,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_RETENTION_DAYS,
+    DEFAULT_TTL,
+    SHARD_COUNT_MAX,
+)
+from .validation import check_id, check_positive, ttl_to_ms
 
 if TYPE_CHECKING:
     from .worker import ActiveLease
@@ -38,10 +50,6 @@ Handler = Callable[[Item, "ActiveLease"], Any]
 CATCH_UP_POLICIES = ("all", "latest", "none")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-class PermanentError(Exception):
-    """Raised by a handler for a failure that no retry can mend: the item goes dead."""
 
 
 def parse_duration(text: str) -> timedelta:
@@ -81,10 +89,10 @@ class JobOptions:
     """
 
     shards: int = 8
-    lease_ttl: float = 600.0
-    max_attempts: int = 5
-    backoff_base: float = 1.0
-    backoff_cap: float = 300.0
+    lease_ttl: float = DEFAULT_TTL
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    backoff_base: float = DEFAULT_BACKOFF_BASE
+    backoff_cap: float = DEFAULT_BACKOFF_CAP
     deadline: str = "6h"
     schedule: str = "0 2 * * *"
     timezone: str = "UTC"
@@ -97,15 +105,15 @@ class JobOptions:
     batch_size: int = 20
     commit_interval: float = 0.05
     queue: str = "redis-lease"
-    retention_days: int = 14
+    retention_days: int = DEFAULT_RETENTION_DAYS
 
     def __post_init__(self) -> None:
-        check_positive(self.shards, "shards", 1024)
-        check_positive(self.max_attempts, "max_attempts", 1000)
+        check_positive(self.shards, "shards", SHARD_COUNT_MAX)
+        check_positive(self.max_attempts, "max_attempts", ATTEMPTS_MAX)
         check_positive(self.catch_up_days, "catch_up_days", 366)
         check_positive(self.workers_per_shard, "workers_per_shard", 64)
         check_positive(self.max_workers, "max_workers", 10_000)
-        check_positive(self.batch_size, "batch_size", 1000)
+        check_positive(self.batch_size, "batch_size", BATCH_MAX)
         check_positive(self.retention_days, "retention_days", 3650)
         if self.catch_up not in CATCH_UP_POLICIES:
             raise InvalidInput(f"catch_up must be one of {', '.join(CATCH_UP_POLICIES)}")
@@ -119,8 +127,11 @@ class JobOptions:
             parse_duration(self.deadline)
         if not 0 <= self.commit_interval < self.lease_ttl / 2:
             raise InvalidInput("commit_interval must be from 0 to under half the lease_ttl")
-        if not 0 < self.lease_ttl <= 7 * 86400 or self.shard_budget <= 0:
-            raise InvalidInput("lease_ttl and shard_budget must be positive seconds")
+        ttl_to_ms(self.lease_ttl, "lease_ttl")
+        ttl_to_ms(self.backoff_base, "backoff_base")
+        ttl_to_ms(self.backoff_cap, "backoff_cap")
+        if not 0 < self.shard_budget < math.inf:
+            raise InvalidInput("shard_budget must be a positive number of seconds")
         check_id(self.queue, "queue")
 
 

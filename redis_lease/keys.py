@@ -10,6 +10,8 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .limits import DEFAULT_PREFIX
+
 #: The order in which every shard script receives its keys (see lua/include/shard.lua).
 SHARD_KEY_NAMES = ("meta", "counts", "items", "due", "leases", "held", "dead")
 
@@ -29,7 +31,7 @@ def shard_of(item_id: str, shards: int) -> int:
 class Keys:
     """Builds key names under one prefix."""
 
-    prefix: str = "rl"
+    prefix: str = DEFAULT_PREFIX
 
     def shard(self, run_id: str, shard: int) -> list[str]:
         """The seven keys of one shard, in script order (a new list each call)."""

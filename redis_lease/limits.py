@@ -52,6 +52,7 @@ CAP_MAX = bound("cap")[1]
 ID_MAX_LENGTH = bound("id_length")[1]
 JSON_MAX_BYTES = bound("json_bytes")[1]
 ERROR_MAX_BYTES = bound("error_bytes")[1]
+TEXT_MAX_BYTES = bound("text_bytes")[1]
 GUARD_SPECS_MAX = bound("guard_specs")[1]
 JSON_MAX_DEPTH = bound("json_depth")[1]
 

@@ -3,7 +3,9 @@
 Three numbers stay apart: delivery attempts (``redis_lease_claims_total``),
 successful state transitions (``redis_lease_commits_total``, outcomes by label)
 and the processing rate (``rate()`` of those counters). The SLO metric is
-``redis_lease_oldest_eligible_age_seconds``.
+``redis_lease_oldest_eligible_age_seconds``. A run's accounting:
+``redis_lease_planned_items``, ``redis_lease_lost_items`` (records that vanished)
+and ``redis_lease_late_commits_total`` (commits after the deadline).
 """
 
 from __future__ import annotations
@@ -32,6 +34,15 @@ EVENT_COUNTERS = {
     "renewals": "Lease renewals.",
     "requeued": "Dead items moved back to pending.",
     "effects_reconciled": "Effects settled by reconciling an earlier attempt.",
+    "late_commits": "Commits accepted after the run's deadline (leases granted before it).",
+}
+#: Gauges of a run's accounting (redis_lease.lease.RunStatus), by attribute.
+ACCOUNTING_GAUGES = {
+    "planned": ("redis_lease_planned_items", "Items planned for the run."),
+    "lost": (
+        "redis_lease_lost_items",
+        "Items planned but in no state any more: their records vanished (eviction, data loss).",
+    ),
 }
 EFFECT_STATES = ("intended", "applied", "failed", "unknown")
 
@@ -67,6 +78,10 @@ class LeaseCollector(Collector):
             name: CounterMetricFamily(f"redis_lease_{name}", text, labels=["run"])
             for name, text in EVENT_COUNTERS.items()
         }
+        accounting = {
+            attr: GaugeMetricFamily(name, text, labels=["run"])
+            for attr, (name, text) in ACCOUNTING_GAUGES.items()
+        }
         for run_id in self.store.run_ids()[-self.max_runs :]:
             try:
                 status = self.store.status(run_id)
@@ -87,7 +102,10 @@ class LeaseCollector(Collector):
                     outcomes.add_metric([run_id, name.removeprefix("outcome_")], value)
             for name, family in counters.items():
                 family.add_metric([run_id], status.events.get(name, 0))
+            for attr, gauge in accounting.items():
+                gauge.add_metric([run_id], getattr(status, attr))
         yield from (items, states, *ages.values(), effects, outcomes, *counters.values())
+        yield from accounting.values()
         yield from self._providers()
 
     def _providers(self) -> Iterable[Metric]:

@@ -58,3 +58,8 @@ def error_line(message: str) -> None:
 def warning_line(message: str) -> None:
     """Prints ``warning: <message>`` on stderr, folded onto one line."""
     typer.echo(f"warning: {' '.join(message.split())}", err=True)
+
+
+def danger_line(message: str) -> None:
+    """Prints ``danger: <message>`` on stderr, folded onto one line: a risk to the promise."""
+    typer.echo(f"danger: {' '.join(message.split())}", err=True)

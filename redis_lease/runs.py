@@ -14,14 +14,22 @@ import redis
 
 from .connection import as_text
 from .errors import InvalidInput, NotFound
-from .jobs import Job
-from .lease import Item, from_ms
+from .jobs import Job, Planner
+from .lease import Item, RunStatus, from_ms
+from .limits import DEFAULT_RETENTION_DAYS, TEXT_MAX_BYTES
 from .store import LeaseStore
+from .validation import clip
 
 OPEN_STATES = ("planning", "running")
 FINAL_STATES = ("succeeded", "partial", "failed", "canceled")
 PLAN_BATCH = 500
 PLANNER_LOCK_MS = 120_000
+DAY_MS = 86_400_000
+#: Why a run listed as open but with no record is dropped from the open set.
+GONE_REASON = (
+    "run record is gone: the server may have lost its data; check persistence and maxmemory-policy"
+)
+LOST_HINT = "records vanished: check maxmemory-policy and persistence"
 
 
 def to_ms(moment: datetime) -> int:
@@ -86,13 +94,13 @@ class Runs:
     ) -> bool:
         """Moves the run to ``to`` if it is in an expected state; True when it changed."""
         allowed = expected if isinstance(expected, str) else ",".join(expected)
-        extra = [str(part) for pair in fields.items() for part in pair]
+        extra = [clip(str(part), TEXT_MAX_BYTES) for pair in fields.items() for part in pair]
         keys = [self.keys.run(run_id), self.keys.run_events(run_id)]
         with self.store.errors(run_id):
-            changed, _previous, _now = self.store.scripts.run(
-                "run_transition", keys, [allowed, to, reason, *extra]
+            transition = self.store.scripts.call(
+                "run_transition", keys, [allowed, to, clip(reason, TEXT_MAX_BYTES), *extra]
             )
-        return bool(changed)
+        return bool(transition.changed)
 
     # -- job runs -------------------------------------------------------------
 
@@ -143,49 +151,63 @@ class Runs:
         run with the error as its reason; a Redis failure leaves the run planning,
         for the next tick to plan again.
         """
-        if job.plan_items is None:
+        planner = job.plan_items
+        if planner is None:
             raise InvalidInput(f"job {job.name!r} has no planner; decorate one with @job.planner")
         lock = self.keys.run_planner(run_id)
         owner = uuid.uuid4().hex
         with self.store.errors(run_id):
             if not self.client.set(lock, owner, nx=True, px=PLANNER_LOCK_MS):
                 return None
-        business_date = date.fromisoformat(self.info(run_id)["business_date"])
-        total = 0
+        info = self.info(run_id)
+        business_date = date.fromisoformat(info["business_date"])
         try:
-            try:
-                items = iter(job.plan_items(business_date))
-            except Exception as error:  # the planner is user code: any failure fails the run
-                self._fail_planning(job, run_id, error)
-                raise
-            while True:
-                try:
-                    batch = list(itertools.islice(items, PLAN_BATCH))
-                except Exception as error:
-                    self._fail_planning(job, run_id, error)
-                    raise
-                if not batch:
-                    break
-                try:
-                    self.store.add(
-                        run_id,
-                        batch,
-                        max_attempts=job.options.max_attempts,
-                        backoff_base=job.options.backoff_base,
-                        backoff_cap=job.options.backoff_cap,
-                    )
-                except InvalidInput as error:  # the planner yielded a bad item
-                    self._fail_planning(job, run_id, error)
-                    raise
-                total += len(batch)
-                self.client.pexpire(lock, PLANNER_LOCK_MS)
+            items = _Planned(planner, business_date, int(info.get("deadline_at", "0")))
+            self._add_planned(job, run_id, items, lock)
         finally:
             with contextlib.suppress(redis.RedisError):
-                self.store.scripts.run("release_lock", [lock], [owner])
+                self.store.scripts.call("release_lock", [lock], [owner])
+        # Exact for distinct ids, and safe when planning repeats after a crash.
+        planned = sum(counts.get("added", 0) for counts in self.store.shard_counts(run_id))
         self.transition(
-            run_id, "planning", "running", f"planned {total} items", planned="1", items=total
+            run_id,
+            "planning",
+            "running",
+            f"planned {planned} items",
+            planned="1",
+            planned_items=planned,
         )
-        return total
+        return planned
+
+    def _add_planned(self, job: Job, run_id: str, plan: _Planned, lock: str) -> None:
+        """Streams the planner's items into the run; a planner error fails the run."""
+        try:
+            items = iter(plan.planner(plan.business_date))
+        except Exception as error:  # the planner is user code: any failure fails the run
+            self._fail_planning(job, run_id, error)
+            raise
+        while True:
+            try:
+                batch = list(itertools.islice(items, PLAN_BATCH))
+            except Exception as error:
+                self._fail_planning(job, run_id, error)
+                raise
+            if not batch:
+                return
+            try:
+                self.store.add(
+                    run_id,
+                    batch,
+                    max_attempts=job.options.max_attempts,
+                    backoff_base=job.options.backoff_base,
+                    backoff_cap=job.options.backoff_cap,
+                    deadline_ms=plan.deadline_ms,
+                )
+            except InvalidInput as error:  # the planner yielded a bad item
+                self._fail_planning(job, run_id, error)
+                raise
+            with self.store.errors(run_id):
+                self.client.pexpire(lock, PLANNER_LOCK_MS)
 
     def _fail_planning(self, job: Job, run_id: str, error: Exception) -> None:
         self.transition(run_id, OPEN_STATES, "failed", f"planning error: {error!r}")
@@ -193,37 +215,80 @@ class Runs:
 
     # -- closing and reopening ------------------------------------------------
 
-    def finalize(self, run_id: str, reason: str) -> Decision | None:
-        """Closes the run and records succeeded, partial or failed from its counts.
+    def finalize(self, run_id: str, trigger: str) -> Decision | None:
+        """Closes the run and records succeeded, partial or failed from its accounting.
 
-        succeeded: every item done (a run planned with no items too); partial: some
-        done; failed: none done.
+        succeeded: exactly the planned items, each done by a commit before the
+        deadline (a run planned with no items too); partial: some done; failed:
+        none done. The reason names the trigger and the counts.
         """
         self.store.set_closed(run_id, True)
         status = self.store.status(run_id)
-        counts = status.counts
-        if counts["done"] == status.total:
-            state = "succeeded"
-        elif counts["done"] > 0:
-            state = "partial"
-        else:
-            state = "failed"
-        summary = ", ".join(f"{n} {s}" for s, n in counts.items())
-        full_reason = f"{reason}: {summary}"
-        changed = self.transition(
-            run_id, OPEN_STATES, state, full_reason, final_counts=json.dumps(counts)
+        state = final_state(status)
+        reason = f"{trigger}: {accounting(status)}"
+        final = json.dumps(
+            {**status.counts, "planned": status.planned, "lost": status.lost, "late": status.late}
         )
-        if not changed:
+        if not self.transition(run_id, OPEN_STATES, state, reason, final_counts=final):
             return None
         info = self.info(run_id)
         if info["state"] != state:  # resumed in the meantime: keep it open
             return None
-        self._retire(info.get("job", ""), run_id, int(info.get("retention_days", "14")))
-        return self.event(run_id, "finalize", f"{state}: {full_reason}")
+        self._retire(info.get("job", ""), run_id, _retention(info))
+        return self.event(run_id, "finalize", f"{state}: {reason}")
+
+    def retire_if_final(self, run_id: str, info: dict[str, str]) -> bool:
+        """Repairs a finished run still listed as open (a crash after its last change)."""
+        if info.get("state") not in FINAL_STATES:
+            return False
+        self._retire(info.get("job", ""), run_id, _retention(info))
+        return True
+
+    def drop_gone(self, job: Job, run_id: str) -> Decision:
+        """Drops a run listed as open whose record is missing, recording why.
+
+        The reason goes to the run's event log, kept for the job's retention, so
+        that ``status RUN`` can say the run is gone.
+        """
+        with self.store.errors(run_id):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.srem(self.keys.job_open_runs(job.name), run_id)
+            events = self.keys.run_events(run_id)
+            pipe.xadd(events, {"kind": "drop", "reason": GONE_REASON}, maxlen=1000)
+            pipe.pexpire(events, job.options.retention_days * DAY_MS)
+            pipe.execute()
+        return Decision("drop", run_id, GONE_REASON)
+
+    def gone(self, run_id: str) -> NotFound | None:
+        """The error for a run with no record when something shows it existed, else None.
+
+        Evidence: the run index, the job's open runs, or the run's event log.
+        """
+        job = run_id.split(":", 1)[0]
+        with self.store.errors(run_id):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zscore(self.keys.runs, run_id)
+            pipe.sismember(self.keys.job_open_runs(job), run_id)
+            pipe.exists(self.keys.run_events(run_id))
+            pipe.hget(self.keys.job(job), "retention_days")
+            pipe.time()
+            created, listed_open, logged, retention, (seconds, _micros) = pipe.execute()
+        if created is None and not listed_open and not logged:
+            return None
+        kept_until = (created or 0) + int(retention or DEFAULT_RETENTION_DAYS) * DAY_MS
+        if not listed_open and not logged and kept_until < int(seconds) * 1000:
+            return NotFound(
+                f"run {run_id!r} is gone: its retention has ended; nothing to do", run_id=run_id
+            )
+        return NotFound(
+            f"run {run_id!r} is gone: the server may have lost its data: check persistence "
+            "(docs/durability.md)",
+            run_id=run_id,
+        )
 
     def _retire(self, job_name: str, run_id: str, retention_days: int) -> None:
         """Drops the run from its job's open runs and lets its keys expire."""
-        ttl_ms = retention_days * 86_400_000
+        ttl_ms = retention_days * DAY_MS
         with self.store.errors(run_id):
             pipe = self.client.pipeline(transaction=False)
             if job_name:
@@ -240,21 +305,33 @@ class Runs:
         return keys
 
     def resume(self, run_id: str, deadline: datetime | None = None) -> Decision:
-        """Reopens a partial or failed run (optionally with a new deadline)."""
+        """Reopens a partial, failed or canceled run (optionally with a new deadline).
+
+        An operator's explicit act: it lifts the deadline bar on every shard, so
+        claims are granted again until the (new) deadline, and records that it did.
+        """
         info = self.info(run_id)
         if info["state"] not in ("partial", "failed", "canceled"):
             raise InvalidInput(
                 f"run {run_id!r} is {info['state']}; only partial, failed or canceled runs resume"
             )
-        fields: dict[str, Any] = {}
-        if deadline is not None:
-            fields["deadline_at"] = to_ms(deadline)
-        elif int(info.get("deadline_at", "0")) <= to_ms(self.server_now()):
+        until_ms = to_ms(deadline) if deadline is not None else int(info.get("deadline_at", "0"))
+        if until_ms <= to_ms(self.server_now()):
+            if deadline is not None:
+                raise InvalidInput(
+                    f"deadline {deadline.isoformat()} is in the past; pass a later one"
+                )
             raise InvalidInput(f"run {run_id!r} is past its deadline; pass --deadline")
-        reason = "resumed by an operator"
+        reason = (
+            "resumed by an operator; deadline bar lifted: claims allowed until "
+            f"{from_ms(until_ms).isoformat(timespec='seconds')}"
+        )
         # A run whose plan never completed goes back to planning (re-planning adds what is missing).
         state = "running" if info.get("planned", "1") == "1" else "planning"
-        self.transition(run_id, ("partial", "failed", "canceled"), state, reason, **fields)
+        self.transition(
+            run_id, ("partial", "failed", "canceled"), state, reason, deadline_at=until_ms
+        )
+        self.store.set_deadline(run_id, until_ms)
         self.store.set_closed(run_id, False)
         with self.store.errors(run_id):
             pipe = self.client.pipeline(transaction=False)
@@ -271,7 +348,7 @@ class Runs:
         info = self.info(run_id)
         changed = self.transition(run_id, OPEN_STATES, "canceled", reason)
         if changed:
-            self._retire(info.get("job", ""), run_id, 14)
+            self._retire(info.get("job", ""), run_id, _retention(info))
             self.event(run_id, "cancel", reason)
         return changed
 
@@ -283,4 +360,35 @@ class Runs:
             )
 
 
-__all__ = ["Decision", "Item", "Runs"]
+@dataclass(frozen=True)
+class _Planned:
+    """What planning streams: the planner, its business date, the run's deadline (ms)."""
+
+    planner: Planner
+    business_date: date
+    deadline_ms: int
+
+
+def final_state(status: RunStatus) -> str:
+    """succeeded when the run is complete, else partial (some done) or failed (none)."""
+    if status.complete:
+        return "succeeded"
+    return "partial" if status.counts["done"] > 0 else "failed"
+
+
+def accounting(status: RunStatus) -> str:
+    """The run's counts in words, e.g. ``90 done of 100 planned, 5 pending, 5 lost (...)``."""
+    parts = [f"{status.counts['done']} done of {status.planned} planned"]
+    parts += [f"{status.counts[s]} {s}" for s in ("pending", "leased", "dead") if status.counts[s]]
+    if status.lost:
+        parts.append(f"{status.lost} lost ({LOST_HINT})")
+    if status.late:
+        parts.append(f"{status.late} committed after the deadline")
+    return ", ".join(parts)
+
+
+def _retention(info: dict[str, str]) -> int:
+    return int(info.get("retention_days") or DEFAULT_RETENTION_DAYS)
+
+
+__all__ = ["Decision", "Item", "Runs", "accounting", "final_state"]

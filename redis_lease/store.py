@@ -13,8 +13,8 @@ from typing import Any
 import redis
 
 from . import guards
-from .connection import as_text, client_from_url, unavailable, warn_unless_noeviction
-from .errors import InvalidInput, LeaseError, LeaseLost, NotClaimable, NotFound, from_reply
+from .connection import as_text, client_from_url, translate, warn_unless_noeviction
+from .errors import InvalidInput, LeaseError, LeaseLost, NotClaimable, NotFound, RedisUnavailable
 from .keys import Keys, shard_of
 from .lease import (
     COUNT_STATES,
@@ -43,7 +43,7 @@ from .limits import (
 )
 from .replies import Committed, Grant, Snapshot
 from .scripts import Call, Scripts
-from .validation import check_id, check_positive, delay_to_ms, encode_json, ttl_to_ms
+from .validation import check_id, check_positive, clip, delay_to_ms, encode_json, ttl_to_ms
 
 #: Items sent to Redis per add_items call (at most limits.ADD_BATCH_MAX).
 ADD_BATCH = min(500, ADD_BATCH_MAX)
@@ -89,17 +89,12 @@ class LeaseStore:
 
     def _translate(
         self,
-        error: redis.RedisError | OSError,
+        error: BaseException,
         run_id: str | None,
         item_id: str | None,
         token: int | None,
     ) -> Exception:
-        translated = unavailable(self.url, error)
-        if translated is not None:
-            return translated
-        if isinstance(error, redis.ResponseError):
-            return from_reply(error, run_id=run_id, item_id=item_id, token=token)
-        return error
+        return translate(self.url, error, run_id=run_id, item_id=item_id, token=token)
 
     def _run_script(
         self,
@@ -390,8 +385,8 @@ class LeaseStore:
             if isinstance(reply, redis.ResponseError):
                 lease = requests[index].lease
                 error = self._translate(reply, lease.run_id, lease.item_id, lease.token)
-                if not isinstance(error, LeaseError):
-                    raise error
+                if not isinstance(error, LeaseError) or isinstance(error, RedisUnavailable):
+                    raise error  # the server refused the user or went away: not one item's fault
                 outcomes[index] = error
             else:
                 outcomes[index] = _commit_outcome(reply)
@@ -410,7 +405,7 @@ class LeaseStore:
         """Reports a failed attempt: retried with backoff, or dead. Raises LeaseLost."""
         if not isinstance(error, str) or not error.strip():
             raise InvalidInput("an error text is required; say what failed")
-        text = _clip(error, ERROR_MAX_BYTES)
+        text = clip(error, ERROR_MAX_BYTES)
         failed = self._holder_script(
             "fail", lease, [text, "1" if permanent else "0", f"{random.random():.6f}"]
         )
@@ -455,21 +450,21 @@ class LeaseStore:
             [key, name, state, detail_text],
             extra_keys=self.keys.effects(lease.run_id, lease.shard),
         )
-        return recorded.previous, _effect_record(recorded.record)
+        return recorded.previous, effect_record(recorded.record)
 
     def effect(self, run_id: str, item_id: str, key: str) -> dict[str, Any] | None:
         """The effect record ``key`` of an item, or None."""
         shard = self.shard_for(run_id, item_id)
         with self.errors(run_id, item_id):
             raw = self.client.hget(self.keys.effects(run_id, shard)[0], key)
-        return _effect_record(raw) if raw else None
+        return effect_record(raw) if raw else None
 
     def effects(self, run_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every effect record of the run: (idempotency key, record)."""
         for shard in range(self.shard_count(run_id)):
             with self.errors(run_id):
                 for key, raw in self.client.hscan_iter(self.keys.effects(run_id, shard)[0]):
-                    yield as_text(key), _effect_record(raw)
+                    yield as_text(key), effect_record(raw)
 
     def lease_ref(self, run_id: str, item_id: str, token: int, lease_id: str = "") -> Lease:
         """A Lease for an item by token (for callers that kept only the token)."""
@@ -616,12 +611,6 @@ def _check_time(ms: int | None, what: str) -> int:
     return ms
 
 
-def _clip(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes (on a character boundary)."""
-    data = text.encode()
-    return text if len(data) <= limit else data[:limit].decode(errors="ignore")
-
-
 def _commit_outcome(reply: Committed) -> CommitOutcome:
     return CommitOutcome(
         token=reply.token,
@@ -642,7 +631,7 @@ class _Snapshot:
     now: int
 
 
-def _effect_record(raw: str | bytes) -> dict[str, Any]:
+def effect_record(raw: str | bytes) -> dict[str, Any]:
     """An effect record with its result (stored as JSON text) decoded."""
     record: dict[str, Any] = json.loads(raw)
     if isinstance(record.get("result"), str):
@@ -656,4 +645,4 @@ def _replace(lease: Lease, **changes: Any) -> Lease:
     return replace(lease, **changes)
 
 
-__all__ = ["LeaseError", "LeaseStore"]
+__all__ = ["CommitRequest", "LeaseError", "LeaseStore", "effect_record"]

@@ -2,45 +2,79 @@
 
 A tick starts work; it does not do it. It is idempotent: two ticks at once, or a
 tick every minute, change nothing twice. Every decision is recorded with its
-reason in the run's event log (``redis-lease status RUN`` shows them).
+reason in the run's event log (``redis-lease status RUN`` shows them). An error
+in one run or one job is recorded as an ``error`` decision and every other run
+and job is still ticked; :attr:`TickResult.failures` lists what failed.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import date, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import redis
+from croniter import croniter
 from redis.exceptions import LockError
 from rq import get_current_job
 
 from . import dispatch
-from .errors import LeaseError
+from .errors import NotFound, RedisLeaseError, RedisUnavailable
 from .jobs import Job, load_job
+from .lease import RunStatus
+from .limits import DEFAULT_PREFIX
 from .runs import Decision, Runs, to_ms
 from .store import LeaseStore
 
 #: Seconds between completion-rate samples used to project a run's finish.
 RATE_WINDOW = 5.0
 TICK_LOCK_SECONDS = 60
+#: Decision kinds that mean some work failed: an error, a run dropped because it is gone.
+FAILURE_KINDS = ("error", "drop")
+#: Said when a job has no record of any run on the server.
+NO_RECORD = (
+    "no record of this job's runs on the server: a new job, or the server lost its data "
+    "(check persistence)"
+)
 
 
-def tick(
-    store: LeaseStore, job_paths: Sequence[str], now: datetime | None = None
-) -> list[Decision]:
-    """One tick for each job path (``package.module:attr``); returns the decisions made."""
+class TickResult(list[Decision]):
+    """The decisions of a tick, in order; failures (errors, dropped runs) among them."""
+
+    @property
+    def failures(self) -> list[Decision]:
+        """The decisions that say some work failed."""
+        return [d for d in self if d.kind in FAILURE_KINDS]
+
+
+def tick(store: LeaseStore, job_paths: Sequence[str], now: datetime | None = None) -> TickResult:
+    """One tick for each job path (``package.module:attr``); returns the decisions made.
+
+    A job that fails (it cannot be imported, its tick raises) becomes an ``error``
+    decision and the other jobs are still ticked. Raises RedisUnavailable when
+    Redis cannot be reached at all.
+    """
     runs = Runs(store)
     moment = now or runs.server_now()
-    decisions: list[Decision] = []
+    result = TickResult()
     for path in job_paths:
-        decisions += tick_job(store, runs, path, load_job(path), moment)
-    return decisions
+        result += _isolated(runs, path, partial(_tick_path, store, runs, path, moment), False)
+    return result
+
+
+def _tick_path(store: LeaseStore, runs: Runs, path: str, now: datetime) -> list[Decision]:
+    return tick_job(store, runs, path, load_job(path), now)
 
 
 def tick_job(store: LeaseStore, runs: Runs, path: str, job: Job, now: datetime) -> list[Decision]:
-    """One tick of one job, under a per-job lock (a concurrent tick skips)."""
+    """One tick of one job, under a per-job lock (a concurrent tick skips).
+
+    Each open run is ticked on its own: an error in one is recorded in its event
+    log as an ``error`` decision, and the job's other runs are still ticked.
+    """
     lock = store.client.lock(
         f"{store.keys.job(job.name)}:tick", timeout=TICK_LOCK_SECONDS, blocking=False
     )
@@ -48,10 +82,11 @@ def tick_job(store: LeaseStore, runs: Runs, path: str, job: Job, now: datetime) 
         if not lock.acquire(blocking=False):
             return []
     try:
-        registered = _register(store, path, job, now)
-        decisions = _create_due_runs(store, runs, job, now, registered)
+        first = _register(store, path, job, now)
+        decisions = _create_due_runs(store, runs, path, job, now, first)
         for run_id in runs.open_runs(job.name):
-            decisions += _tick_run(store, runs, path, job, run_id, now)
+            work = partial(_tick_run, store, runs, path, job, run_id, now)
+            decisions += _isolated(runs, run_id, work, True)
         return decisions
     finally:
         # Expired (another tick may have taken over), or Redis is gone: the body's error wins.
@@ -59,7 +94,35 @@ def tick_job(store: LeaseStore, runs: Runs, path: str, job: Job, now: datetime) 
             lock.release()
 
 
-def _register(store: LeaseStore, path: str, job: Job, now: datetime) -> datetime:
+def _isolated(
+    runs: Runs, subject: str, work: Callable[[], list[Decision]], logged: bool
+) -> list[Decision]:
+    """The decisions of ``work``, or one ``error`` decision when it raises.
+
+    ``logged``: the subject is a run, and the error goes to its event log too.
+    Redis being unreachable is no one run's failure: it propagates.
+    """
+    try:
+        return work()
+    except RedisUnavailable:
+        raise
+    except Exception as error:  # isolated: every other run and job is still ticked
+        return [_failure(runs, subject, error, logged)]
+
+
+def _failure(runs: Runs, subject: str, error: Exception, logged: bool) -> Decision:
+    detail = (
+        str(error) if isinstance(error, RedisLeaseError) else f"{type(error).__name__}: {error}"
+    )
+    reason = "tick failed: " + " ".join(detail.split())
+    if logged:
+        with contextlib.suppress(RedisLeaseError):  # recording may fail for the same cause
+            return runs.event(subject, "error", reason)
+    return Decision("error", subject, reason)
+
+
+def _register(store: LeaseStore, path: str, job: Job, now: datetime) -> bool:
+    """Records the job's path and settings; True on its first tick (no record of it yet)."""
     key = store.keys.job(job.name)
     with store.errors():
         pipe = store.client.pipeline(transaction=False)
@@ -67,104 +130,210 @@ def _register(store: LeaseStore, path: str, job: Job, now: datetime) -> datetime
         pipe.hset(key, mapping=record)
         pipe.hsetnx(key, "registered_at", str(to_ms(now)))
         pipe.sadd(store.keys.jobs, job.name)
-        pipe.hget(key, "registered_at")
-        registered_ms = int(pipe.execute()[-1])
-    return datetime.fromtimestamp(registered_ms / 1000, now.tzinfo)
+        return bool(pipe.execute()[1])
+
+
+# -- creating due runs ----------------------------------------------------------
 
 
 def _create_due_runs(
-    store: LeaseStore, runs: Runs, job: Job, now: datetime, registered: datetime
+    store: LeaseStore, runs: Runs, path: str, job: Job, now: datetime, first: bool
 ) -> list[Decision]:
+    """Creates the runs that are due, by the job's definition and its record on the server.
+
+    The window is the job's ``catch_up_days`` back from now, after the last
+    scheduled time a tick handled (``last_fire_at``), else after the newest run's
+    creation less ``catch_up_grace``. With no record of the job's runs at all (a
+    new job, or a server that lost its data) the due run is the latest scheduled
+    time in the window. The catch-up policy then picks: ``all`` missed dates, the
+    ``latest``, or ``none`` but one still within ``catch_up_grace``.
+    """
     opts = job.options
     grace = timedelta(seconds=opts.catch_up_grace)
-    since = max(now - timedelta(days=opts.catch_up_days), registered - grace)
-    fires = job.fire_times(since, now)
-    if not fires:
-        return []
-    dates_key = store.keys.job_dates(job.name)
     with store.errors():
-        pipe = store.client.pipeline(transaction=False)
-        for fire in fires:
-            pipe.zscore(dates_key, _business_date(job, fire).isoformat())
-        seen = pipe.execute()
-    todo = [fire for fire, score in zip(fires, seen, strict=True) if score is None]
-    if not todo:
-        return []
+        record = _JobRecord.read(store, job)
+    fires = job.fire_times(record.since(now, opts.catch_up_days, grace), now)
+    if record.fresh:
+        fires = fires[-1:]
+    with store.errors():
+        todo = record.without_runs(store, job, fires)
     on_time = [fire for fire in todo if now - fire <= grace]
     if opts.catch_up == "all":
         chosen = todo
     elif opts.catch_up == "latest":
-        chosen = [todo[-1]] if todo[-1] == fires[-1] else []
+        chosen = todo[-1:] if todo and todo[-1] == fires[-1] else []
     else:
         chosen = on_time
-    decisions: list[Decision] = []
     skipped = [fire for fire in todo if fire not in chosen]
-    if skipped:
-        with store.errors():
-            store.client.zadd(
-                dates_key, {_business_date(job, f).isoformat(): 0 for f in skipped}, nx=True
-            )
-            store.client.hset(
-                store.keys.job(job.name),
-                "last_catch_up",
-                f"skipped {len(skipped)} missed dates (policy {opts.catch_up}): "
-                + ", ".join(_business_date(job, f).isoformat() for f in skipped),
-            )
-    for fire in chosen:
-        business_date = _business_date(job, fire)
-        late = fire not in on_time
-        # A run started late keeps its full window: its deadline moves with its start.
-        window = job.deadline_for(business_date, fire) - fire
-        run_id, created = runs.ensure(
-            job, business_date, now if late else fire, (now if late else fire) + window
-        )
-        if created:
-            reason = (
-                f"missed at {fire.isoformat()} while nothing ticked; caught up (policy "
-                f"{opts.catch_up})"
-                if late
-                else f"scheduled at {fire.isoformat()}"
-            )
-            if skipped and late:
-                reason += f"; skipped {len(skipped)} older dates"
-            decisions.append(runs.event(run_id, "catch_up" if late else "create", reason))
+    decisions = [
+        decision
+        for fire in chosen
+        if (decision := _create(runs, job, fire, now, fire not in on_time, record.fresh, skipped))
+    ]
+    with store.errors():  # after the runs exist: a crash before this repeats, harmlessly
+        _record_handled(store, job, fires, skipped)
+    if first and record.fresh and not decisions:
+        decisions.append(Decision("waiting", job.name, _next_fire_note(path, job, now)))
     return decisions
+
+
+@dataclass(frozen=True)
+class _JobRecord:
+    """What the server knows of a job's schedule.
+
+    The last scheduled time a tick handled, and when the job's newest run was
+    created; both None when the server has no record of the job's runs at all.
+    """
+
+    last_fire: datetime | None
+    newest_run: datetime | None
+
+    @classmethod
+    def read(cls, store: LeaseStore, job: Job) -> _JobRecord:
+        """Reads the job's record in one round trip."""
+        pipe = store.client.pipeline(transaction=False)
+        pipe.hget(store.keys.job(job.name), "last_fire_at")
+        pipe.zrange(store.keys.job_dates(job.name), -1, -1, withscores=True)
+        last_raw, newest = pipe.execute()
+        return cls(
+            datetime.fromtimestamp(int(last_raw) / 1000, job.zone) if last_raw else None,
+            datetime.fromtimestamp(newest[0][1] / 1000, job.zone) if newest else None,
+        )
+
+    @property
+    def fresh(self) -> bool:
+        """No record of the job's runs: a new job, or a server that lost its data."""
+        return self.last_fire is None and self.newest_run is None
+
+    def since(self, now: datetime, days: int, grace: timedelta) -> datetime:
+        """Where the window of scheduled times to consider begins (exclusive)."""
+        since = now - timedelta(days=days)
+        if self.last_fire is not None:
+            return max(since, self.last_fire)
+        if self.newest_run is not None:  # runs made before any tick: as if it ticked then
+            return max(since, self.newest_run - grace)
+        return since
+
+    @staticmethod
+    def without_runs(store: LeaseStore, job: Job, fires: list[datetime]) -> list[datetime]:
+        """The scheduled times whose business date has no run (created or skipped) yet."""
+        pipe = store.client.pipeline(transaction=False)
+        for fire in fires:
+            pipe.zscore(store.keys.job_dates(job.name), _business_date(job, fire).isoformat())
+        return [fire for fire, seen in zip(fires, pipe.execute(), strict=True) if seen is None]
+
+
+def _record_handled(
+    store: LeaseStore, job: Job, fires: list[datetime], skipped: list[datetime]
+) -> None:
+    """Moves ``last_fire_at`` to the newest scheduled time seen; marks skipped dates."""
+    pipe = store.client.pipeline(transaction=False)
+    if fires:
+        pipe.hset(store.keys.job(job.name), "last_fire_at", str(to_ms(fires[-1])))
+    if skipped:
+        days = [_business_date(job, fire).isoformat() for fire in skipped]
+        pipe.zadd(store.keys.job_dates(job.name), dict.fromkeys(days, 0), nx=True)
+        pipe.hset(
+            store.keys.job(job.name),
+            "last_catch_up",
+            f"skipped {len(skipped)} missed dates (policy {job.options.catch_up}): "
+            + ", ".join(days),
+        )
+    pipe.execute()
+
+
+def _create(
+    runs: Runs,
+    job: Job,
+    fire: datetime,
+    now: datetime,
+    late: bool,
+    fresh: bool,
+    skipped: list[datetime],
+) -> Decision | None:
+    """Creates the run of one scheduled time; its decision, or None when it existed."""
+    business_date = _business_date(job, fire)
+    # A run started late keeps its full window: its deadline moves with its start.
+    window = job.deadline_for(business_date, fire) - fire
+    start = now if late else fire
+    run_id, created = runs.ensure(job, business_date, start, start + window)
+    if not created:
+        return None
+    if late:
+        reason = (
+            f"missed at {fire.isoformat()} while nothing ticked; caught up (policy "
+            f"{job.options.catch_up})"
+        )
+        if skipped:
+            reason += f"; skipped {len(skipped)} older dates"
+    else:
+        reason = f"scheduled at {fire.isoformat()}"
+    if fresh:
+        reason += f"; {NO_RECORD}"
+    return runs.event(run_id, "catch_up" if late else "create", reason)
+
+
+def _next_fire_note(path: str, job: Job, now: datetime) -> str:
+    """What a job's first tick that creates no run says: when it fires next, how to run now."""
+    following: datetime = croniter(job.options.schedule, now.astimezone(job.zone)).get_next(
+        datetime
+    )
+    return (
+        f"no run due now (policy {job.options.catch_up}); the next fires at "
+        f"{following:%Y-%m-%d %H:%M} {job.options.timezone}; to run one now: "
+        f"redis-lease start {path}"
+    )
 
 
 def _business_date(job: Job, fire: datetime) -> date:
     return fire.astimezone(job.zone).date()
 
 
+# -- ticking one run --------------------------------------------------------------
+
+
 def _tick_run(
     store: LeaseStore, runs: Runs, path: str, job: Job, run_id: str, now: datetime
 ) -> list[Decision]:
-    decisions: list[Decision] = []
-    info = runs.info(run_id)
-    if info["state"] == "planning":
-        try:
-            planned = runs.plan(job, run_id)
-        except Exception as error:  # recorded on the run by plan(); the tick goes on
-            decisions.append(Decision("finalize", run_id, f"failed: planning error: {error!r}"))
-            return decisions
-        if planned is None:
-            return decisions
-        decisions.append(Decision("plan", run_id, f"planned {planned} items"))
+    """Plans, finalizes or dispatches one open run; drops it when its record is gone."""
+    try:
         info = runs.info(run_id)
-    if info["state"] != "running":
+    except NotFound:
+        return [runs.drop_gone(job, run_id)]
+    decisions: list[Decision] = []
+    if info["state"] == "planning":
+        planned = _plan(runs, job, run_id)
+        if planned is None or planned.kind == "finalize":
+            return [planned] if planned else []
+        decisions.append(planned)
+    elif runs.retire_if_final(run_id, info) or info["state"] != "running":
         return decisions
-    per_shard = store.shard_counts(run_id)
-    unfinished = sum(c["pending"] + c["leased"] for c in per_shard)
-    deadline_ms = int(info.get("deadline_at", "0"))
+    status = store.status(run_id)
+    deadline_ms = int(status.info.get("deadline_at", "0"))
     now_ms = to_ms(now)
-    if unfinished == 0:
-        final = runs.finalize(run_id, "every item finished")
-        return decisions + ([final] if final else [])
     if deadline_ms and now_ms >= deadline_ms:
-        final = runs.finalize(run_id, "deadline passed with items unfinished")
-        return decisions + ([final] if final else [])
-    return decisions + _dispatch(
-        store, runs, path, job, run_id, info, per_shard, now_ms, deadline_ms
-    )
+        final = runs.finalize(run_id, "deadline passed")
+    elif status.unfinished == 0:
+        final = runs.finalize(run_id, "no item left to work")
+    else:
+        return decisions + _dispatch(store, runs, path, job, status, now_ms, deadline_ms)
+    return decisions + ([final] if final else [])
+
+
+def _plan(runs: Runs, job: Job, run_id: str) -> Decision | None:
+    """Plans the run; None when another planner holds it.
+
+    Returns a ``plan`` decision, or a ``finalize`` one when planning failed the run.
+    An interruption that leaves the run planning (Redis, say) raises, for the next
+    tick to plan again.
+    """
+    try:
+        planned = runs.plan(job, run_id)
+    except Exception as error:
+        if runs.info(run_id)["state"] != "failed":
+            raise
+        return Decision("finalize", run_id, f"failed: planning error: {error!r}")
+    return None if planned is None else Decision("plan", run_id, f"planned {planned} items")
 
 
 def _dispatch(
@@ -172,18 +341,19 @@ def _dispatch(
     runs: Runs,
     path: str,
     job: Job,
-    run_id: str,
-    info: dict[str, str],
-    per_shard: list[dict[str, int]],
+    status: RunStatus,
     now_ms: int,
     deadline_ms: int,
 ) -> list[Decision]:
+    """Enqueues a shard job where work remains and no live job is on the shard."""
     opts = job.options
+    run_id = status.run_id
+    per_shard = store.shard_counts(run_id)
     live = dispatch.live_jobs(store, run_id)
     total_live = sum(len(ids) for ids in live.values())
     enqueued = 0
     for shard, counts in enumerate(per_shard):
-        if counts["pending"] + counts["leased"] == 0:
+        if RunStatus.unfinished_of(counts) == 0:
             continue
         have = len(live.get(shard, []))
         while have < opts.workers_per_shard and total_live < opts.max_workers:
@@ -194,7 +364,7 @@ def _dispatch(
         decisions.append(
             runs.event(run_id, "dispatch", f"enqueued {enqueued} shard jobs where no job was live")
         )
-    burst = _burst(store, runs, path, job, run_id, info, per_shard, now_ms, deadline_ms, total_live)
+    burst = _burst(store, runs, path, job, status, per_shard, total_live, now_ms, deadline_ms)
     return decisions + ([burst] if burst else [])
 
 
@@ -203,28 +373,31 @@ def _burst(
     runs: Runs,
     path: str,
     job: Job,
-    run_id: str,
-    info: dict[str, str],
+    status: RunStatus,
     per_shard: list[dict[str, int]],
+    total_live: int,
     now_ms: int,
     deadline_ms: int,
-    total_live: int,
 ) -> Decision | None:
-    """Adds shard jobs (up to max_workers) when the projected finish passes the deadline."""
+    """Adds shard jobs (up to max_workers) when the projected finish passes the deadline.
+
+    The rate is of finished items (done or dead: no longer work); the work left is
+    the unfinished items. Both come from :class:`~redis_lease.lease.RunStatus`.
+    """
     opts = job.options
-    done = sum(c["done"] + c["dead"] for c in per_shard)
-    remaining = sum(c["pending"] + c["leased"] for c in per_shard)
+    run_id = status.run_id
+    info = status.info
     sample_at, sample_done = int(info.get("sample_at", "0")), int(info.get("sample_done", "0"))
     if sample_at and now_ms - sample_at < RATE_WINDOW * 1000:
         return None
     with store.errors(run_id):
         store.client.hset(
-            store.keys.run(run_id), mapping={"sample_at": now_ms, "sample_done": done}
+            store.keys.run(run_id), mapping={"sample_at": now_ms, "sample_done": status.finished}
         )
     if not sample_at or not deadline_ms:
         return None
-    rate = (done - sample_done) / ((now_ms - sample_at) / 1000)
-    projected_ms = now_ms + remaining / rate * 1000 if rate > 0 else float("inf")
+    rate = (status.finished - sample_done) / ((now_ms - sample_at) / 1000)
+    projected_ms = now_ms + status.unfinished / rate * 1000 if rate > 0 else float("inf")
     fields: dict[Any, Any] = {"rate_per_s": f"{rate:.3f}"}
     if projected_ms != float("inf"):
         fields["projected_finish_at"] = int(projected_ms)
@@ -247,9 +420,18 @@ def _burst(
     )
 
 
-def tick_entry(job_paths: list[str], prefix: str = "rl") -> list[str]:
-    """The RQ job that rq-scheduler (or ``rq cron``) runs: one tick on the job's connection."""
+def tick_entry(job_paths: list[str], prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """The RQ job that rq-scheduler (or ``rq cron``) runs: one tick on the job's connection.
+
+    Raises RedisLeaseError after the whole tick when some work failed, so the RQ
+    job is marked failed; each failure is in its run's event log.
+    """
     rq_job = get_current_job()
     if rq_job is None:
-        raise LeaseError("tick_entry runs inside an RQ worker; call tick() directly")
-    return [str(d) for d in tick(LeaseStore(rq_job.connection, prefix=prefix), job_paths)]
+        raise RedisLeaseError("tick_entry runs inside an RQ worker; call tick() directly")
+    result = tick(LeaseStore(rq_job.connection, prefix=prefix), job_paths)
+    if result.failures:
+        raise RedisLeaseError(
+            f"{len(result.failures)} tick failures: " + "; ".join(map(str, result.failures))
+        )
+    return [str(d) for d in result]

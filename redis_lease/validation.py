@@ -37,6 +37,7 @@ __all__ = [
     "TTL_MIN_MS",
     "check_id",
     "check_positive",
+    "clip",
     "delay_to_ms",
     "encode_json",
     "parse_json",
@@ -130,6 +131,12 @@ def ttl_to_ms(seconds: float, what: str = "ttl") -> int:
 def delay_to_ms(seconds: float, what: str = "delay") -> int:
     """Converts a delay in seconds to whole milliseconds within the protocol's delay bound."""
     return _seconds_to_ms(seconds, what, 0, DELAY_MAX_MS, "0")
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, on a character boundary."""
+    data = text.encode()
+    return text if len(data) <= limit else data[:limit].decode(errors="ignore")
 
 
 def check_positive(value: int, what: str, maximum: int = 1_000_000) -> int:

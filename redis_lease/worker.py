@@ -8,7 +8,6 @@ shard job's heartbeat; a lease that cannot be renewed is marked lost.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -23,15 +22,30 @@ from typing import Any
 import redis
 from rq import get_current_job
 
-from .effects import Throttled, apply_effect
-from .errors import ConditionFailed, InvalidInput, LeaseError, LeaseLost, RunClosed
-from .gate import SlotTimeout
+from . import dispatch
+from .connection import describe, eviction_danger, redis_errors, resilient
+from .effects import apply_effect
+from .errors import (
+    ConditionFailed,
+    InvalidInput,
+    LeaseError,
+    LeaseLost,
+    PermanentError,
+    RedisLeaseError,
+    RunClosed,
+    SlotTimeout,
+    Throttled,
+)
 from .guards import Condition, Write
-from .jobs import Job, PermanentError, load_job
-from .lease import Item, Lease
+from .jobs import Job, load_job
+from .lease import CommitOutcome, Item, Lease
+from .limits import DEFAULT_PREFIX
 from .store import CommitRequest, LeaseStore
 
 log = logging.getLogger("redis_lease.worker")
+
+#: Seconds before an item released for want of a provider slot is due again.
+SLOT_RETRY_DELAY = 1.0
 
 
 @dataclass(frozen=True)
@@ -95,7 +109,7 @@ class ActiveLease:
     ) -> Any:
         """Applies an external effect at most once per idempotency key (see effects.apply_effect).
 
-        ``call`` gets the key (``<job>:<date>:<item>:<name>``) and returns the
+        ``call`` gets the key (``<run>|<item>|<name>``) and returns the
         provider's result; an ambiguous earlier attempt is reconciled first.
         """
         return apply_effect(
@@ -146,7 +160,10 @@ class LeaseKeeper(threading.Thread):
     def beat(self) -> None:
         """Refreshes the heartbeat key (lives three intervals)."""
         if self.beat_key:
-            self.store.client.set(self.beat_key, os.getpid(), px=int(self.interval * 3000) + 500)
+            with redis_errors(self.store.url):
+                self.store.client.set(
+                    self.beat_key, os.getpid(), px=int(self.interval * 3000) + 500
+                )
 
     def run(self) -> None:
         while not self._done.wait(self.interval):
@@ -155,7 +172,7 @@ class LeaseKeeper(threading.Thread):
                 self.beat()
                 if self.stop_check is not None and self.stop_check():
                     self.on_stop_requested()
-            except (LeaseError, redis.RedisError) as error:
+            except (RedisLeaseError, redis.RedisError) as error:
                 log.warning("lease keeper: %s", error)
 
     def renew_all(self) -> None:
@@ -190,6 +207,8 @@ class ShardReport:
     drained: bool = False
     closed: bool = False
     errors: list[str] = field(default_factory=list)
+    #: Items left to their lease expiry after an error while settling them.
+    abandoned: int = 0
 
 
 def work_shard(
@@ -234,7 +253,7 @@ def work_shard(
             if stop.is_set() or time.monotonic() >= ends:
                 pending.flush()
                 report.stopped = stop.is_set()
-                report.released += _release(store, keeper, batch[index:])
+                _release(store, keeper, batch[index:], report)
                 return report
             pending.flush_due()  # a finished item's commit does not wait on a slow handler
             request = _handle(store, job, active, report) if not active.lost else None
@@ -270,34 +289,39 @@ class _PendingCommits:
             self.flush()
 
     def flush(self) -> None:
-        """Sends every waiting commit in one round trip and settles each answer."""
+        """Sends every waiting commit in one round trip and settles each answer.
+
+        When the round trip fails (Redis gone past the retries) the items are
+        left to their lease expiry; the job goes on.
+        """
         if not self.waiting:
             return
         waiting, self.waiting = self.waiting, []
-        answers = self.store.commit_many([request for _, request in waiting])
+        try:
+            answers: list[CommitOutcome | LeaseError] = self.store.commit_many(
+                [request for _, request in waiting]
+            )
+        except LeaseError as error:
+            answers = [error] * len(waiting)
         for (active, _request), answer in zip(waiting, answers, strict=True):
             self.keeper.drop(active)
-            if isinstance(answer, LeaseLost):
-                active.mark_lost()
-                self.report.stale += 1
-                log.info("stale: %s", answer)
-            elif isinstance(
-                answer, InvalidInput
-            ):  # e.g. a result that is not JSON: no retry mends it
-                _settle(
-                    self.store.fail, active, self.report, f"permanent: {answer}", permanent=True
-                )
-                self.report.failed += 1
-            elif isinstance(answer, ConditionFailed):
-                # What the handler read changed before the commit: back at once, read again.
-                with contextlib.suppress(LeaseLost):
-                    self.store.release(active.lease)
-                    self.report.released += 1
-            elif isinstance(answer, LeaseError):
-                self.report.errors.append(str(answer))
-                log.warning("commit refused: %s", answer)
-            else:
-                self.report.committed += 1
+            self._settle_answer(active, answer)
+
+    def _settle_answer(self, active: ActiveLease, answer: CommitOutcome | LeaseError) -> None:
+        report = self.report
+        if isinstance(answer, LeaseLost):
+            _stale(active, report, answer)
+        elif isinstance(answer, InvalidInput):  # e.g. a result that is not JSON: no retry mends it
+            if _settle(self.store.fail, active, report, f"permanent: {answer}", permanent=True):
+                report.failed += 1
+        elif isinstance(answer, ConditionFailed):
+            # What the handler read changed before the commit: back at once, read again.
+            if _settle(self.store.release, active, report):
+                report.released += 1
+        elif isinstance(answer, LeaseError):
+            _abandon(active, report, "commit", answer)
+        else:
+            report.committed += 1
 
 
 def _handle(
@@ -309,25 +333,23 @@ def _handle(
     try:
         answer = job.handle_item(Item(lease.item_id, lease.payload), active)
     except PermanentError as error:
-        _settle(store.fail, active, report, f"permanent: {error}", permanent=True)
-        report.failed += 1
+        if _settle(store.fail, active, report, f"permanent: {error}", permanent=True):
+            report.failed += 1
         return None
     except LeaseLost as error:
-        active.mark_lost()
-        report.stale += 1
-        log.info("stale: %s", error)
+        _stale(active, report, error)
         return None
     except Throttled as error:  # not the item's fault: back later, attempt not counted
-        _settle(store.release, active, report, delay=max(0.001, error.retry_after))
-        report.throttled += 1
+        if _settle(store.release, active, report, delay=error.delay_ms / 1000):
+            report.throttled += 1
         return None
     except SlotTimeout:
-        _settle(store.release, active, report, delay=1.0)
-        report.throttled += 1
+        if _settle(store.release, active, report, delay=SLOT_RETRY_DELAY):
+            report.throttled += 1
         return None
     except Exception as error:  # the handler is user code: any failure is a failed attempt
-        _settle(store.fail, active, report, f"{type(error).__name__}: {error}"[:4000])
-        report.failed += 1
+        if _settle(store.fail, active, report, f"{type(error).__name__}: {error}"):
+            report.failed += 1
         return None
     if isinstance(answer, Outcome):
         return CommitRequest(
@@ -338,26 +360,54 @@ def _handle(
 
 def _settle(
     call: Callable[..., Any], active: ActiveLease, report: ShardReport, *args: Any, **kw: Any
-) -> None:
-    """Fails or releases the item; a lease lost meanwhile is counted as stale."""
+) -> bool:
+    """Fails or releases the item; True when that was done.
+
+    A lease lost meanwhile is counted as stale. Any other error (Redis gone
+    past the retries, a refusal) is logged and the item left to its lease
+    expiry: the job goes on with the next item.
+    """
     try:
         call(active.lease, *args, **kw)
     except LeaseLost as error:
-        active.mark_lost()
-        report.stale += 1
-        log.info("stale: %s", error)
+        _stale(active, report, error)
+        return False
+    except RedisLeaseError as error:
+        _abandon(active, report, getattr(call, "__name__", "settle"), error)
+        return False
+    return True
 
 
-def _release(store: LeaseStore, keeper: LeaseKeeper, batch: list[ActiveLease]) -> int:
-    released = 0
+def _stale(active: ActiveLease, report: ShardReport, error: LeaseLost) -> None:
+    """Counts a lease lost meanwhile: the item is another holder's now."""
+    active.mark_lost()
+    report.stale += 1
+    log.info("stale: %s", error)
+
+
+def _abandon(active: ActiveLease, report: ShardReport, action: str, error: Exception) -> None:
+    """Leaves an item to its lease expiry after ``action`` failed; logs it with the item."""
+    report.abandoned += 1
+    report.errors.append(f"{action} of item {active.item_id!r} failed: {error}")
+    log.warning(
+        "%s of item %r of run %r (token %s) failed, so it is left to its lease expiry: %s: %s",
+        action,
+        active.item_id,
+        active.run_id,
+        active.token,
+        type(error).__name__,
+        error,
+    )
+
+
+def _release(
+    store: LeaseStore, keeper: LeaseKeeper, batch: list[ActiveLease], report: ShardReport
+) -> None:
+    """Gives back claimed items that were not started (claimable at once)."""
     for active in batch:
         keeper.drop(active)
-        try:
-            store.release(active.lease)
-            released += 1
-        except LeaseLost:
-            pass
-    return released
+        if _settle(store.release, active, report):
+            report.released += 1
 
 
 def worker_name(rq_job_id: str) -> str:
@@ -366,19 +416,24 @@ def worker_name(rq_job_id: str) -> str:
     return f"{host or 'host'}:{os.getpid()}:{rq_job_id[-8:]}"
 
 
-def process_shard(job_path: str, run_id: str, shard: int, prefix: str = "rl") -> dict[str, Any]:
+def process_shard(
+    job_path: str, run_id: str, shard: int, prefix: str = DEFAULT_PREFIX
+) -> dict[str, Any]:
     """The RQ job: works one shard for up to the job's shard budget, then re-enqueues itself.
 
-    SIGTERM (to this process) or a warm shutdown of its RQ worker drains it: the
-    current item is finished and the unstarted ones released. Returns a report.
+    Its store talks to RQ's server through a client of its own that retries
+    connection errors and timeouts (:func:`~.connection.resilient`), so a reset
+    costs a reconnect, not the job. SIGTERM (to this process) or a warm shutdown
+    of its RQ worker drains it: the current item is finished and the unstarted
+    ones released. Returns a report.
     """
-    from . import dispatch
-
     rq_job = get_current_job()
     if rq_job is None:
         raise LeaseError("process_shard runs inside an RQ worker; use work_shard directly")
     job = load_job(job_path)
-    store = LeaseStore(rq_job.connection, prefix=prefix, url=_describe(rq_job.connection))
+    client = resilient(rq_job.connection)
+    store = LeaseStore(client, prefix=prefix, url=describe(client))
+    _log_danger(store)
     stop = threading.Event()
     beat_key = store.keys.run_beat(run_id, rq_job.id)
     keeper = LeaseKeeper(
@@ -408,9 +463,10 @@ def process_shard(job_path: str, run_id: str, shard: int, prefix: str = "rl") ->
             )
     finally:
         keeper.close()
-        store.client.delete(beat_key)
-        store.client.hdel(store.keys.run_jobs(run_id), rq_job.id)
+        _forget_job(store, run_id, rq_job.id, beat_key)
         restore()
+        if client is not rq_job.connection:
+            client.close()
     return {
         "run": run_id,
         "shard": shard,
@@ -418,24 +474,48 @@ def process_shard(job_path: str, run_id: str, shard: int, prefix: str = "rl") ->
         "failed": report.failed,
         "stale": report.stale,
         "released": report.released,
+        "abandoned": report.abandoned,
         "stopped": report.stopped,
         "drained": report.drained,
     }
 
 
-def _describe(client: redis.Redis) -> str:
-    """A URL-like name of the client's server, for error messages (no password)."""
-    kwargs = client.connection_pool.connection_kwargs
-    if "path" in kwargs:
-        return f"unix://{kwargs['path']}"
-    return f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+def _forget_job(store: LeaseStore, run_id: str, rq_id: str, beat_key: str) -> None:
+    """Removes the job's heartbeat and its entry among the run's jobs.
+
+    Best effort: when Redis is gone, the heartbeat expires by itself and the
+    tick forgets the entry of a job that is not live.
+    """
+    try:
+        with redis_errors(store.url, run_id=run_id):
+            store.client.delete(beat_key)
+            store.client.hdel(store.keys.run_jobs(run_id), rq_id)
+    except RedisLeaseError as error:
+        log.warning("could not remove the heartbeat of job %s of run %r: %s", rq_id, run_id, error)
+
+
+_dangers_logged: set[str] = set()
+
+
+def _log_danger(store: LeaseStore) -> None:
+    """Logs, once per server and process, an error when the server may evict keys."""
+    if store.url in _dangers_logged:
+        return
+    _dangers_logged.add(store.url)
+    try:
+        danger = eviction_danger(store.client)
+    except redis.RedisError:  # the check must never stop the work
+        return
+    if danger:
+        log.error("danger: Redis at %s: %s", store.url, danger)
 
 
 def _worker_stopping(store: LeaseStore, name: str | None) -> bool:
     """True when the RQ worker running this job recorded a warm shutdown request."""
     if not name:
         return False
-    return bool(store.client.hget(f"rq:worker:{name}", "shutdown_requested_date"))
+    with redis_errors(store.url):
+        return bool(store.client.hget(f"rq:worker:{name}", "shutdown_requested_date"))
 
 
 def _drain_on_sigterm(stop: threading.Event) -> Callable[[], None]:

@@ -322,14 +322,15 @@ def test_wrong_password_exits_6(private_redis: Callable[..., RedisServer], prefi
     good.client.close()
 
 
-def test_eviction_policy_is_a_warning_line(
+def test_eviction_policy_is_a_danger_line_at_startup(
     private_redis: Callable[..., RedisServer], prefix: str
 ) -> None:
     server = private_redis(**{"maxmemory-policy": "allkeys-lru"})
     result = Cli(server.url, prefix, redis.Redis())("status", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == []
-    assert result.stderr.startswith("warning: ") and "noeviction" in result.stderr
+    assert result.stderr.startswith("danger: ") and "noeviction" in result.stderr
+    assert "allkeys-lru" in result.stderr and "lost" in result.stderr
     assert len(result.stderr.splitlines()) == 1
 
 

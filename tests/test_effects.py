@@ -33,7 +33,7 @@ from tests.helpers import server_ms, snapshot, wait_past
 RUN = "payouts:2026-12-02"
 ITEM = "acct_7:cursor_2:2026-12-02"
 EFFECT = "payout"
-KEY = f"{RUN}:{ITEM}:{EFFECT}"
+KEY = f"{RUN}|{ITEM}|{EFFECT}"
 
 
 class Provider:
@@ -115,7 +115,7 @@ def test_key_is_the_same_for_every_attempt_token_and_worker(store: LeaseStore) -
 
 def test_long_key_keeps_its_start_and_ends_with_a_digest_of_the_whole() -> None:
     run, item = "j:" + "r" * 150, "i" * 199
-    full = f"{run}:{item}:{EFFECT}"
+    full = f"{run}|{item}|{EFFECT}"
     key = idempotency_key(run, item, EFFECT)
     assert len(full) > KEY_MAX_LENGTH
     assert len(key) == KEY_MAX_LENGTH
@@ -126,10 +126,11 @@ def test_long_key_keeps_its_start_and_ends_with_a_digest_of_the_whole() -> None:
 
 
 def test_key_of_exactly_the_limit_is_kept() -> None:
-    item = "i" * (KEY_MAX_LENGTH - len(f"{RUN}::{EFFECT}"))
-    assert idempotency_key(RUN, item, EFFECT) == f"{RUN}:{item}:{EFFECT}"
-    assert len(idempotency_key(RUN, item + "x", EFFECT)) == KEY_MAX_LENGTH
-    assert "~" in idempotency_key(RUN, item + "x", EFFECT)
+    run = f"{RUN}-{'r' * 40}"  # ids are at most 200 characters
+    item = "i" * (KEY_MAX_LENGTH - len(f"{run}||{EFFECT}"))
+    assert idempotency_key(run, item, EFFECT) == f"{run}|{item}|{EFFECT}"
+    assert len(idempotency_key(run, item + "x", EFFECT)) == KEY_MAX_LENGTH
+    assert "~" in idempotency_key(run, item + "x", EFFECT)
 
 
 @pytest.mark.parametrize("name", ["", "pay out", "pay{out}", "a#b", "x" * 201])

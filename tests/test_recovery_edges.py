@@ -91,9 +91,10 @@ def test_a_result_that_is_not_json_fails_only_its_item(store: LeaseStore) -> Non
 
 
 def test_effect_names_cannot_make_two_keys_alike() -> None:
-    assert idempotency_key("job:2026-12-02", "a:b", "c") == "job:2026-12-02:a:b:c"
+    assert idempotency_key("job:2026-12-02", "a:b", "c") == "job:2026-12-02|a:b|c"
+    assert idempotency_key("job:2026-12-02", "a", "b:c") == "job:2026-12-02|a|b:c"
     with pytest.raises(InvalidInput):
-        idempotency_key("job:2026-12-02", "a", "b:c")
+        idempotency_key("job:2026-12-02", "a", "b|c")
 
 
 def test_an_index_entry_without_a_record_does_not_wedge_the_shard(store: LeaseStore) -> None:

@@ -2,8 +2,8 @@
 process and a real worker create the run for the date that is due, then finish it.
 
 The job's schedule fires three minutes before the test starts, and its catch-up grace
-is an hour. The first tick registers the job (``registered_at`` = that tick's time) and
-looks back ``catch_up_grace`` from it, so that start counts as on time and its run is due.
+is an hour. The server has no record of the job's runs, so the first tick takes the
+latest scheduled time as due; within the grace, it counts as on time.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from redis_lease import LeaseStore
 from redis_lease.errors import NotFound
 from redis_lease.runs import Runs
 from redis_lease.schedule import entries, install, remove
+from redis_lease.tick import NO_RECORD
 from tests import fleet_jobs
 from tests.fleet_helpers import (
     FLEET_PATH,
@@ -93,7 +94,7 @@ def test_rqscheduler_triggers_the_tick_and_the_run_is_created(
         assert info["business_date"] == fire.date().isoformat()
         create = [e for e in runs.events(run_id) if e["kind"] == "create"]
         assert len(create) == 1
-        assert create[0]["reason"] == f"scheduled at {fire.isoformat()}"
+        assert create[0]["reason"] == f"scheduled at {fire.isoformat()}; {NO_RECORD}"
         registered = real_store.client.hget(real_store.keys.job(job.name), "registered_at")
         assert registered is not None
 

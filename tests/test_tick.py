@@ -1,6 +1,10 @@
 """The scheduler tick with explicit times: one run per date under concurrent ticks,
 catch-up policies, deadlines ending runs partial, resume, planner errors, re-planning
 after a crash, burst capacity, and the decision log.
+
+The tick's clock is given; the shards bar claims after the run's deadline on the
+server clock, so the nightly run these tests claim from is tomorrow's: its
+deadline lies ahead on the server clock whatever time the tick is told it is.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 import pytest
@@ -25,9 +29,11 @@ from redis_lease.tick import tick
 from tests import fleet_jobs
 from tests.fleet_helpers import NIGHTLY_PATH, REPO, purge_queue, text
 
-#: 30 seconds after the nightly job's 02:00 start on 10 March.
-T0 = datetime(2026, 3, 10, 2, 0, 30, tzinfo=UTC)
-RUN = "nightly:2026-03-10"
+#: 30 seconds after the nightly job's 02:00 start tomorrow (UTC).
+DAY = datetime.now(UTC).date() + timedelta(days=1)
+T0 = datetime.combine(DAY, time(2, 0, 30), UTC)
+RUN = f"nightly:{DAY.isoformat()}"
+MARCH_10 = "nightly:2026-03-10"
 
 Configure = Callable[..., Job]
 
@@ -104,33 +110,41 @@ def test_concurrent_ticks_create_one_run(
 
 
 @pytest.mark.parametrize(
-    ("policy", "expected"),
+    ("policy", "first", "expected"),
     [
-        ("all", ["nightly:2026-03-11", "nightly:2026-03-12", "nightly:2026-03-13"]),
-        ("latest", ["nightly:2026-03-13"]),
-        ("none", []),
+        ("all", [MARCH_10], ["nightly:2026-03-11", "nightly:2026-03-12", "nightly:2026-03-13"]),
+        ("latest", [MARCH_10], ["nightly:2026-03-13"]),
+        ("none", [], []),
     ],
 )
 def test_missed_days_follow_the_catch_up_policy(
-    real_store: LeaseStore, nightly: Configure, policy: str, expected: list[str]
+    real_store: LeaseStore, nightly: Configure, policy: str, first: list[str], expected: list[str]
 ) -> None:
     nightly(catch_up=policy)
     registered = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)  # no start within the grace
-    assert tick(real_store, [NIGHTLY_PATH], now=registered) == []
-    assert real_store.run_ids() == []
+    runs = Runs(real_store)
+    # A new job: the due run is the latest start, caught up unless the policy is none.
+    opening = tick(real_store, [NIGHTLY_PATH], now=registered)
+    assert real_store.run_ids() == first
+    for run_id in first:
+        reason = next(e for e in runs.events(run_id) if e["kind"] == "catch_up")["reason"]
+        assert "no record of this job's runs on the server" in reason
+    if not first:
+        assert [d.kind for d in opening] == ["waiting"]
+        assert "the next fires at 2026-03-11 02:00 UTC" in opening[0].reason
     record = real_store.client.hgetall(real_store.keys.job("nightly"))
     assert int(record[b"registered_at"]) == to_ms(registered)
 
     later = registered + timedelta(days=3, hours=4)  # 13 March 16:00: 14h past the grace
     decisions = tick(real_store, [NIGHTLY_PATH], now=later)
-    assert sorted(real_store.run_ids()) == expected
-    runs = Runs(real_store)
+    assert sorted(real_store.run_ids()) == first + expected
     for run_id in expected:
         events = runs.events(run_id)
         catch_up = [e for e in events if e["kind"] == "catch_up"]
         assert len(catch_up) == 1, events
         assert "missed at" in catch_up[0]["reason"]
         assert f"policy {policy}" in catch_up[0]["reason"]
+        assert "no record" not in catch_up[0]["reason"]
         # A late run keeps its full six-hour window from when it started.
         assert int(runs.info(run_id)["deadline_at"]) == to_ms(later + timedelta(hours=6))
     assert sorted(d.run_id for d in decisions if d.kind == "catch_up") == expected
@@ -140,8 +154,22 @@ def test_missed_days_follow_the_catch_up_policy(
         assert note.startswith(f"skipped {skipped} missed dates (policy {policy})")
     # The skipped dates stay skipped, and nothing is created twice.
     tick(real_store, [NIGHTLY_PATH], now=later + timedelta(minutes=1))
-    assert sorted(real_store.run_ids()) == expected
+    assert sorted(real_store.run_ids()) == first + expected
     assert_logged(runs, decisions)
+
+
+def test_a_run_started_before_the_first_tick_catches_up_nothing_older(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    job = nightly(catch_up="all")
+    now = T0 + timedelta(hours=10)  # long past the day's start: the operator starts it
+    runs = Runs(real_store)
+    runs.ensure(job, DAY, now)
+    decisions = tick(real_store, [NIGHTLY_PATH], now=now)
+    assert [d.kind for d in decisions] == ["plan", "dispatch"]
+    assert real_store.run_ids() == [RUN]  # not the week before it: the job had no runs then
+    assert tick(real_store, [NIGHTLY_PATH], now=now + timedelta(days=1)) != []
+    assert real_store.run_ids() == [RUN, f"nightly:{(DAY + timedelta(days=1)).isoformat()}"]
 
 
 def _partial_run(store: LeaseStore) -> Runs:
@@ -164,16 +192,18 @@ def test_deadline_ends_run_partial_and_cli_resume_reopens_it(
     runs = _partial_run(real_store)
     info = runs.info(RUN)
     assert info["state"] == "partial"
-    assert info["reason"].startswith("deadline passed with items unfinished")
-    assert json.loads(info["final_counts"]) == {"pending": 2, "leased": 1, "done": 1, "dead": 0}
+    assert info["reason"] == "deadline passed: 1 done of 4 planned, 2 pending, 1 leased"
+    final = {"pending": 2, "leased": 1, "done": 1, "dead": 0, "planned": 4, "lost": 0, "late": 0}
+    assert json.loads(info["final_counts"]) == final
     assert "finalize" in kinds(runs, RUN)
     assert RUN not in runs.open_runs("nightly")
     with pytest.raises(RunClosed):
         real_store.claim_next(RUN, "w3", limit=10)
 
     cli = [sys.executable, "-m", "redis_lease", "--url", redis_url, "--prefix", real_store.prefix]
+    new_deadline = T0 + timedelta(hours=7)  # after the tick's clock below, ahead of the server's
     done = subprocess.run(
-        [*cli, "resume", RUN, "--deadline", "1h"],
+        [*cli, "resume", RUN, "--deadline", new_deadline.isoformat()],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -183,8 +213,8 @@ def test_deadline_ends_run_partial_and_cli_resume_reopens_it(
     assert f"{RUN}: running" in done.stdout
     info = runs.info(RUN)
     assert info["state"] == "running"
-    expected = to_ms(runs.server_now() + timedelta(hours=1))
-    assert abs(int(info["deadline_at"]) - expected) < 60_000
+    assert int(info["deadline_at"]) == to_ms(new_deadline)
+    assert f"claims allowed until {new_deadline.isoformat()}" in done.stdout
     assert RUN in runs.open_runs("nightly")
     assert kinds(runs, RUN)[-1] == "resume"
     leases = real_store.claim_next(RUN, "w3", limit=10)
@@ -198,8 +228,8 @@ def test_deadline_ends_run_partial_and_cli_resume_reopens_it(
 def test_api_resume_reopens_a_partial_run(real_store: LeaseStore, nightly: Configure) -> None:
     runs = _partial_run(real_store)
     assert runs.info(RUN)["state"] == "partial"
-    with pytest.raises(InvalidInput, match="past its deadline"):
-        runs.resume(RUN)
+    with pytest.raises(InvalidInput, match="is in the past"):
+        runs.resume(RUN, deadline=runs.server_now() - timedelta(minutes=1))
     decision = runs.resume(RUN, deadline=runs.server_now() + timedelta(hours=2))
     assert decision.kind == "resume"
     assert runs.info(RUN)["state"] == "running"

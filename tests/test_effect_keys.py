@@ -1,0 +1,166 @@
+"""Idempotency keys are unambiguous: no two (run, item, effect) triples share a key.
+
+Ids may contain ':', so keys joined with ':' collided (run ``r:a`` item ``b``
+and run ``r`` item ``a:b``); keys are joined with '|', which no id may contain,
+and a long key keeps a readable head and a digest of the whole. A ledger
+written under the old keys keeps its keys, so an upgrade mid-run sends nothing
+twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import string
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from redis_lease import InvalidInput, Item, LeaseStore
+from redis_lease.effects import KEY_MAX_LENGTH, apply_effect, idempotency_key
+from redis_lease.lease import Lease
+from redis_lease.limits import ID_MAX_LENGTH
+
+ID_ALPHABET = string.ascii_letters + string.digits + "_-.:@/+="
+#: Short ids, and ids long enough that a key needs the digest form.
+ids = st.one_of(
+    st.text(ID_ALPHABET, min_size=1, max_size=12),
+    st.text(ID_ALPHABET, min_size=1, max_size=ID_MAX_LENGTH),
+)
+effects = st.text(ID_ALPHABET, min_size=1, max_size=12)
+triples = st.tuples(ids, ids, effects)
+
+
+def test_the_keys_that_collided_differ() -> None:
+    assert idempotency_key("r:a", "b", "pay") != idempotency_key("r", "a:b", "pay")
+    adhoc = idempotency_key("nightly:2026-12-02:retry", "x", "pay")
+    nightly = idempotency_key("nightly:2026-12-02", "retry:x", "pay")
+    assert adhoc != nightly
+    assert nightly == "nightly:2026-12-02|retry:x|pay", "readable"
+
+
+@settings(max_examples=400, deadline=None)
+@given(triples, triples)
+def test_distinct_triples_give_distinct_keys(
+    first: tuple[str, str, str], second: tuple[str, str, str]
+) -> None:
+    if first != second:
+        assert idempotency_key(*first) != idempotency_key(*second)
+    else:
+        assert idempotency_key(*first) == idempotency_key(*second)
+
+
+short = st.text(ID_ALPHABET, min_size=1, max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(short, short, short, effects)
+def test_moving_a_colon_between_run_and_item_changes_the_key(
+    a: str, b: str, c: str, effect: str
+) -> None:
+    """``a:b`` + ``c`` and ``a`` + ``b:c`` join to the same text with ':'; not with '|'."""
+    assert idempotency_key(f"{a}:{b}", c, effect) != idempotency_key(a, f"{b}:{c}", effect)
+    assert idempotency_key(a, b, f"{c}:{effect}") != idempotency_key(a, f"{b}:{c}", effect)
+
+
+@settings(max_examples=400, deadline=None)
+@given(triples)
+def test_a_key_is_short_and_readable_or_a_head_and_a_digest(triple: tuple[str, str, str]) -> None:
+    key = idempotency_key(*triple)
+    full = "|".join(triple)
+    assert len(key) <= KEY_MAX_LENGTH
+    if len(full) <= KEY_MAX_LENGTH:
+        assert key == full and "~" not in key
+        assert tuple(key.split("|")) == triple, "a short key names its triple"
+    else:
+        head, _, digest = key.rpartition("~")
+        assert full.startswith(head) and digest == hashlib.sha256(full.encode()).hexdigest()
+
+
+@pytest.mark.parametrize("bad", ["a|b", "a b", "", "a{b}", "x" * (ID_MAX_LENGTH + 1)])
+def test_every_part_must_be_an_id(bad: str) -> None:
+    for triple in ((bad, "i", "e"), ("r", bad, "e"), ("r", "i", bad)):
+        with pytest.raises(InvalidInput):
+            idempotency_key(*triple)
+
+
+# -- ledgers written with the old keys ----------------------------------------------------
+
+RUN, ITEM, EFFECT = "nightly:2026-12-02", "acct:7", "pay"
+OLD_KEY = f"{RUN}:{ITEM}:{EFFECT}"
+
+
+class Provider:
+    """Counts calls by key; a lookup finds what was applied."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.applied: dict[str, Any] = {}
+
+    def call(self, key: str) -> Any:
+        self.calls.append(key)
+        self.applied[key] = {"id": f"ref-{len(self.calls)}"}
+        return self.applied[key]
+
+    def lookup(self, key: str) -> Any:
+        return self.applied.get(key)
+
+
+def claim(store: LeaseStore) -> Lease:
+    store.add(RUN, [Item(ITEM)], shards=2)
+    return store.claim(RUN, ITEM, "w", ttl=30)
+
+
+def test_an_applied_effect_under_its_old_key_is_not_sent_again(store: LeaseStore) -> None:
+    lease = claim(store)
+    store.record_effect(lease, OLD_KEY, EFFECT, "intended")  # written by the old version
+    store.record_effect(lease, OLD_KEY, EFFECT, "applied", {"id": "ref-old"})
+    provider = Provider()
+    assert apply_effect(store, lease, EFFECT, provider.call) == {"id": "ref-old"}
+    assert provider.calls == []
+    assert store.effect(RUN, ITEM, idempotency_key(RUN, ITEM, EFFECT)) is None
+
+
+def test_an_unknown_effect_under_its_old_key_is_reconciled_by_that_key(
+    store: LeaseStore,
+) -> None:
+    lease = claim(store)
+    store.record_effect(lease, OLD_KEY, EFFECT, "intended")
+    store.record_effect(lease, OLD_KEY, EFFECT, "unknown", "timeout")
+    provider = Provider()
+    provider.applied[OLD_KEY] = {"id": "ref-old"}  # the old attempt did reach the provider
+    assert apply_effect(store, lease, EFFECT, provider.call, lookup=provider.lookup) == {
+        "id": "ref-old"
+    }
+    assert provider.calls == []
+    record = store.effect(RUN, ITEM, OLD_KEY)
+    assert record is not None and record["state"] == "applied"
+
+
+def test_an_old_key_that_holds_another_effect_is_not_taken(store: LeaseStore) -> None:
+    lease = claim(store)
+    ledger = store.keys.effects(RUN, lease.shard)[0]
+    other = {"item": "acct", "name": "7:pay", "state": "applied", "result": '{"id": "x"}'}
+    store.client.hset(ledger, OLD_KEY, json.dumps(other))  # same old key, another triple
+    provider = Provider()
+    assert apply_effect(store, lease, EFFECT, provider.call) == {"id": "ref-1"}
+    assert provider.calls == [idempotency_key(RUN, ITEM, EFFECT)]
+
+
+def test_the_ledger_is_read_in_one_round_trip(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = claim(store)
+    reads: list[str] = []
+    for command in ("hget", "hmget", "hgetall", "pipeline"):
+        original = getattr(store.client, command)
+
+        def spy(*args: Any, _name: str = command, _original: Any = original, **kw: Any) -> Any:
+            reads.append(_name)
+            return _original(*args, **kw)
+
+        monkeypatch.setattr(store.client, command, spy)
+    apply_effect(store, lease, EFFECT, Provider().call)
+    assert reads == ["hmget"]
