@@ -7,6 +7,11 @@ import time
 from typing import Any
 
 import redis
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from redis_lease import LeaseStore
+from redis_lease.metrics import LeaseCollector
 
 
 def text(value: Any) -> Any:
@@ -68,3 +73,15 @@ def snapshot(client: redis.Redis, prefix: str) -> dict[str, Any]:
 def records(client: redis.Redis, items_key: str) -> dict[str, dict[str, Any]]:
     """The decoded item records of one shard's items hash."""
     return {text(k): json.loads(v) for k, v in client.hgetall(items_key).items()}
+
+
+def scrape(store: LeaseStore) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every Prometheus sample of the store's metrics, by name and labels."""
+    registry = CollectorRegistry()
+    registry.register(LeaseCollector(store))
+    text_ = generate_latest(registry).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text_)
+        for sample in family.samples
+    }

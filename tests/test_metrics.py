@@ -2,24 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-
 from redis_lease import Item, LeaseStore
 from redis_lease.effects import Throttled
 from redis_lease.gate import ProviderGate
-from redis_lease.metrics import LeaseCollector
-
-
-def scrape(store: LeaseStore) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    registry = CollectorRegistry()
-    registry.register(LeaseCollector(store))
-    text = generate_latest(registry).decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+from tests.helpers import scrape
 
 
 def test_metrics_follow_the_run(store: LeaseStore) -> None:

@@ -17,20 +17,17 @@ from typing import Any
 
 import pytest
 import redis
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from redis_lease import InvalidInput, Item, LeaseStore
 from redis_lease.cli import app
 from redis_lease.errors import RunClosed
 from redis_lease.jobs import Job
-from redis_lease.metrics import LeaseCollector
 from redis_lease.runs import Runs, to_ms
 from redis_lease.tick import tick
 from tests import fleet_jobs
 from tests.fleet_helpers import NIGHTLY_PATH, purge_queue
-from tests.helpers import wait_past
+from tests.helpers import scrape, wait_past
 from tests.redis_server import RedisServer
 
 DAY = date(2031, 5, 4)
@@ -75,18 +72,6 @@ def planned_run(store: LeaseStore, job: Job, items: int, seconds: float) -> tupl
 def item(n: int) -> str:
     """The id of the nightly planner's item ``n``."""
     return f"night-{n:05d}"
-
-
-def scrape(store: LeaseStore) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every Prometheus sample of the store's metrics, by name and labels."""
-    registry = CollectorRegistry()
-    registry.register(LeaseCollector(store))
-    text = generate_latest(registry).decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def test_planning_records_planned_items_and_the_deadline_on_every_shard(
