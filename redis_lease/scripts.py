@@ -2,8 +2,8 @@
 
 A script file may say ``-- @include "name.lua"``; the line is replaced by
 ``lua/include/name.lua`` (includes nest; each file is expanded once per
-script). ``-- @include "limits.json"`` becomes the Lua table ``LIMITS`` built
-from that file. :func:`source` gives the expanded text, which is what any other
+script). ``-- @include "limits.json"`` becomes the Lua table ``LIMITS``, built from
+that file with the bounds and defaults the script names. :func:`source` gives the expanded text, which is what any other
 language sends with ``EVAL``/``EVALSHA``.
 """
 
@@ -60,9 +60,17 @@ def _lua_literal(value: Any) -> str:
     return repr(value)
 
 
-def _limits_table() -> str:
-    data = {name: value for name, value in table().items() if name != "about"}
+def _limits_table(script: str) -> str:
+    """``LIMITS`` with the bounds and defaults the script names (built on every call, so small)."""
+    words = set(re.findall(r"[A-Za-z_]+", script))
+    data = {
+        part: {name: value for name, value in table()[part].items() if name in words}
+        for part in ("bounds", "defaults")
+    }
     return f"local LIMITS = {_lua_literal(data)}"
+
+
+_LIMITS_MARK = "-- @limits"
 
 
 def _expand(text: str, seen: set[str]) -> str:
@@ -72,7 +80,7 @@ def _expand(text: str, seen: set[str]) -> str:
             return ""
         seen.add(name)
         if name == "limits.json":
-            return _limits_table()
+            return _LIMITS_MARK
         return _expand((lua_dir() / "include" / name).read_text(), seen)
 
     return _INCLUDE.sub(include, text)
@@ -81,7 +89,8 @@ def _expand(text: str, seen: set[str]) -> str:
 @cache
 def source(name: str) -> str:
     """The script's text with its includes expanded."""
-    return _expand((lua_dir() / f"{name}.lua").read_text(), set())
+    text = _expand((lua_dir() / f"{name}.lua").read_text(), set())
+    return text.replace(_LIMITS_MARK, _limits_table(text), 1)
 
 
 class Call(NamedTuple):

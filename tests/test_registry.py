@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -123,10 +124,19 @@ def test_expanded_source_is_complete(name: str) -> None:
         assert "local function held(" in text_
 
 
-def test_the_lua_bounds_are_the_python_bounds() -> None:
-    text_ = source("claim")
-    for name, (low, high) in limits.table()["bounds"].items():
-        assert f"{name} = {{{low}, {high}}}" in text_, name
+@pytest.mark.parametrize("name", NAMES)
+def test_the_lua_bounds_are_the_python_bounds(name: str) -> None:
+    """Each script's LIMITS holds, with limits.json's values, every bound and default it names."""
+    text_ = source(name)
+    table_line = next(line for line in text_.splitlines() if line.startswith("local LIMITS = "))
+    body = text_.replace(table_line, "")
+    for part in ("bounds", "defaults"):
+        for key, value in limits.table()[part].items():
+            literal = f"{key} = {{{value[0]}, {value[1]}}}" if part == "bounds" else f"{key} = "
+            named = re.search(rf"\b{key}\b", body) is not None
+            assert (literal in table_line) == named, f"{name}: {part} {key}"
+            if named and part == "defaults":
+                assert f"{key} = {json.dumps(value)}" in table_line
     assert limits.TTL_MAX_MS == limits.bound("ttl_ms")[1] == validation.TTL_MAX_MS
 
 

@@ -23,12 +23,15 @@ local function finite(n)
   return type(n) == 'number' and n == n and n > -math.huge and n < math.huge
 end
 
--- Patterns of the accepted argument forms: decimal integers (no sign but '-',
--- no hex, no exponent, no spaces) and decimal numbers (an exponent allowed).
+-- The accepted argument forms: decimal integers (no sign but '-', no hex, no
+-- exponent, no spaces), decimal numbers (an exponent allowed), ids.
 local INT = '^%-?%d+$'
-local DECIMALS = {'^%-?%d+%.?%d*$', '^%-?%d*%.%d+$', '^%-?%d+%.?%d*[eE][%-+]?%d+$',
-  '^%-?%d*%.%d+[eE][%-+]?%d+$'}
 local ID = '^[%w_%.:@/%+=%-]+$'
+
+local function decimal(raw)
+  local mantissa = raw:match('^(%-?[%d%.]+)[eE][%-+]?%d+$') or raw
+  return #raw <= 40 and (mantissa:find('^%-?%d+%.?%d*$') or mantissa:find('^%-?%d*%.%d+$')) ~= nil
+end
 
 -- Checks one value of kind `kind` against the bound named `bound`; returns the
 -- value (a number for int and num) or nil and the reason.
@@ -42,10 +45,8 @@ local ID = '^[%w_%.:@/%+=%-]+$'
 local function check_value(kind, bound, raw)
   if type(raw) ~= 'string' then return nil, 'is missing' end
   if kind == 'int' or kind == 'num' then
-    local ok = kind == 'int' and raw:find(INT) and #raw <= 15
-    if kind == 'num' then
-      for _, pattern in ipairs(DECIMALS) do ok = ok or (#raw <= 40 and raw:find(pattern)) end
-    end
+    local ok
+    if kind == 'int' then ok = #raw <= 15 and raw:find(INT) else ok = decimal(raw) end
     local n = ok and tonumber(raw)
     if not finite(n) then return nil, 'must be a ' .. (kind == 'int' and 'whole' or 'finite')
       .. ' number, got ' .. raw:sub(1, 40) end

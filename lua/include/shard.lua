@@ -40,11 +40,12 @@ end
 -- The bar on new leases: the shard is closed, or its deadline has passed (server clock).
 -- Returns nil, or the RUN_CLOSED error reply.
 local function barred(now)
-  if rcall('HGET', META, 'closed') == '1' then
+  local flags = rcall('HMGET', META, 'closed', 'deadline_at')
+  if flags[1] == '1' then
     return fail('RUN_CLOSED', 'run=' .. run_name() .. ' reason=closed deadline=0')
   end
-  local deadline = meta_number('deadline_at')
-  if deadline > 0 and now >= deadline then
+  local deadline = tonumber(flags[2]) or 0
+  if finite(deadline) and deadline > 0 and now >= deadline then
     return fail('RUN_CLOSED', 'run=' .. run_name() .. ' reason=deadline deadline=' .. deadline)
   end
   return nil
