@@ -3,8 +3,8 @@
 A script file may say ``-- @include "name.lua"``; the line is replaced by
 ``lua/include/name.lua`` (includes nest; each file is expanded once per
 script). ``-- @include "limits.json"`` becomes the Lua table ``LIMITS``, built from
-that file with the bounds and defaults the script names. :func:`source` gives the expanded text, which is what any other
-language sends with ``EVAL``/``EVALSHA``.
+that file with the bounds and defaults the script names. :func:`source` gives the
+expanded text, which is what any other language sends with ``EVAL``/``EVALSHA``.
 """
 
 from __future__ import annotations
