@@ -16,7 +16,7 @@
 -- @include "shard.lua"
 
 local function main()
-  local bad = check_keys(7)
+  local bad = check_keys(7, false, SHARD_KEYS)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'int', 'shard'}, {3, 'int', 'attempts'},
@@ -39,9 +39,9 @@ local function main()
     local id = pair[1]
     if rcall('HEXISTS', ITEMS, id) == 1 then
       added[#added + 1] = 0
-    else
-      put(id, {payload = pair[2], added_at = now}, 'pending', now)
-      added[#added + 1] = 1
+    else  -- checked above: a payload within its bound makes a record within its bound
+      local err = put(id, {payload = pair[2], added_at = now}, 'pending', now)
+      added[#added + 1] = err and 0 or 1
     end
   end
   local count = 0

@@ -16,7 +16,7 @@
 -- @include "shard.lua"
 
 local function main()
-  local bad = check_keys(7)
+  local bad = check_keys(7, false, SHARD_KEYS)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'id'}, {3, 'id'}, {4, 'int', 'ttl_ms'}})
@@ -39,7 +39,8 @@ local function main()
   if until_ms then
     return fail('NOT_CLAIMABLE', 'item=' .. id .. ' state=' .. rec.state .. ' until=' .. until_ms)
   end
-  local row = grant(id, rec, A[2], A[3], A[4], now)
+  local row, err = grant(id, rec, A[2], A[3], A[4], now)
+  if err then return err end
   if not row then return fail('NOT_CLAIMABLE', 'item=' .. id .. ' state=dead until=0') end
   bump('claims')
   return row

@@ -17,7 +17,7 @@
 -- @include "shard.lua"
 
 local function main()
-  local bad = check_keys(7)
+  local bad = check_keys(7, false, SHARD_KEYS)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'id'}, {3, 'int', 'ttl_ms'}, {4, 'int', 'batch'}})
@@ -35,7 +35,7 @@ local function main()
         drop_orphan(id)
       elseif rec.state == 'pending' or lease_expired(rec, now) then
         local row = grant(id, rec, worker, base .. '.' .. (#rows + 1), ttl, now)
-        if row then rows[#rows + 1] = row end
+        if row then rows[#rows + 1] = row end  -- nil: it went dead, or it is left as it was
       elseif INDEX[rec.state] ~= index then
         rcall('ZREM', index, id)  -- a stray entry: the record is in another state
       end

@@ -25,7 +25,7 @@
 -- @include "guards.lua"
 
 local function main()
-  local bad = check_keys(7, true)
+  local bad = check_keys(7, true, SHARD_KEYS)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'int', 'token'}, {3, 'id?'}, {4, 'json', 'json_bytes'},
@@ -54,7 +54,7 @@ local function main()
   why = check_types(writes)
   if why then return fail('INVALID', why) end
   local deadline = meta_number('deadline_at')
-  local late = deadline > 0 and now > deadline
+  local late = deadline > 0 and now >= deadline
   rec.result = result
   if A[7] ~= '' then rec.outcome = A[7] end
   if late then rec.late = true end

@@ -11,7 +11,7 @@
 -- @include "shard.lua"
 
 local function main()
-  local bad = check_keys(7)
+  local bad = check_keys(7, false, SHARD_KEYS)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'int', 'sweep'}})
@@ -22,15 +22,16 @@ local function main()
     local rec = load(id)
     if not rec then
       drop_orphan(id)
-    elseif not lease_expired(rec, now) then
-      rcall('ZREM', LEASES, id)  -- a stray entry: the record is not leased
+    elseif rec.state ~= 'leased' then
+      rcall('ZREM', LEASES, id)  -- a stray entry: the record is in another state
       rcall('ZREM', HELD, id)
+    elseif not lease_expired(rec, now) then
+      rcall('ZADD', LEASES, rec.expires_at, id)  -- the record's expiry is the truth
     elseif expire_lease(id, rec, now) then
       to_dead = to_dead + 1
     else
       rec.updated_at = now
-      put(id, rec, 'pending', now)
-      to_pending = to_pending + 1
+      if not put(id, rec, 'pending', now) then to_pending = to_pending + 1 end
     end
   end
   return {to_pending, to_dead, now}

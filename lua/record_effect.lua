@@ -29,7 +29,8 @@ local FROM = {intended = {[''] = true, intended = true, unknown = true, failed =
   unknown = {intended = true}}
 
 local function main()
-  local bad = check_keys(9)
+  local bad = check_keys(9, false, {'meta', 'counts', 'items', 'due', 'leases', 'held', 'dead', 'effects',
+    'effects_unknown'})
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'int', 'token'}, {3, 'id?'}, {4, 'text', 'key_length'},

@@ -12,7 +12,7 @@
 -- @include "shard.lua"
 
 local function main()
-  local bad = check_keys(7)
+  local bad = check_keys(7, false, SHARD_KEYS)
   if bad then return bad end
   local A, named
   A, bad = check_args({{1, 'int', 'sweep'}})
@@ -31,8 +31,7 @@ local function main()
     elseif rec.state == 'dead' then
       rec.attempts = 0
       rec.updated_at = now
-      put(id, rec, 'pending', now)
-      moved = moved + 1
+      if not put(id, rec, 'pending', now) then moved = moved + 1 end
     end
   end
   if moved > 0 then bump('requeued', moved) end

@@ -16,7 +16,7 @@
 local STATES = {'planning', 'running', 'succeeded', 'partial', 'failed', 'canceled'}
 
 local function main()
-  local bad = check_keys(2)
+  local bad = check_keys(2, false, {'', 'events'})
   if bad then return bad end
   local A, fields
   A, bad = check_args({{1, 'text', 'text_bytes'}, {2, 'one', STATES}, {3, 'text', 'text_bytes'}})

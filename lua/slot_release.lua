@@ -20,7 +20,7 @@ local function state_number(field, default)
 end
 
 local function main()
-  local bad = check_keys(2)
+  local bad = check_keys(2, false, {'slots', 'state'})
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'one', {'ok', 'throttled', 'error'}}, {3, 'int', 'delay_ms', 0}})

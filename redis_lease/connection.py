@@ -53,10 +53,6 @@ _fake_servers: dict[str, Any] = {}
 _checked_policy: set[str] = set()
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-#: ``scheme://user:secret@``: the secret runs to the last '@' before any query.
-_USERINFO = re.compile(
-    r"^(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?(?P<user>[^:@/?#]*)(?P<secret>:[^?#]*)?@"
-)
 _SECRET_PARAM = re.compile(
     r"(?P<name>[?&;][^=&#;]*(?:pass|pwd|secret|token|auth|credential)[^=&#;]*=)[^&#;]*",
     re.IGNORECASE,
@@ -153,8 +149,11 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
         options.setdefault("connection_class", TLSConnection)
     try:
         return redis.Redis.from_url(url, **options)
-    except ValueError as error:
-        raise InvalidInput(f"invalid Redis URL {safe_url(url)!r}: {error}") from None
+    except ValueError:  # its text may quote a piece of the password: not shown
+        raise InvalidInput(
+            f"invalid Redis URL {safe_url(url)!r}: use redis://[USER:PASSWORD@]HOST:PORT/DB "
+            "with its options as documented (docs/cli.md)"
+        ) from None
 
 
 def _scheme(url: str) -> str:
@@ -173,9 +172,10 @@ def _check_network_url(url: str) -> None:
     try:
         parts = urlsplit(url)
         port = parts.port
-    except ValueError as error:
+    except ValueError:  # its text may quote a piece of the password: not shown
         raise InvalidInput(
-            f"invalid Redis URL {shown!r} ({error}): use redis://HOST:PORT/DB"
+            f"invalid Redis URL {shown!r}: its host or port cannot be read; use "
+            "redis://HOST:PORT/DB (percent-encode '#', '?', '/' and '@' in a password)"
         ) from None
     if port == 0:
         raise InvalidInput(f"invalid Redis URL {shown!r}: the port must be from 1 to 65535")
@@ -276,13 +276,28 @@ def as_text(value: Any) -> str:
 def safe_url(url: str) -> str:
     """The URL with its secrets masked: the userinfo password and secret query parameters.
 
-    Regex-based, so it never raises, also for URLs that ``urlsplit`` refuses
-    (a bad port, a broken IPv6 address) and for multi-host (sentinel, cluster) URLs.
+    The userinfo runs from ``//`` to the last ``@`` before the path (or, when a
+    password holds a ``/``, before the query), so a password with ``#``, ``?``,
+    ``@`` or ``/`` in it is masked whole; a userinfo without ``:`` (a password in
+    the user's place) is masked whole too. Regex-free of urlsplit, so it never
+    raises, also for URLs that ``urlsplit`` refuses (a bad port, a broken IPv6
+    address) and for multi-host (sentinel, cluster) URLs.
     """
     text = str(url)
-    text = _USERINFO.sub(
-        lambda m: f"{m['head'] or ''}{m['user']}{':***' if m['secret'] else ''}@", text, count=1
-    )
+    start = text.find("//")
+    if start >= 0:
+        start += 2
+        slash = text.find("/", start)
+        authority_end = slash if slash >= 0 else len(text)
+        at = text.rfind("@", start, authority_end)
+        if at < 0:  # a password with a '/' in it: look up to the query
+            query = text.find("?", start)
+            at = text.rfind("@", start, query if query >= 0 else len(text))
+        if at >= 0:
+            userinfo = text[start:at]
+            user, colon, _secret = userinfo.partition(":")
+            masked = f"{user}:***" if colon else "***"
+            text = f"{text[:start]}{masked}{text[at:]}"
     return _SECRET_PARAM.sub(lambda m: f"{m['name']}***", text)
 
 

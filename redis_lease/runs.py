@@ -328,9 +328,8 @@ class Runs:
         )
         # A run whose plan never completed goes back to planning (re-planning adds what is missing).
         state = "running" if info.get("planned", "1") == "1" else "planning"
-        self.transition(
-            run_id, ("partial", "failed", "canceled"), state, reason, deadline_at=until_ms
-        )
+        # The shards first, the run's state last: a failure midway leaves the run as it
+        # was (partial, failed or canceled), so resuming again finishes the job.
         self.store.set_deadline(run_id, until_ms)
         self.store.set_closed(run_id, False)
         with self.store.errors(run_id):
@@ -340,6 +339,9 @@ class Runs:
             for key in self._run_keys(run_id):
                 pipe.persist(key)
             pipe.execute()
+        self.transition(
+            run_id, ("partial", "failed", "canceled"), state, reason, deadline_at=until_ms
+        )
         return self.event(run_id, "resume", reason)
 
     def cancel(self, run_id: str, reason: str = "canceled by an operator") -> bool:

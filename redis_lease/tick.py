@@ -145,8 +145,10 @@ def _create_due_runs(
     scheduled time a tick handled (``last_fire_at``), else after the newest run's
     creation less ``catch_up_grace``. With no record of the job's runs at all (a
     new job, or a server that lost its data) the due run is the latest scheduled
-    time in the window. The catch-up policy then picks: ``all`` missed dates, the
-    ``latest``, or ``none`` but one still within ``catch_up_grace``.
+    time in the window, and it is on time while its deadline is ahead (whatever
+    the policy: the server lost it, nothing missed it). The catch-up policy then
+    picks: ``all`` missed dates, the ``latest``, or ``none`` but those on time
+    (within ``catch_up_grace``).
     """
     opts = job.options
     grace = timedelta(seconds=opts.catch_up_grace)
@@ -157,7 +159,7 @@ def _create_due_runs(
         fires = fires[-1:]
     with store.errors():
         todo = record.without_runs(store, job, fires)
-    on_time = [fire for fire in todo if now - fire <= grace]
+    on_time = [fire for fire in todo if now - fire <= grace or _still_due(record, job, fire, now)]
     if opts.catch_up == "all":
         chosen = todo
     elif opts.catch_up == "latest":
@@ -175,6 +177,11 @@ def _create_due_runs(
     if first and record.fresh and not decisions:
         decisions.append(Decision("waiting", job.name, _next_fire_note(path, job, now)))
     return decisions
+
+
+def _still_due(record: _JobRecord, job: Job, fire: datetime, now: datetime) -> bool:
+    """With no record of the job's runs, a scheduled time whose deadline is ahead is due."""
+    return record.fresh and job.deadline_for(_business_date(job, fire), fire) > now
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ __all__ = [
     "delay_to_ms",
     "encode_json",
     "parse_json",
+    "stored_size",
     "ttl_to_ms",
 ]
 
@@ -82,10 +83,24 @@ def encode_json(value: Any, what: str = "payload", limit: int = JSON_MAX_BYTES) 
         if isinstance(error, InvalidInput):
             raise
         raise InvalidInput(f"{what} is not JSON-serialisable: {error}") from None
-    size = len(text.encode())
+    size = stored_size(text)
     if size > limit:
-        raise InvalidInput(f"{what} is {size} bytes, over the {limit}-byte limit; keep it small")
+        raise InvalidInput(
+            f"{what} is {size} bytes as stored, over the {limit}-byte limit; keep it small"
+        )
     return text
+
+
+#: Characters the scripts' JSON encoder escapes inside a record, and what each adds.
+_ESCAPE_EXTRA = {'"': 1, "\\": 1, "/": 1, "\b": 1, "\f": 1, "\n": 1, "\r": 1, "\t": 1, "\x7f": 5}
+
+
+def stored_size(text: str) -> int:
+    """Bytes of JSON ``text`` as it sits in an item record: escaped the way the scripts'
+    encoder escapes a string (``"``, ``\\``, ``/`` and control characters)."""
+    extra = sum(text.count(char) * added for char, added in _ESCAPE_EXTRA.items())
+    controls = sum(1 for char in text if char < " " and char not in "\b\f\n\r\t")
+    return len(text.encode()) + extra + 5 * controls
 
 
 def parse_json(text: str, what: str = "payload", limit: int = JSON_MAX_BYTES) -> Any:

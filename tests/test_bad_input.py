@@ -121,10 +121,10 @@ def test_a_bad_prefix_is_refused(store: LeaseStore) -> None:
 
 
 def test_the_payload_limit_is_in_encoded_bytes(store: LeaseStore) -> None:
-    fits = "x" * (PAYLOAD_MAX_BYTES - 2)  # the JSON text adds two quotes
+    fits = "x" * (PAYLOAD_MAX_BYTES - 4)  # two quotes, each escaped inside the record
     assert store.add(RUN, [Item("fits", fits)]) == (["fits"], [])
     before = snapshot(store.client, store.prefix)
-    for too_big in ("x" * (PAYLOAD_MAX_BYTES - 1), "é" * (PAYLOAD_MAX_BYTES // 2), [0] * 40_000):
+    for too_big in ("x" * (PAYLOAD_MAX_BYTES - 3), "é" * (PAYLOAD_MAX_BYTES // 2), [0] * 40_000):
         with pytest.raises(InvalidInput, match=f"over the {PAYLOAD_MAX_BYTES}-byte limit"):
             store.add(RUN, [Item("ok"), Item("big", too_big)])
     assert snapshot(store.client, store.prefix) == before

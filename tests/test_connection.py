@@ -78,6 +78,10 @@ MASKED = [
     (f"redis://:p@ss{SECRET}@h/0", "redis://:***@h/0"),
     (f"unix://:{SECRET}@/tmp/redis.sock?db=2", "unix://:***@/tmp/redis.sock?db=2"),
     ("redis://h:6379/0?client_name=a@b", "redis://h:6379/0?client_name=a@b"),
+    (f"redis://:top#{SECRET}@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
+    (f"redis://u:a?b{SECRET}@h:6379/0", "redis://u:***@h:6379/0"),
+    (f"redis://{SECRET}@h:6379", "redis://***@h:6379"),
+    (f"redis://:pa/ss{SECRET}@h:6379/0?db=1", "redis://:***@h:6379/0?db=1"),
     ("fakeredis://demo", "fakeredis://demo"),
 ]  # fmt: skip
 
@@ -90,7 +94,11 @@ def test_safe_url_masks_every_secret(url: str, shown: str) -> None:
 @given(st.text(max_size=80), st.text(min_size=4, max_size=20, alphabet="abcdefXYZ0123"))
 def test_safe_url_never_raises_and_never_shows_a_password(text: str, secret: str) -> None:
     safe_url(text)
-    for url in (f"redis://user:{secret}@{text}", f"redis://x{text}?password={secret}"):
+    for url in (
+        f"redis://user:{secret}@{text}",
+        f"redis://x{text}?password={secret}",
+        f"redis://:{text}{secret}@host:6379/0",
+    ):
         assert secret not in safe_url(url).replace(text, "")
 
 
@@ -106,6 +114,8 @@ MALFORMED = [
     f"http://:{SECRET}@h:6379",
     f"redis+sentinel://:{SECRET}@h1:26379,h2:26379/mymaster",
     "127.0.0.1:6379",
+    f"redis://:top#{SECRET}@127.0.0.1:6379/0",  # an unencoded '#' ends the authority early
+    f"redis://:top?{SECRET}@127.0.0.1:6379/0",
 ]
 
 
@@ -115,8 +125,9 @@ def test_a_malformed_url_is_invalid_input_with_the_password_masked(url: str) -> 
         LeaseStore.from_url(url)
     assert info.value.exit_code == 2
     assert SECRET not in str(info.value) and "URL" in str(info.value)
+    assert "top" not in str(info.value), "no piece of a password is quoted"
     line = one_error_line(cli(url, "status"), 2)
-    assert "URL" in line
+    assert "URL" in line and SECRET not in line
 
 
 def test_client_defaults_connect_timeout_retries_and_tls_class() -> None:

@@ -31,7 +31,7 @@ RUN = "hostile"
 HOSTILE = [
     "nan", "-nan", "inf", "-inf", "1e300", "-1e300", "0x10", "1e3", " 5", "5 ", "-1", "1.5",
     "", "abc", "99999999999999999999", "{}", "[]", "null", "a b", "{x}", "\x00", "x" * 300,
-    "9" * 15, "0",
+    "9" * 15, "0", json.dumps("\x7f" * 20_000, ensure_ascii=False),
 ]  # fmt: skip
 GUARDS = [
     '{"1": {"if": "exists", "key": 1}}',
@@ -123,6 +123,15 @@ def _guarded(key_of: Callable[[list[str]], str]) -> Mutation:
     return lambda keys, args: ([*keys[:7], key_of(keys)], [*args[:4], "[]", delete, ""])
 
 
+def _other(keys: list[str], index: int, change: str) -> list[str]:
+    """``keys`` with key ``index`` (when there is one) moved to another tag or name."""
+    if index >= len(keys):
+        return keys
+    key = keys[index]
+    moved = key.replace("{", "{x", 1) if change == "{x" else key + change
+    return [*keys[:index], moved, *keys[index + 1 :]]
+
+
 def _tag(keys: list[str]) -> str:
     return keys[0].split("{", 1)[1].split("}", 1)[0]
 
@@ -144,6 +153,10 @@ def mutations(name: str, arity: int) -> Iterator[Mutation]:
     yield lambda keys, args: (keys[:-1], args)  # a key short
     yield lambda keys, args: ([*keys, keys[0]], args)  # one too many (commit: its own meta)
     yield lambda keys, args: ([], args)
+    yield lambda keys, args: ([*keys[1:2], keys[0], *keys[2:]], args)  # two keys swapped
+    for index in range(9):  # a key of another shard, or of another name, in its place
+        yield lambda keys, args, n=index: (_other(keys, n, "{x"), args)
+        yield lambda keys, args, n=index: (_other(keys, n, ":x"), args)
     if name != "commit":
         return
     for conditions in GUARDS:
@@ -156,6 +169,9 @@ def mutations(name: str, arity: int) -> Iterator[Mutation]:
     yield _guarded(lambda keys: f"{_prefix(keys)}:{{{RUN}#1}}:app")  # another shard's tag
     yield _guarded(lambda keys: f"{_prefix(keys)}:{{other}}:app")
     yield _guarded(lambda keys: f"{_prefix(keys)}:runs")  # the store's untagged keys
+    twice = json.dumps([{"do": "hset", "key": 1, "fields": {"f": "v"}}, {"do": "sadd", "key": 2,
+                        "members": ["m"]}])  # fmt: skip
+    yield lambda keys, args: ([*keys[:7], keys[7], keys[7]], [*args[:4], "[]", twice, ""])
 
 
 def check_consistent(client: redis.Redis, shard_keys: list[str]) -> None:

@@ -24,7 +24,7 @@ from redis_lease import (
 from redis_lease.cli import app
 from redis_lease.limits import JSON_MAX_DEPTH, bound
 from redis_lease.scripts import Call
-from redis_lease.validation import parse_json
+from redis_lease.validation import parse_json, stored_size
 from tests.helpers import records, server_ms, text, wait_past
 
 
@@ -122,17 +122,39 @@ def test_guard_specs_of_undocumented_shapes_are_refused(store: LeaseStore, write
     assert store.item("r", "a").state == "leased"
 
 
-def test_the_stored_record_is_bounded_with_its_payload_escaped(store: LeaseStore) -> None:
+@pytest.mark.parametrize("char", ['"', "\x7f", "/"], ids=["quote", "del", "slash"])
+def test_json_is_bounded_as_stored_so_the_record_is_bounded(store: LeaseStore, char: str) -> None:
+    """A payload counts as it sits, escaped, in the record (a DEL byte becomes six bytes)."""
     most = bound("json_bytes")[1]
-    quotes = '"' + '\\"' * ((most - 2) // 2) + '"'  # JSON text that doubles when escaped
-    assert len(quotes) <= most
     keys = store.keys.shard("r", 0)
-    store.scripts.run("add_items", keys, ["r", 0, 3, 1000, 60000, 0, "a", quotes])
+    per_char = len(json.dumps(char, ensure_ascii=False).encode()) - 2
+    count = (most - 2) // per_char  # as many as fit, raw
+    fits = json.dumps(char * (count // 8), ensure_ascii=False)
+    too_big = json.dumps(char * count, ensure_ascii=False)
+    assert len(too_big.encode()) <= most, "raw, it is within the bound"
+    assert stored_size(fits) <= most < stored_size(too_big)
+    with pytest.raises(redis.ResponseError, match=r"^INVALID ARGV\[8\] is \d+ bytes as stored"):
+        store.scripts.run("add_items", keys, ["r", 0, 3, 1000, 60000, 0, "b", too_big])
+    with pytest.raises(InvalidInput, match="as stored"):
+        store.add("r", [Item("b", char * count)])
+    assert store.client.hexists(keys[2], "b") == 0, "nothing was written"
+    assert store.add("r", [Item("a", char * (count // 8))]) == (["a"], [])
     raw = store.client.hget(keys[2], "a")
     assert raw is not None and len(raw) <= bound("record_bytes")[1]
-    assert len(raw) > most, "the escaped payload is larger than the payload"
-    with pytest.raises(redis.ResponseError, match=r"^INVALID ARGV\[8\]"):
-        store.scripts.run("add_items", keys, ["r", 0, 3, 1000, 60000, 0, "b", " " * (most + 1)])
+    lease = store.claim("r", "a", "w")
+    store.commit(lease, char * (count // 8))
+    assert len(store.client.hget(keys[2], "a") or b"") <= bound("record_bytes")[1]
+
+
+@pytest.mark.real_redis_only("fakeredis decodes script arguments as text")
+def test_text_that_is_not_utf8_is_refused(store: LeaseStore) -> None:
+    keys = store.keys.shard("r", 0)
+    for bad in (b'"\xff"', b'"\xc0\x80"', b'"\xed\xa0\x80"'):
+        with pytest.raises(redis.ResponseError, match="must be UTF-8"):
+            store.scripts.run("add_items", keys, ["r", 0, 3, 1000, 60000, 0, "a", bad])
+    assert store.client.exists(keys[2]) == 0
+    store.scripts.run("add_items", keys, ["r", 0, 3, 1000, 60000, 0, "a", '"\u00e9 é ü 𝄞"'])
+    assert json.loads(records(store.client, keys[2])["a"]["payload"]) == "é é ü 𝄞"
 
 
 @pytest.mark.real_redis_only("SCRIPT FLUSH between a pipeline's script load and its run")

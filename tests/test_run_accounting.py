@@ -19,7 +19,7 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from redis_lease import InvalidInput, Item, LeaseStore
+from redis_lease import InvalidInput, Item, LeaseStore, RedisUnavailable
 from redis_lease.cli import app
 from redis_lease.errors import RunClosed
 from redis_lease.jobs import Job
@@ -211,6 +211,30 @@ def test_resume_lifts_the_deadline_bar_and_says_so(store: LeaseStore, nightly: C
     for shard in range(store.shard_count(RUN)):
         meta = store.client.hget(store.keys.shard(RUN, shard)[0], "deadline_at")
         assert meta is not None and int(meta) == to_ms(until)
+
+
+def test_a_resume_cut_short_leaves_the_run_to_resume_again(
+    store: LeaseStore, nightly: Configure, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shards are reopened before the run's state changes, so a failure between them
+    leaves a run that an operator can resume again (not one stuck running and barred)."""
+    runs, deadline_ms = planned_run(store, nightly(), items=2, seconds=1)
+    wait_past(store.client, deadline_ms, timeout=10)
+    tick(store, [NIGHTLY_PATH], now=runs.server_now())
+    assert runs.info(RUN)["state"] == "failed"
+    until = runs.server_now() + timedelta(hours=1)
+
+    def cut(self: LeaseStore, run_id: str, closed: bool) -> None:
+        raise RedisUnavailable("Redis went away")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LeaseStore, "set_closed", cut)
+        with pytest.raises(RedisUnavailable):
+            runs.resume(RUN, until)
+    assert runs.info(RUN)["state"] == "failed", "the state is the last thing to change"
+    runs.resume(RUN, until)
+    assert runs.info(RUN)["state"] == "running"
+    assert len(store.claim_next(RUN, "w", limit=10)) == 2
 
 
 def test_status_shows_the_accounting(

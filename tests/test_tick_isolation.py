@@ -19,7 +19,7 @@ from typer.testing import CliRunner, Result
 from redis_lease import Item, LeaseStore
 from redis_lease.cli import app
 from redis_lease.jobs import Job
-from redis_lease.runs import GONE_REASON, Decision, Runs
+from redis_lease.runs import GONE_REASON, Decision, Runs, to_ms
 from redis_lease.tick import NO_RECORD, tick
 from tests.fleet_helpers import NIGHTLY_PATH, purge_queue
 from tests.helpers import keys_under
@@ -143,10 +143,12 @@ def test_a_job_that_fails_to_load_does_not_stop_the_others(
     assert ("plan", other_run) in kinds(result)
 
 
+@pytest.mark.parametrize("policy", ["latest", "none", "all"])
 def test_after_data_loss_the_next_tick_recreates_the_due_run_and_says_so(
-    real_store: LeaseStore, redis_url: str, nightly: Configure
+    real_store: LeaseStore, redis_url: str, nightly: Configure, policy: str
 ) -> None:
-    nightly(schedule="0 2 * * *", timezone="UTC", catch_up="latest")
+    """A run whose deadline is still ahead was lost, not missed: every policy re-creates it."""
+    nightly(schedule="0 2 * * *", timezone="UTC", catch_up=policy)
     day = datetime.now(UTC).date() + timedelta(days=1)  # its deadline lies ahead of the server
     run_id = f"nightly:{day.isoformat()}"
     start = datetime.combine(day, time(2, 0, 30), UTC)
@@ -157,18 +159,17 @@ def test_after_data_loss_the_next_tick_recreates_the_due_run_and_says_so(
     lost = cli(redis_url, real_store.prefix, "status", run_id)
     assert lost.exit_code == 5 and "not found" in lost.stderr  # nothing shows it existed
 
-    later = start + timedelta(hours=1)
+    later = start + timedelta(hours=1)  # past the grace, before the deadline
     decisions = tick(real_store, [NIGHTLY_PATH], now=later)
-    assert kinds(decisions)[:2] == [("catch_up", run_id), ("plan", run_id)]
-    assert decisions[0].reason == (
-        f"missed at {start.replace(second=0).isoformat()} while nothing ticked; caught up "
-        f"(policy latest); {NO_RECORD}"
-    )
+    assert kinds(decisions)[:2] == [("create", run_id), ("plan", run_id)]
+    assert decisions[0].reason == f"scheduled at {start.replace(second=0).isoformat()}; {NO_RECORD}"
     runs = Runs(real_store)
-    logged = [e["reason"] for e in runs.events(run_id) if e["kind"] == "catch_up"]
+    logged = [e["reason"] for e in runs.events(run_id) if e["kind"] == "create"]
     assert logged == [decisions[0].reason]
     status = real_store.status(run_id)
     assert (status.planned, status.unfinished, status.counts["done"]) == (4, 4, 0)
+    deadline = Runs(real_store).info(run_id)["deadline_at"]
+    assert int(deadline) > to_ms(later), "the run keeps its own deadline"
 
 
 def test_status_says_a_run_is_gone_while_the_server_shows_it_existed(

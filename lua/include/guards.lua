@@ -9,7 +9,7 @@
 --   {"do": "sadd" | "srem", "key": n, "members": [m]}
 --   {"do": "zadd", "key": n, "scores": {m: score}}   {"do": "zrem", "key": n, "members": [m]}
 --   {"do": "del", "key": n}
--- n numbers the guarded keys KEYS[8...] from 1. Values, fields and members are
+-- n numbers the guarded keys KEYS[8...] from 1; each key is named once. Values, fields and members are
 -- strings or finite numbers; scores are finite numbers. A guarded key may not be
 -- one of the shard's own keys, may not lie under the store's prefix without the
 -- shard's hash tag, and may not carry another hash tag than the shard's.
@@ -58,8 +58,11 @@ local function check_guarded_keys()
   local prefix = meta:sub(1, (meta:find(':{', 1, true) or 1) - 1)
   local own = {}
   for _, name in ipairs(OWN) do own[base .. ':' .. name] = true end
+  local seen = {}
   for i = 8, #KEYS do
     local key, key_tag = KEYS[i], hash_tag(KEYS[i])
+    if seen[key] then return 'guarded key ' .. (i - 7) .. ' repeats guarded key ' .. seen[key] end
+    seen[key] = i - 7
     if own[key] then return 'guarded key ' .. (i - 7) .. ' is one of the shard\'s own keys' end
     if key_tag and key_tag ~= tag then
       return 'guarded key ' .. (i - 7) .. ' carries the hash tag {' .. key_tag .. '}, not the shard\'s {'

@@ -28,6 +28,33 @@ end
 local INT = '^%-?%d+$'
 local ID = '^[%w_%.:@/%+=%-]+$'
 
+-- True when `s` is well-formed UTF-8 (no overlong forms, no surrogates).
+local function utf8(s)
+  if not s:find('[\128-\255]') then return true end
+  local i, n = 1, #s
+  while i <= n do
+    local c = s:byte(i)
+    if c < 128 then
+      i = i + 1
+    else
+      local len = (c >= 194 and c <= 223 and 2) or (c >= 224 and c <= 239 and 3)
+        or (c >= 240 and c <= 244 and 4)
+      if not len or i + len - 1 > n then return false end
+      for k = i + 1, i + len - 1 do
+        local b = s:byte(k)
+        if b < 128 or b > 191 then return false end
+      end
+      local b2 = s:byte(i + 1)
+      if (c == 224 and b2 < 160) or (c == 237 and b2 > 159) or (c == 240 and b2 < 144)
+          or (c == 244 and b2 > 143) then
+        return false
+      end
+      i = i + len
+    end
+  end
+  return true
+end
+
 local function decimal(raw)
   local mantissa = raw:match('^(%-?[%d%.]+)[eE][%-+]?%d+$') or raw
   return #raw <= 40 and (mantissa:find('^%-?%d+%.?%d*$') or mantissa:find('^%-?%d*%.%d+$')) ~= nil
@@ -39,8 +66,8 @@ end
 --   num   a finite decimal number within the bound
 --   id    1 to id_length characters from A-Z a-z 0-9 _ - . : @ / + =
 --   id?   an id or '' (absent)
---   text  a string of at most the bound's highest number of bytes
---   json  JSON text of at most the bound's bytes
+--   text  UTF-8 text of at most the bound's highest number of bytes
+--   json  UTF-8 JSON text of at most the bound's bytes, also as stored (escaped) in a record
 --   one   one of the words in `bound` (a table)
 local function check_value(kind, bound, raw)
   if type(raw) ~= 'string' then return nil, 'is missing' end
@@ -67,7 +94,12 @@ local function check_value(kind, bound, raw)
   if kind == 'text' or kind == 'json' then
     local most = LIMITS.bounds[bound][2]
     if #raw > most then return nil, 'is ' .. #raw .. ' bytes, over ' .. most end
-    if kind == 'json' and not pcall(cjson.decode, raw) then return nil, 'must be JSON text' end
+    if not utf8(raw) then return nil, 'must be UTF-8 text' end
+    if kind == 'json' then
+      if not pcall(cjson.decode, raw) then return nil, 'must be JSON text' end
+      local stored = #cjson.encode(raw) - 2  -- as it sits, escaped, in a record
+      if stored > most then return nil, 'is ' .. stored .. ' bytes as stored, over ' .. most end
+    end
     return raw
   end
   if kind == 'one' then
@@ -122,8 +154,24 @@ local function check_rest(first, kinds, most)
   return groups
 end
 
--- Checks that the caller passed `count` keys (at least `count` when `open`).
-local function check_keys(count, open)
-  if #KEYS == count or (open and #KEYS >= count) then return nil end
-  return fail('INVALID', 'expected ' .. (open and 'at least ' or '') .. count .. ' keys, got ' .. #KEYS)
+-- Checks the key count (at least `count` when `open`) and, given `names`, that
+-- the first keys are one base name with these suffixes ('' for the base itself),
+-- the base carrying a hash tag: a caller cannot mix two shards' keys or put one
+-- key in another's place.
+local function check_keys(count, open, names)
+  if not (#KEYS == count or (open and #KEYS >= count)) then
+    return fail('INVALID', 'expected ' .. (open and 'at least ' or '') .. count .. ' keys, got ' .. #KEYS)
+  end
+  if not names then return nil end
+  local first = names[1] == '' and '' or ':' .. names[1]
+  local base = KEYS[1]:sub(1, #KEYS[1] - #first)
+  if KEYS[1] ~= base .. first or not base:find('{', 1, true) then
+    return fail('INVALID', 'KEYS[1] must carry a hash tag and end in "' .. first .. '"')
+  end
+  for i = 2, #names do
+    if KEYS[i] ~= base .. ':' .. names[i] then
+      return fail('INVALID', 'KEYS[' .. i .. '] must be ' .. base .. ':' .. names[i])
+    end
+  end
+  return nil
 end

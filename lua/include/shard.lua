@@ -16,6 +16,7 @@
 -- @include "protocol.lua"
 local META, COUNTS, ITEMS, DUE, LEASES, HELD, DEAD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local INDEX = {pending = DUE, leased = LEASES, dead = DEAD}
+local SHARD_KEYS = {'meta', 'counts', 'items', 'due', 'leases', 'held', 'dead'}
 
 local function load(id)
   local raw = rcall('HGET', ITEMS, id)
@@ -100,11 +101,13 @@ end
 -- An expired lease ends its attempt: dead after the last attempt, else the
 -- caller takes it over or makes it pending. Returns true when it went dead.
 local function expire_lease(id, rec, now)
-  bump('expired')
-  if not out_of_attempts(rec) then return false end
+  if not out_of_attempts(rec) then
+    bump('expired')
+    return false
+  end
   rec.error = 'lease expired on the last attempt'
   rec.updated_at = now
-  put(id, rec, 'dead', now)
+  if not put(id, rec, 'dead', now) then bump('expired') end
   return true
 end
 
@@ -137,7 +140,8 @@ end
 -- Grants a new lease on `rec` (pending and due, or leased with an expired lease).
 -- The caller has checked the bar and counts the claims it granted.
 -- Returns the claim reply row; an expired lease on its last attempt goes dead
--- instead and the function returns nil.
+-- instead and the function returns nil; nil and an error reply when the record
+-- cannot be stored (nothing of it was written).
 local function grant(id, rec, worker, lease_id, ttl, now)
   local takeover = rec.state == 'leased'
   if takeover then
@@ -150,6 +154,7 @@ local function grant(id, rec, worker, lease_id, ttl, now)
   rec.attempts = (rec.attempts or 0) + 1
   rec.leased_at = now
   rec.updated_at = now
-  put(id, rec, 'leased', now + ttl)
+  local err = put(id, rec, 'leased', now + ttl)
+  if err then return nil, err end
   return {id, rec.token, lease_id, rec.expires_at, rec.attempts, rec.payload or '', takeover and 1 or 0, now}
 end
