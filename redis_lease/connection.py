@@ -53,6 +53,10 @@ _fake_servers: dict[str, Any] = {}
 _checked_policy: set[str] = set()
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+#: One or more hosts with optional ports, as a URL's authority (no userinfo).
+_HOSTS = re.compile(
+    r"(?:[\w.-]+|\[[0-9A-Fa-f:.]*\])(?::\d*)?(?:,(?:[\w.-]+|\[[0-9A-Fa-f:.]*\])(?::\d*)?)*"
+)
 _SECRET_PARAM = re.compile(
     r"(?P<name>[?&;][^=&#;]*(?:pass|pwd|secret|token|auth|credential)[^=&#;]*=)[^&#;]*",
     re.IGNORECASE,
@@ -276,9 +280,10 @@ def as_text(value: Any) -> str:
 def safe_url(url: str) -> str:
     """The URL with its secrets masked: the userinfo password and secret query parameters.
 
-    The userinfo runs from ``//`` to the last ``@`` before the path (or, when a
-    password holds a ``/``, before the query), so a password with ``#``, ``?``,
-    ``@`` or ``/`` in it is masked whole; a userinfo without ``:`` (a password in
+    The userinfo runs from ``//`` to the last ``@`` before the path, or, when what
+    comes before the path is not a host (a password with ``/`` or ``?`` in it), to
+    the last ``@`` of all; so a password with ``#``, ``?``, ``@`` or ``/`` in it is
+    masked whole; a userinfo without ``:`` (a password in
     the user's place) is masked whole too. Regex-free of urlsplit, so it never
     raises, also for URLs that ``urlsplit`` refuses (a bad port, a broken IPv6
     address) and for multi-host (sentinel, cluster) URLs.
@@ -290,9 +295,8 @@ def safe_url(url: str) -> str:
         slash = text.find("/", start)
         authority_end = slash if slash >= 0 else len(text)
         at = text.rfind("@", start, authority_end)
-        if at < 0:  # a password with a '/' in it: look up to the query
-            query = text.find("?", start)
-            at = text.rfind("@", start, query if query >= 0 else len(text))
+        if at < 0 and not _HOSTS.fullmatch(text[start:authority_end]):
+            at = text.rfind("@", start)  # not a host: a password with a '/' or '?' in it
         if at >= 0:
             userinfo = text[start:at]
             user, colon, _secret = userinfo.partition(":")
@@ -416,12 +420,6 @@ def _login_refused(url: str, error: BaseException, context: dict[str, Any]) -> R
         f"{_where(url)} refused the login ({text}); check the user and password in --url",
         **context,
     )
-
-
-def unavailable(url: str, error: BaseException) -> RedisUnavailable | None:
-    """RedisUnavailable for a connection, login, permission, TLS or timeout failure, else None."""
-    translated = translate(url, error)
-    return translated if isinstance(translated, RedisUnavailable) else None
 
 
 @contextmanager

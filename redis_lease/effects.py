@@ -22,8 +22,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .errors import EffectFailed, EffectUnknown, NeedsReconciliation, Throttled
+from .lease import effect_record
 from .limits import bound
-from .store import LeaseStore, effect_record
+from .store import LeaseStore
 from .validation import check_id
 
 if TYPE_CHECKING:

@@ -42,7 +42,7 @@ from .limits import (
 from .validation import check_id, check_positive, ttl_to_ms
 
 if TYPE_CHECKING:
-    from .worker import ActiveLease
+    from .keeper import ActiveLease
 
 Planner = Callable[[date], Iterable[Item]]
 Handler = Callable[[Item, "ActiveLease"], Any]

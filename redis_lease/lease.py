@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from .guards import Condition, Write
+
 
 def from_ms(ms: int) -> datetime:
     """A server time in milliseconds as an aware UTC datetime."""
@@ -211,3 +213,22 @@ class RunStatus:
             "oldest_unknown_effect_age_seconds": self.oldest_unknown_effect_age_seconds,
             **({"info": dict(self.info)} if self.info else {}),
         }
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """One commit of :meth:`~redis_lease.store.LeaseStore.commit_many`."""
+
+    lease: Lease
+    result: Any = None
+    conditions: tuple[Condition, ...] = ()
+    writes: tuple[Write, ...] = ()
+    outcome: str = ""
+
+
+def effect_record(raw: str | bytes) -> dict[str, Any]:
+    """An effect record with its result (stored as JSON text) decoded."""
+    record: dict[str, Any] = json.loads(raw)
+    if isinstance(record.get("result"), str):
+        record["result"] = json.loads(record["result"])
+    return record

@@ -47,7 +47,7 @@ _INCLUDE = re.compile(r'^-- @include "([a-z_]+\.(?:lua|json))"$', re.MULTILINE)
 #: Times a pipeline is sent again when the server lost its scripts meanwhile.
 NOSCRIPT_RETRIES = 3
 
-__all__ = ["KEY_COUNTS", "Call", "Scripts", "lua_dir", "source"]
+__all__ = ["KEY_COUNTS", "Call", "Command", "Scripts", "lua_dir", "source"]
 
 
 def _lua_literal(value: Any) -> str:
@@ -101,6 +101,12 @@ class Call(NamedTuple):
     args: Sequence[Any]
 
 
+class Command(NamedTuple):
+    """A plain Redis command to send with script calls in :meth:`Scripts.many` (raw reply)."""
+
+    args: tuple[Any, ...]
+
+
 class Scripts:
     """Every script registered on one client (``register_script`` reloads on NOSCRIPT)."""
 
@@ -121,8 +127,10 @@ class Scripts:
         """Runs a script and returns its decoded reply (see :mod:`redis_lease.replies`)."""
         return DECODERS[name](self._scripts[name](keys=keys, args=args))
 
-    def many(self, calls: Sequence[Call]) -> list[Any]:
+    def many(self, calls: Sequence[Call | Command]) -> list[Any]:
         """Runs the calls in one pipeline; per call, its decoded reply or its ResponseError.
+
+        A :class:`Command` rides along in the same round trip; its reply is redis-py's.
 
         The pipeline loads missing scripts before it runs; calls that still meet
         NOSCRIPT (the scripts were flushed in between) are sent again, so a
@@ -134,16 +142,20 @@ class Scripts:
             pipe = self.client.pipeline(transaction=False)
             for index in todo:
                 call = calls[index]
-                self._scripts[call.name](keys=call.keys, args=call.args, client=pipe)
+                if isinstance(call, Command):
+                    pipe.execute_command(*call.args)  # type: ignore[no-untyped-call]
+                else:
+                    self._scripts[call.name](keys=call.keys, args=call.args, client=pipe)
             answers = pipe.execute(raise_on_error=False) if todo else []
             retry = []
             for index, answer in zip(todo, answers, strict=True):
+                call = calls[index]
                 if isinstance(answer, NoScriptError) and attempt < NOSCRIPT_RETRIES:
                     retry.append(index)
-                elif isinstance(answer, redis.ResponseError):
+                elif isinstance(answer, redis.ResponseError) or isinstance(call, Command):
                     replies[index] = answer
                 else:
-                    replies[index] = DECODERS[calls[index].name](answer)
+                    replies[index] = DECODERS[call.name](answer)
             if not retry:
                 break
             todo = retry

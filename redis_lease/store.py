@@ -7,23 +7,24 @@ import random
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from . import guards
-from .connection import as_text, client_from_url, translate, warn_unless_noeviction
+from . import guards, snapshots
+from .connection import as_text, client_from_url, warn_unless_noeviction
+from .connection import translate as translate_error
 from .errors import InvalidInput, LeaseError, LeaseLost, NotClaimable, NotFound, RedisUnavailable
 from .keys import Keys, shard_of
 from .lease import (
-    COUNT_STATES,
     CommitOutcome,
+    CommitRequest,
     FailOutcome,
     Item,
     ItemRecord,
     Lease,
     RunStatus,
+    effect_record,
 )
 from .limits import (
     ADD_BATCH_MAX,
@@ -38,12 +39,19 @@ from .limits import (
     ERROR_MAX_BYTES,
     SHARD_COUNT_MAX,
     SWEEP_MAX,
-    TIME_MAX_MS,
-    TOKEN_MAX,
 )
-from .replies import Committed, Grant, Snapshot
+from .replies import Committed, Grant
 from .scripts import Call, Scripts
-from .validation import check_id, check_positive, clip, delay_to_ms, encode_json, ttl_to_ms
+from .validation import (
+    check_id,
+    check_lease,
+    check_positive,
+    check_time_ms,
+    clip,
+    delay_to_ms,
+    encode_json,
+    ttl_to_ms,
+)
 
 #: Items sent to Redis per add_items call (at most limits.ADD_BATCH_MAX).
 ADD_BATCH = min(500, ADD_BATCH_MAX)
@@ -85,16 +93,17 @@ class LeaseStore:
         try:
             yield
         except (redis.RedisError, OSError) as error:
-            raise self._translate(error, run_id, item_id, token) from None
+            raise self.translate(error, run_id, item_id, token) from None
 
-    def _translate(
+    def translate(
         self,
         error: BaseException,
-        run_id: str | None,
-        item_id: str | None,
-        token: int | None,
+        run_id: str | None = None,
+        item_id: str | None = None,
+        token: int | None = None,
     ) -> Exception:
-        return translate(self.url, error, run_id=run_id, item_id=item_id, token=token)
+        """The library's error for what a call on this store raised or replied."""
+        return translate_error(self.url, error, run_id=run_id, item_id=item_id, token=token)
 
     def _run_script(
         self,
@@ -113,7 +122,7 @@ class LeaseStore:
         try:  # the hot path: a plain try rather than the errors() context manager
             return self.scripts.call(name, keys, args)
         except (redis.RedisError, OSError) as error:
-            raise self._translate(error, run_id, item_id, token) from None
+            raise self.translate(error, run_id, item_id, token) from None
 
     def shard_count(self, run_id: str) -> int:
         """The run's shard count; raises NotFound for an unknown run."""
@@ -180,7 +189,7 @@ class LeaseStore:
         shard's first add; :meth:`set_deadline` moves the deadline later.
         """
         check_positive(max_attempts, "max_attempts", ATTEMPTS_MAX)
-        deadline = _check_time(deadline_ms, "deadline_ms")
+        deadline = check_time_ms(deadline_ms, "deadline_ms")
         base_ms, cap_ms = (
             ttl_to_ms(backoff_base, "backoff_base"),
             ttl_to_ms(backoff_cap, "backoff_cap"),
@@ -328,7 +337,7 @@ class LeaseStore:
         renewed: list[Lease | None] = []
         for lease, reply in zip(leases, replies, strict=True):
             if isinstance(reply, redis.ResponseError):
-                error = self._translate(reply, lease.run_id, lease.item_id, lease.token)
+                error = self.translate(reply, lease.run_id, lease.item_id, lease.token)
                 if not isinstance(error, (LeaseLost, NotFound)):
                     raise error
                 renewed.append(None)
@@ -371,7 +380,7 @@ class LeaseStore:
         for index, request in enumerate(requests):
             lease = request.lease
             try:
-                _check_lease(lease)
+                check_lease(lease)
                 extra, args = self._commit_args(request)
             except InvalidInput as invalid:
                 outcomes[index] = invalid
@@ -384,7 +393,7 @@ class LeaseStore:
         for index, reply in zip(sent, replies, strict=True):
             if isinstance(reply, redis.ResponseError):
                 lease = requests[index].lease
-                error = self._translate(reply, lease.run_id, lease.item_id, lease.token)
+                error = self.translate(reply, lease.run_id, lease.item_id, lease.token)
                 if not isinstance(error, LeaseError) or isinstance(error, RedisUnavailable):
                     raise error  # the server refused the user or went away: not one item's fault
                 outcomes[index] = error
@@ -425,7 +434,7 @@ class LeaseStore:
     def _holder_script(
         self, name: str, lease: Lease, args: Sequence[Any], extra_keys: Sequence[str] = ()
     ) -> Any:
-        _check_lease(lease)
+        check_lease(lease)
         return self._run_script(
             name,
             lease.run_id,
@@ -507,7 +516,7 @@ class LeaseStore:
         Leases granted before the deadline may still commit; such commits are
         counted as ``late_commits``.
         """
-        deadline = _check_time(deadline_ms, "deadline_ms")
+        deadline = check_time_ms(deadline_ms, "deadline_ms")
         for shard in range(self.shard_count(run_id)):
             self._run_script("close_shard", run_id, shard, ["", deadline])
 
@@ -515,100 +524,21 @@ class LeaseStore:
 
     def shard_counts(self, run_id: str) -> list[dict[str, int]]:
         """Per shard, the item counts by state and the event counters."""
-        return [snap.counts for snap in self._snapshots(run_id)[1]]
-
-    def _snapshots(self, run_id: str) -> tuple[dict[Any, Any], list[_Snapshot]]:
-        count = self.shard_count(run_id)
-        calls = [Call("shard_status", self.keys.shard(run_id, shard), []) for shard in range(count)]
-        with self.errors(run_id):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hgetall(self.keys.run(run_id))
-            for shard in range(count):
-                pipe.zrange(self.keys.effects(run_id, shard)[1], 0, 0, withscores=True)
-            info_raw, *unknowns = pipe.execute()
-            shard_replies = self.scripts.many(calls)
-        snapshots = []
-        for reply, unknown in zip(shard_replies, unknowns, strict=True):
-            if isinstance(reply, redis.ResponseError):
-                raise self._translate(reply, run_id, None, None)
-            snapshot: Snapshot = reply
-            counts = dict(snapshot.counts)
-            for state in COUNT_STATES:
-                counts.setdefault(state, 0)
-            snapshots.append(
-                _Snapshot(
-                    counts,
-                    snapshot.first_due_ms,
-                    snapshot.first_held_ms,
-                    int(unknown[0][1]) if unknown else None,
-                    snapshot.now_ms,
-                )
-            )
-        return info_raw, snapshots
+        return [snap.counts for snap in snapshots.read(self, run_id)[1]]
 
     def status(self, run_id: str) -> RunStatus:
         """Counts, event counters and ages of a run: O(shards), one round trip."""
-        info_raw, snapshots = self._snapshots(run_id)
-        totals: dict[str, int] = {}
-        for snap in snapshots:
-            for name, value in snap.counts.items():
-                totals[name] = totals.get(name, 0) + value
-        now = max((snap.now for snap in snapshots), default=0)
+        return snapshots.run_status(self, run_id)
 
-        def oldest(times: Iterable[int | None]) -> float:
-            ages = [now - t for t in times if t is not None and t <= now]
-            return max(ages, default=0) / 1000
-
-        counts = {state: totals.pop(state, 0) for state in COUNT_STATES}
-        info = {as_text(k): as_text(v) for k, v in info_raw.items()}
-        return RunStatus(
-            run_id=run_id,
-            shards=len(snapshots),
-            state=info.get("state", "running"),
-            counts=counts,
-            events=totals,
-            oldest_eligible_age_seconds=oldest(s.first_due for s in snapshots),
-            oldest_leased_age_seconds=oldest(s.first_held for s in snapshots),
-            oldest_unknown_effect_age_seconds=oldest(s.first_unknown for s in snapshots),
-            now_ms=now,
-            info=info,
-        )
+    def status_by_shard(self, run_id: str) -> tuple[RunStatus, list[dict[str, int]]]:
+        """The run's status and each shard's counts, from the same round trip."""
+        info, shards = snapshots.read(self, run_id)
+        return snapshots.summary(run_id, info, shards), [snap.counts for snap in shards]
 
     def run_ids(self) -> list[str]:
         """Every run id, oldest first."""
         with self.errors():
             return [as_text(r) for r in self.client.zrange(self.keys.runs, 0, -1)]
-
-
-@dataclass(frozen=True)
-class CommitRequest:
-    """One commit of :meth:`LeaseStore.commit_many`."""
-
-    lease: Lease
-    result: Any = None
-    conditions: tuple[guards.Condition, ...] = ()
-    writes: tuple[guards.Write, ...] = ()
-    outcome: str = ""
-
-
-def _check_lease(lease: Lease) -> None:
-    check_id(lease.run_id, "run id")
-    check_id(lease.item_id, "item id")
-    if lease.lease_id:
-        check_id(lease.lease_id, "lease id")
-    if isinstance(lease.token, bool) or not isinstance(lease.token, int):
-        raise InvalidInput(f"token must be a whole number from 1, got {lease.token!r}")
-    if not 1 <= lease.token <= TOKEN_MAX:
-        raise InvalidInput(f"token must be a whole number from 1 to {TOKEN_MAX}, got {lease.token}")
-
-
-def _check_time(ms: int | None, what: str) -> int:
-    """A time in ms on the server clock (0 or None: none), within the protocol's bound."""
-    if ms is None:
-        return 0
-    if isinstance(ms, bool) or not isinstance(ms, int) or not 0 <= ms <= TIME_MAX_MS:
-        raise InvalidInput(f"{what} must be whole milliseconds from 0 to {TIME_MAX_MS}, got {ms!r}")
-    return ms
 
 
 def _commit_outcome(reply: Committed) -> CommitOutcome:
@@ -618,25 +548,6 @@ def _commit_outcome(reply: Committed) -> CommitOutcome:
         done_at_ms=reply.done_at_ms,
         repeated=reply.repeated,
     )
-
-
-@dataclass(frozen=True)
-class _Snapshot:
-    """One shard's counters and the first entries of its time indexes (ms)."""
-
-    counts: dict[str, int]
-    first_due: int | None
-    first_held: int | None
-    first_unknown: int | None
-    now: int
-
-
-def effect_record(raw: str | bytes) -> dict[str, Any]:
-    """An effect record with its result (stored as JSON text) decoded."""
-    record: dict[str, Any] = json.loads(raw)
-    if isinstance(record.get("result"), str):
-        record["result"] = json.loads(record["result"])
-    return record
 
 
 def _replace(lease: Lease, **changes: Any) -> Lease:

@@ -315,7 +315,7 @@ def _tick_run(
         decisions.append(planned)
     elif runs.retire_if_final(run_id, info) or info["state"] != "running":
         return decisions
-    status = store.status(run_id)
+    status, per_shard = store.status_by_shard(run_id)
     deadline_ms = int(status.info.get("deadline_at", "0"))
     now_ms = to_ms(now)
     if deadline_ms and now_ms >= deadline_ms:
@@ -323,7 +323,7 @@ def _tick_run(
     elif status.unfinished == 0:
         final = runs.finalize(run_id, "no item left to work")
     else:
-        return decisions + _dispatch(store, runs, path, job, status, now_ms, deadline_ms)
+        return decisions + _dispatch(store, runs, path, job, status, per_shard, now_ms, deadline_ms)
     return decisions + ([final] if final else [])
 
 
@@ -349,13 +349,13 @@ def _dispatch(
     path: str,
     job: Job,
     status: RunStatus,
+    per_shard: list[dict[str, int]],
     now_ms: int,
     deadline_ms: int,
 ) -> list[Decision]:
     """Enqueues a shard job where work remains and no live job is on the shard."""
     opts = job.options
     run_id = status.run_id
-    per_shard = store.shard_counts(run_id)
     live = dispatch.live_jobs(store, run_id)
     total_live = sum(len(ids) for ids in live.values())
     enqueued = 0

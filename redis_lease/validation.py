@@ -15,11 +15,14 @@ import re
 from typing import Any
 
 from .errors import InvalidInput
+from .lease import Lease
 from .limits import (
     DELAY_MAX_MS,
     ID_MAX_LENGTH,
     JSON_MAX_BYTES,
     JSON_MAX_DEPTH,
+    TIME_MAX_MS,
+    TOKEN_MAX,
     TTL_MAX_MS,
     TTL_MIN_MS,
 )
@@ -36,7 +39,9 @@ __all__ = [
     "TTL_MAX_MS",
     "TTL_MIN_MS",
     "check_id",
+    "check_lease",
     "check_positive",
+    "check_time_ms",
     "clip",
     "delay_to_ms",
     "encode_json",
@@ -159,3 +164,24 @@ def check_positive(value: int, what: str, maximum: int = 1_000_000) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= maximum:
         raise InvalidInput(f"{what} must be a whole number from 1 to {maximum}, got {value!r}")
     return value
+
+
+def check_lease(lease: Lease) -> None:
+    """Raises InvalidInput unless the lease's ids and token are ones the protocol accepts."""
+    check_id(lease.run_id, "run id")
+    check_id(lease.item_id, "item id")
+    if lease.lease_id:
+        check_id(lease.lease_id, "lease id")
+    if isinstance(lease.token, bool) or not isinstance(lease.token, int):
+        raise InvalidInput(f"token must be a whole number from 1, got {lease.token!r}")
+    if not 1 <= lease.token <= TOKEN_MAX:
+        raise InvalidInput(f"token must be a whole number from 1 to {TOKEN_MAX}, got {lease.token}")
+
+
+def check_time_ms(ms: int | None, what: str) -> int:
+    """A time in ms on the server clock (0 or None: none), within the protocol's bound."""
+    if ms is None:
+        return 0
+    if isinstance(ms, bool) or not isinstance(ms, int) or not 0 <= ms <= TIME_MAX_MS:
+        raise InvalidInput(f"{what} must be whole milliseconds from 0 to {TIME_MAX_MS}, got {ms!r}")
+    return ms

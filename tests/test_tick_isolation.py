@@ -114,14 +114,14 @@ def test_an_error_in_one_run_is_recorded_on_it_and_the_other_runs_are_ticked(
     now = runs.server_now()
     broken_run, _ = runs.ensure(job, DAY, now)
     healthy_run, _ = runs.ensure(job, DAY + timedelta(days=1), now)
-    status = LeaseStore.status
+    status = LeaseStore.status_by_shard  # what the tick reads a run's counts with
 
     def broken(self: LeaseStore, run_id: str) -> Any:
         if run_id == broken_run:
             raise RuntimeError("disk on fire")
         return status(self, run_id)
 
-    monkeypatch.setattr(LeaseStore, "status", broken)
+    monkeypatch.setattr(LeaseStore, "status_by_shard", broken)
     result = tick(real_store, [NIGHTLY_PATH], now=now)
     reason = "tick failed: RuntimeError: disk on fire"
     assert result.failures == [Decision("error", broken_run, reason)]

@@ -110,6 +110,7 @@ class CuttingProxy:
         self.seen = self.cuts = 0
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
+        self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -125,6 +126,10 @@ class CuttingProxy:
                 return
             upstream = socket.create_connection(self.target)
             with self._lock:
+                if self._closed:  # accepted while close() ran: close these two too
+                    client.close()
+                    upstream.close()
+                    return
                 self._sockets += [client, upstream]
             threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
@@ -156,6 +161,7 @@ class CuttingProxy:
         """Stops accepting and closes every relayed connection."""
         self.listener.close()
         with self._lock:
+            self._closed = True
             for sock in self._sockets:
                 with contextlib.suppress(OSError):
                     sock.close()

@@ -1,5 +1,4 @@
-"""CLI commands for jobs and the worker fleet: tick, start, worker, resume, cancel,
-schedule and demo. Registered on :data:`redis_lease.cli.app`."""
+"""Job and fleet commands: tick, start, worker, resume, cancel, schedule, demo, metrics."""
 
 from __future__ import annotations
 
@@ -9,15 +8,15 @@ from typing import Annotated
 
 import typer
 
-from .cli import JsonOpt, RunArg, Settings, app, open_store
-from .connection import as_text, client_from_url
-from .errors import InvalidInput
-from .jobs import load_job, parse_duration
-from .output import error_line, print_json, print_table
-from .runs import Runs
-from .tick import TickResult
-from .tick import tick as run_tick
-from .validation import check_id
+from ..connection import as_text, client_from_url
+from ..errors import InvalidInput
+from ..jobs import load_job, parse_duration
+from ..output import error_line, print_json, print_table
+from ..runs import Runs
+from ..tick import TickResult
+from ..tick import tick as run_tick
+from ..validation import check_id
+from .app import JsonOpt, RunArg, Settings, app, open_store
 
 JobArg = Annotated[str, typer.Argument(help="A job's import path, package.module:attr.")]
 #: Exit code of ``tick`` and ``start`` when the tick ran but some of its work failed.
@@ -124,7 +123,7 @@ def worker(
     from rq import SimpleWorker, Worker
     from rq.serializers import JSONSerializer
 
-    from .dispatch import JsonJob, queue
+    from ..dispatch import JsonJob, queue
 
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     names = queues or ["redis-lease"]
@@ -186,7 +185,7 @@ def schedule_install(
 
     Run the scheduler with: rqscheduler --url URL -j redis_lease.dispatch.JsonJob
     """
-    from .schedule import install
+    from ..schedule import install
 
     job = load_job(job_path)
     ids = install(open_store(ctx), job_path, job, interval)
@@ -196,7 +195,7 @@ def schedule_install(
 @schedule_app.command("show")
 def schedule_show(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = False) -> None:
     """List the job's registered tick entries."""
-    from .schedule import entries
+    from ..schedule import entries
 
     rows = entries(open_store(ctx), load_job(job_path))
     if as_json:
@@ -208,7 +207,7 @@ def schedule_show(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = False
 @schedule_app.command("remove")
 def schedule_remove(ctx: typer.Context, job_path: JobArg) -> None:
     """Remove the job's tick entries."""
-    from .schedule import remove
+    from ..schedule import remove
 
     removed = remove(open_store(ctx), load_job(job_path))
     typer.echo(f"removed {removed} entries")
@@ -229,8 +228,8 @@ def demo(
     ] = True,
 ) -> None:
     """Run a nightly payment reconciliation end to end on real worker processes, with faults."""
-    from .demo.report import print_report, progress_bar
-    from .demo.runner import DemoConfig, run_demo
+    from ..demo.report import print_report, progress_bar
+    from ..demo.runner import DemoConfig, run_demo
 
     if backend not in ("auto", "redis-server", "embedded"):
         raise InvalidInput(f"unknown backend {backend!r}: use auto, redis-server or embedded")
@@ -269,7 +268,7 @@ def metrics(
     """Print Prometheus metrics of runs and providers, or serve them for scraping."""
     from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
-    from .metrics import LeaseCollector
+    from ..metrics import LeaseCollector
 
     registry = CollectorRegistry()
     registry.register(LeaseCollector(open_store(ctx), max_runs))

@@ -1,0 +1,28 @@
+"""The ``redis-lease`` command line: thin wrappers around the library.
+
+One module per audience: :mod:`.leases` (items and leases), :mod:`.status`
+(operator views) and :mod:`.fleet` (jobs and the worker fleet), each adding its
+commands to the app of :mod:`.app`.
+"""
+
+from __future__ import annotations
+
+from . import fleet, leases, status
+from .app import LeaseGroup, Settings, app, open_store, report
+
+__all__ = [
+    "LeaseGroup",
+    "Settings",
+    "app",
+    "fleet",
+    "leases",
+    "main",
+    "open_store",
+    "report",
+    "status",
+]
+
+
+def main() -> None:
+    """Runs the ``redis-lease`` command line (the console entry point)."""
+    app()

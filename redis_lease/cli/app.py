@@ -1,0 +1,201 @@
+"""The command line's app: global options, the store, error reporting, shared options.
+
+The global options ``--url`` and ``--prefix`` are kept in ``ctx.obj`` (a
+:class:`Settings`); a command gets its store from :func:`open_store`. Every
+failure leaves through :meth:`LeaseGroup.main`: one ``error: ...`` line on stderr
+and the documented exit code (docs/cli.md), never a traceback. The command
+modules of this package add commands with ``@app.command()`` on :data:`app`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import redis
+import typer
+from typer.core import TyperGroup
+
+from .. import __version__
+from ..connection import (
+    EvictionPolicyWarning,
+    client_from_url,
+    translate,
+    warn_unless_noeviction,
+)
+from ..errors import RedisLeaseError
+from ..lease import from_ms
+from ..limits import (
+    DEFAULT_PREFIX,
+)
+from ..output import (
+    danger_line,
+    error_line,
+    warning_line,
+)
+from ..store import LeaseStore
+from ..validation import check_id
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+#: Set to 1 to let unexpected exceptions show their traceback.
+DEBUG_ENV = "REDIS_LEASE_DEBUG"
+
+
+@dataclass
+class Settings:
+    """The global options, shared by every command through ``ctx.obj``."""
+
+    url: str = DEFAULT_URL
+    prefix: str = DEFAULT_PREFIX
+    store: LeaseStore | None = None
+
+
+def report(error: Exception) -> int:
+    """Prints the one-line message for ``error`` on stderr and returns its exit code.
+
+    Every redis-lease error carries its exit code (docs/cli.md); a Redis error
+    that reached here untranslated (e.g. from RQ) is translated first.
+    """
+    if isinstance(error, redis.RedisError) and not isinstance(error, RedisLeaseError):
+        error = translate("", error)
+    if isinstance(error, RedisLeaseError):
+        error_line(str(error))
+        return error.exit_code
+    if isinstance(error, typer.Abort):
+        error_line("aborted")
+        return 1
+    # Typer's usage and parameter errors (click's, vendored by newer typer releases).
+    format_message = getattr(error, "format_message", None)
+    exit_code = getattr(error, "exit_code", None)
+    if callable(format_message) and isinstance(exit_code, int):
+        text = str(format_message())
+        if type(error).__name__ == "NoArgsIsHelpError":
+            if text.strip():  # rich help is printed while it is built, plain help is not
+                typer.echo(text, err=True)
+            return exit_code
+        command_path = getattr(getattr(error, "ctx", None), "command_path", None)
+        hint = f" (see '{command_path} --help')" if command_path else ""
+        error_line(text + hint)
+        return exit_code
+    error_line(f"unexpected {type(error).__name__}: {error}")
+    return 1
+
+
+class LeaseGroup(TyperGroup):
+    """The root command: turns every failure into one stderr line and an exit code."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """Runs the command line; with ``standalone_mode=False`` errors propagate."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+        try:
+            # Non-standalone: click hands errors to us instead of printing them itself.
+            result = super().main(
+                args, prog_name, complete_var, False, windows_expand_args, **extra
+            )
+        except Exception as error:
+            if os.environ.get(DEBUG_ENV) == "1":
+                raise
+            sys.exit(report(error))
+        # An Exit (``--help``, Ctrl-C) comes back as its code; a command returns None.
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+app = typer.Typer(
+    name="redis-lease",
+    cls=LeaseGroup,
+    help="Fenced leases on the items of recoverable batch runs, in Redis.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"redis-lease {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global_options(
+    ctx: typer.Context,
+    url: Annotated[
+        str,
+        typer.Option(
+            "--url",
+            envvar=["REDIS_LEASE_URL", "REDIS_URL"],
+            help="Redis URL: redis://, rediss://, unix:// or fakeredis://NAME (in-process).",
+        ),
+    ] = DEFAULT_URL,
+    prefix: Annotated[
+        str, typer.Option("--prefix", envvar="REDIS_LEASE_PREFIX", help="Key prefix.")
+    ] = DEFAULT_PREFIX,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_show_version, is_eager=True, help="Show the version."),
+    ] = False,
+) -> None:
+    """Fenced leases on the items of recoverable batch runs, in Redis."""
+    check_id(prefix, "prefix")
+    ctx.obj = Settings(url=url, prefix=prefix)
+
+
+def open_store(ctx: typer.Context) -> LeaseStore:
+    """The store for this invocation (made once, closed when the command ends).
+
+    Warnings become ``warning: ...`` lines on stderr; a server that may evict keys
+    (``maxmemory-policy`` other than ``noeviction``) is a ``danger: ...`` line.
+
+    Raises:
+        RedisUnavailable: Redis cannot be reached, or refuses the login, a command
+            (PermissionDenied) or the TLS handshake (TLSFailed).
+        InvalidInput: the URL (malformed, unknown scheme) or prefix is not acceptable.
+    """
+    settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
+    ctx.obj = settings
+    if settings.store is None:
+        client = client_from_url(settings.url)
+        ctx.find_root().call_on_close(client.close)
+        store = LeaseStore(client, prefix=settings.prefix, url=settings.url)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warn_unless_noeviction(client, settings.url)
+        for warning in caught:
+            if issubclass(warning.category, EvictionPolicyWarning):
+                danger_line(str(warning.message))
+            else:
+                warning_line(str(warning.message))
+        settings.store = store
+    return settings.store
+
+
+# -- shared options -----------------------------------------------------------
+
+RunArg = Annotated[str, typer.Argument(help="Run id, e.g. payment-reconciliation:2026-12-02.")]
+ItemArg = Annotated[str, typer.Argument(help="Item id.")]
+TokenOpt = Annotated[
+    int, typer.Option("--token", "-t", min=1, help="Fencing token from the claim.")
+]
+LeaseIdOpt = Annotated[
+    str, typer.Option("--lease-id", "-l", help="Lease id from the claim (checked when given).")
+]
+TtlOpt = Annotated[float, typer.Option("--ttl", help="Lease time to live in seconds.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
+
+
+def iso_ms(ms: int | None) -> str | None:
+    """A server time in ms as ISO 8601 UTC (None for none)."""
+    return from_ms(ms).isoformat(timespec="milliseconds") if ms else None
