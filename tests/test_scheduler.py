@@ -84,15 +84,17 @@ def test_rqscheduler_triggers_the_tick_and_the_run_is_created(
         )
         procs.worker(redis_url, queue_name, env, name="worker")
 
-        def created() -> dict[str, str] | None:
+        def created() -> list[dict[str, str]] | None:
+            # The tick writes the run, then its "create" decision: wait for both.
             try:
-                return runs.info(run_id)
+                runs.info(run_id)
             except NotFound:
                 return None
+            return [e for e in runs.events(run_id) if e["kind"] == "create"] or None
 
-        info = wait_for(created, 60, f"run {run_id} to be created", every=0.2)
+        create = wait_for(created, 60, f"run {run_id} to be created", every=0.2)
+        info = runs.info(run_id)
         assert info["business_date"] == fire.date().isoformat()
-        create = [e for e in runs.events(run_id) if e["kind"] == "create"]
         assert len(create) == 1
         assert create[0]["reason"] == f"scheduled at {fire.isoformat()}; {NO_RECORD}"
         registered = real_store.client.hget(real_store.keys.job(job.name), "registered_at")
