@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import redis
 from redis.commands.core import Script
@@ -47,7 +47,51 @@ _INCLUDE = re.compile(r'^-- @include "([a-z_]+\.(?:lua|json))"$', re.MULTILINE)
 #: Times a pipeline is sent again when the server lost its scripts meanwhile.
 NOSCRIPT_RETRIES = 3
 
-__all__ = ["KEY_COUNTS", "Call", "Command", "Scripts", "lua_dir", "source"]
+__all__ = ["KEY_COUNTS", "Call", "Command", "Observer", "Scripts", "lua_dir", "observe", "source"]
+
+
+class Observer(Protocol):
+    """Sees every script call of this process and how it ended (histories, tracing).
+
+    :meth:`sent` runs before the call goes out and returns a ticket; exactly one
+    of :meth:`answered` (the decoded reply, or the error reply the script gave)
+    and :meth:`unanswered` (no reply: the call may or may not have run) follows.
+    """
+
+    def sent(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """A call is about to be sent; returns a ticket for the outcome."""
+
+    def answered(self, ticket: Any, reply: Any) -> None:
+        """The call's decoded reply, or the ``ResponseError`` the server answered."""
+
+    def unanswered(self, ticket: Any, error: BaseException) -> None:
+        """The call got no reply (a reset, a timeout): its outcome is unknown."""
+
+
+_OBSERVERS: list[Observer] = []
+
+
+def observe(observer: Observer) -> Callable[[], None]:
+    """Shows every later script call of this process to ``observer``; returns its removal."""
+    _OBSERVERS.append(observer)
+    return lambda: _OBSERVERS.remove(observer)
+
+
+class _Watch:
+    """The observers' tickets for one call (empty, and nearly free, when nobody observes)."""
+
+    __slots__ = ("tickets",)
+
+    def __init__(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
+        self.tickets = [(o, o.sent(name, keys, args)) for o in _OBSERVERS]
+
+    def answered(self, reply: Any) -> None:
+        for observer, ticket in self.tickets:
+            observer.answered(ticket, reply)
+
+    def unanswered(self, error: BaseException) -> None:
+        for observer, ticket in self.tickets:
+            observer.unanswered(ticket, error)
 
 
 def _lua_literal(value: Any) -> str:
@@ -125,7 +169,19 @@ class Scripts:
 
     def call(self, name: str, keys: list[str], args: Sequence[Any]) -> Any:
         """Runs a script and returns its decoded reply (see :mod:`redis_lease.replies`)."""
-        return DECODERS[name](self._scripts[name](keys=keys, args=args))
+        if not _OBSERVERS:
+            return DECODERS[name](self._scripts[name](keys=keys, args=args))
+        watch = _Watch(name, keys, args)
+        try:
+            reply = DECODERS[name](self._scripts[name](keys=keys, args=args))
+        except redis.ResponseError as error:
+            watch.answered(error)
+            raise
+        except BaseException as error:
+            watch.unanswered(error)
+            raise
+        watch.answered(reply)
+        return reply
 
     def many(self, calls: Sequence[Call | Command]) -> list[Any]:
         """Runs the calls in one pipeline; per call, its decoded reply or its ResponseError.
@@ -140,13 +196,21 @@ class Scripts:
         todo = list(range(len(calls)))
         for attempt in range(NOSCRIPT_RETRIES + 1):
             pipe = self.client.pipeline(transaction=False)
+            watches: dict[int, _Watch] = {}
             for index in todo:
                 call = calls[index]
                 if isinstance(call, Command):
                     pipe.execute_command(*call.args)  # type: ignore[no-untyped-call]
                 else:
+                    if _OBSERVERS:
+                        watches[index] = _Watch(call.name, call.keys, call.args)
                     self._scripts[call.name](keys=call.keys, args=call.args, client=pipe)
-            answers = pipe.execute(raise_on_error=False) if todo else []
+            try:
+                answers = pipe.execute(raise_on_error=False) if todo else []
+            except BaseException as error:
+                for watch in watches.values():
+                    watch.unanswered(error)
+                raise
             retry = []
             for index, answer in zip(todo, answers, strict=True):
                 call = calls[index]
@@ -156,6 +220,8 @@ class Scripts:
                     replies[index] = answer
                 else:
                     replies[index] = DECODERS[call.name](answer)
+                if index in watches:
+                    watches[index].answered(replies[index] if index not in retry else answer)
             if not retry:
                 break
             todo = retry
