@@ -78,14 +78,23 @@ class History:
         key = idempotency_key(RUN, item, EFFECT)
         self.applied[key] = self.applied.get(key, 0) + 1
 
-    def lose_reply(self, f: str, item: str) -> None:
-        """Drops the end line of the last ``f`` operation on ``item`` (its process died)."""
-        op = max(
+    def last(self, f: str, item: str) -> int:
+        """The number of the last ``f`` operation on ``item``."""
+        return max(
             line["op"]
             for line in self.lines
             if line["type"] == "invoke" and line["f"] == f and line.get("item") == item
         )
+
+    def lose_reply(self, f: str, item: str) -> None:
+        """Drops the end line of the last ``f`` operation on ``item`` (its process died)."""
+        op = self.last(f, item)
         self.lines = [line for line in self.lines if line["op"] != op or line["type"] == "invoke"]
+
+    def edit(self, f: str, item: str, **fields: Any) -> None:
+        """Changes fields of the last ``f`` operation on ``item`` (invoke and end lines)."""
+        op = self.last(f, item)
+        self.lines = [{**line, **fields} if line["op"] == op else line for line in self.lines]
 
     def evidence(self) -> Evidence:
         """The evidence the checker reads."""
@@ -179,6 +188,34 @@ def test_a_guarded_write_left_by_a_refused_commit_is_caught() -> None:
     violation = caught(history)
     assert violation.kinds == {"stale-write"}
     assert "guarded write of token 7" in str(violation)
+
+
+def test_a_commit_accepted_after_its_lease_expired_is_caught() -> None:
+    history = clean()
+    history.edit("commit", "b", server_ms=1300)  # b's lease, granted at 200, ends at 1200
+    history.records["b"] = Record("done", 1, 1300)
+    violation = caught(history)
+    assert violation.kinds == {"expired-write"}
+    assert "expired at 1200" in str(violation)
+
+
+def test_a_renewal_extends_the_lease_a_commit_may_use() -> None:
+    history = clean()
+    history.op("w1", "renew", "ok", item="b", token=1, lease="Lb1", server_ms=1100,
+               expires_ms=2500)  # fmt: skip
+    history.edit("commit", "b", server_ms=1300)
+    history.records["b"] = Record("done", 1, 1300)
+    assert check(history.evidence()).accepted_commits == 3
+
+
+def test_a_commit_from_a_token_never_granted_is_caught() -> None:
+    history = clean()
+    history.records["c"] = Record("done", 4, 330)
+    history.marks["c"] = {4}
+    history.edit("commit", "c", token=4)
+    violation = caught(history)
+    assert violation.kinds == {"stale-write"}
+    assert "never granted" in str(violation)
 
 
 def test_an_accepted_commit_without_its_mark_is_caught() -> None:
@@ -341,6 +378,7 @@ def test_a_recorded_history_of_a_real_run_passes_and_a_forged_mark_fails(
 ) -> None:
     from redis_lease import Item
     from redis_lease.guards import Write
+    from redis_lease.runs import Runs
 
     run = "checked:2026-12-01"
     real_store.add(run, [Item(f"i{n}", {"n": n}) for n in range(6)], shards=2)
@@ -356,13 +394,16 @@ def test_a_recorded_history_of_a_real_run_passes_and_a_forged_mark_fails(
         uninstall()
     planned = [f"i{n}" for n in range(6)]
     evidence = collect(real_store, run, planned, history_dir=tmp_path, applied={})
-    evidence.run_state = "succeeded"  # the run is finished by hand: no tick runs here
+    assert evidence.run_state == "running"
+    with pytest.raises(Violation, match="the run is running, not final"):
+        check(evidence)
+    Runs(real_store).finalize(run, "every item is done")
+    evidence = collect(real_store, run, planned, history_dir=tmp_path, applied={})
     summary = check(evidence)
     assert (summary.grants, summary.accepted_commits) == (6, 6)
     real_store.client.sadd(marks_key(real_store.prefix, run, 0), "i0|9")
     real_store.client.sadd(marks_key(real_store.prefix, run, 1), "i0|9")
     forged = collect(real_store, run, planned, history_dir=tmp_path, applied={})
-    forged.run_state = "succeeded"
     with pytest.raises(Violation) as raised:
         check(forged)
     assert raised.value.kinds == {"stale-write"}

@@ -12,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +22,9 @@ from redis.retry import Retry
 from redis_lease import LeaseStore
 from redis_lease.errors import LeaseLost, NotFound, RedisUnavailable
 from redis_lease.lease import COUNT_STATES, Item
-from tests import history
-from tests.history import Event
+from tests.faults import recorder
+from tests.faults.checker import check_grants
+from tests.faults.recorder import OK, Op
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -54,18 +56,34 @@ def item_ids() -> list[str]:
     return [f"acct_{n}:2026-01-01" for n in range(ITEMS)]
 
 
-def claim_until_killed(server: RedisServer, store: LeaseStore) -> list[Event]:
-    """Claims in a background thread and SIGKILLs the server while it does; returns the claims."""
-    events: list[Event] = []
+def recorded(directory: Path, work: Callable[[], None]) -> list[Op]:
+    """The history of the script calls ``work`` makes (recorded into ``directory``)."""
+    directory.mkdir()
+    uninstall = recorder.install(directory, "test")
+    try:
+        work()
+    finally:
+        uninstall()
+    return recorder.read_ops(list(recorder.read_lines(directory)))
+
+
+def grants(ops: list[Op]) -> list[dict[str, Any]]:
+    """Every lease the history shows granted."""
+    return [g for op in ops if op.type == OK for g in op.get("grants") or []]
+
+
+def claim_until_killed(server: RedisServer, store: LeaseStore) -> None:
+    """Claims in a background thread and SIGKILLs the server while it does."""
+    claimed = 0
     enough = threading.Event()
     ended: list[BaseException] = []
 
     def claimer() -> None:
+        nonlocal claimed
         try:
             while True:
-                for lease in store.claim_next(RUN, "before", limit=BATCH, ttl=TTL_MS / 1000):
-                    events.append(Event.claimed(lease, TTL_MS))
-                if len(events) >= BEFORE_KILL:
+                claimed += len(store.claim_next(RUN, "before", limit=BATCH, ttl=TTL_MS / 1000))
+                if claimed >= BEFORE_KILL:
                     enough.set()
         except BaseException as error:  # recorded and asserted on below
             ended.append(error)
@@ -80,23 +98,18 @@ def claim_until_killed(server: RedisServer, store: LeaseStore) -> list[Event]:
     # the kill came while the claimer was still claiming
     assert len(ended) == 1 and isinstance(ended[0], RedisUnavailable), ended
     store.client.close()
-    return events
 
 
-def claim_all_again(store: LeaseStore, ids: list[str]) -> list[Event]:
+def claim_all_again(store: LeaseStore, ids: list[str]) -> None:
     """After the restart: claims every item once on a long lease (waiting out live leases)."""
-    events: list[Event] = []
     wanted = set(ids)
     deadline = time.monotonic() + 30
     while wanted:
         assert time.monotonic() < deadline, f"{len(wanted)} items never became claimable"
         leases = store.claim_next(RUN, "after", limit=100, ttl=60)
-        for lease in leases:
-            events.append(Event.claimed(lease, 60_000))
-            wanted.discard(lease.item_id)
+        wanted.difference_update(lease.item_id for lease in leases)
         if not leases:
             time.sleep(0.005)  # some pre-crash lease has not expired yet; poll
-    return events
 
 
 def assert_consistent(store: LeaseStore) -> Counter[str]:
@@ -123,37 +136,42 @@ def assert_consistent(store: LeaseStore) -> Counter[str]:
 
 
 def test_aof_always_never_hands_out_a_token_twice(
-    private_redis: ServerFactory, prefix: str
+    private_redis: ServerFactory, prefix: str, tmp_path: Path
 ) -> None:
     server = private_redis(appendonly="yes", appendfsync="always")
     store = connect(server, prefix)
     ids = item_ids()
     store.add(RUN, [Item(i) for i in ids], shards=SHARDS, max_attempts=1000)
 
-    before = claim_until_killed(server, store)
-    seen = history.check(before).max_token
+    before = recorded(tmp_path / "before", lambda: claim_until_killed(server, store))
+    seen = check_grants(before).max_token
     assert len(seen) > ITEMS // 2  # the crash came after most items had leases
+    # the claim in flight at the kill has no reply: its outcome is unknown
+    assert [op.type for op in before][-1] == "info"
 
     server.start()
     store = connect(server, prefix)
-    after = claim_all_again(store, ids)
+    after = recorded(tmp_path / "after", lambda: claim_all_again(store, ids))
 
-    for event in after:
-        assert event.token > seen.get(event.item, 0), (
-            f"{event.item}: token {event.token} after the restart, "
-            f"but {seen[event.item]} was handed out before it"
+    for grant in grants(after):
+        assert grant["token"] > seen.get(grant["item"], 0), (
+            f"{grant['item']}: token {grant['token']} after the restart, "
+            f"but {seen[grant['item']]} was handed out before it"
         )
     # and over the whole history: every token once, in claim order (a gap is allowed:
     # the claim in flight at the kill may have been stored without its reply arriving)
-    history.check(before + after)
-    for event in after:
-        assert store.item(RUN, event.item).token == event.token
+    check_grants(before + after)
+    for grant in grants(after):
+        assert store.item(RUN, grant["item"]).token == grant["token"]
     assert assert_consistent(store) == {"leased": ITEMS}
     store.client.close()
 
 
 def test_aof_everysec_restarts_consistent(
-    private_redis: ServerFactory, prefix: str, record_property: Callable[[str, object], None]
+    private_redis: ServerFactory,
+    prefix: str,
+    record_property: Callable[[str, object], None],
+    tmp_path: Path,
 ) -> None:
     """A demonstration, not a guarantee of loss or of no loss.
 
@@ -169,8 +187,8 @@ def test_aof_everysec_restarts_consistent(
     ids = item_ids()
     store.add(RUN, [Item(i) for i in ids], shards=SHARDS, max_attempts=1000)
 
-    before = claim_until_killed(server, store)
-    seen = history.check(before).max_token
+    before = recorded(tmp_path / "before", lambda: claim_until_killed(server, store))
+    seen = check_grants(before).max_token
 
     server.start()
     store = connect(server, prefix)
@@ -179,8 +197,8 @@ def test_aof_everysec_restarts_consistent(
     present = [i for i in ids if i in stored]
     reissued = 0
     if present:
-        after = claim_all_again(store, present)
-        reissued = sum(event.token <= seen.get(event.item, 0) for event in after)
+        after = recorded(tmp_path / "after", lambda: claim_all_again(store, present))
+        reissued = sum(g["token"] <= seen.get(g["item"], 0) for g in grants(after))
         assert_consistent(store)
     record_property("items_after_restart", sum(states.values()))
     record_property("tokens_reissued", reissued)

@@ -11,8 +11,12 @@ words of DESIGN.md section 1:
 - ``token-order``: per item, granted tokens strictly increase with server time;
 - ``double-commit``: at most one accepted commit (one token) per item;
 - ``stale-write``: no accepted write (commit, renew, fail report, effect record)
-  carries a token lower than one granted before it; no mark comes from a commit
-  that was not the accepted one; an accepted commit left its mark;
+  carries a token lower than one granted before it, or a token never granted; no
+  mark comes from a commit that was not the accepted one; an accepted commit left
+  its mark;
+- ``expired-write``: no write is accepted at or after its lease's expiry (the
+  grant's, or the latest accepted renewal's; unknown when a renewal's reply was
+  lost, and then not checked);
 - ``unfinished``: the run is final and every planned item is done or dead, none
   pending, leased or ``vanished`` (no record at all);
 - ``duplicate-effect`` / ``missing-effect``: each idempotency key applied at most
@@ -56,6 +60,7 @@ KINDS = (
     "token-order",
     "double-commit",
     "stale-write",
+    "expired-write",
     "unfinished",
     "vanished",
     "duplicate-effect",
@@ -86,11 +91,13 @@ class Evidence:
     ops: list[Op]
     #: Final record per item id (an item without a record has vanished).
     records: dict[str, Record]
-    #: The run's final state ('' when the run's record is gone) and deadline (ms, 0: none).
-    run_state: str
+    #: The run's final state ('' when the run's record is gone; None: not checked)
+    #: and deadline (ms, 0: none).
+    run_state: str | None
     deadline_ms: int
-    #: Tokens of the ``<item>|<token>`` marks commits left, per item.
-    marks: dict[str, set[int]] = field(default_factory=dict)
+    #: Tokens of the ``<item>|<token>`` marks commits left, per item (None: a job
+    #: without marks).
+    marks: dict[str, set[int]] | None = field(default_factory=dict)
     #: Times the provider applied each idempotency key.
     applied: Mapping[str, int] = field(default_factory=dict)
     #: Effect names every done item applies (their keys: ``idempotency_key``).
@@ -145,6 +152,9 @@ class Summary:
     regranted_after_loss: int = 0
     #: Items redone after the server forgot their commit (only with a loss window).
     recommitted_after_loss: int = 0
+    #: The highest token granted per item, and how many grants each item had.
+    max_token: dict[str, int] = field(default_factory=dict)
+    grants_per_item: Counter[str] = field(default_factory=Counter)
 
 
 def describe(op: Op) -> str:
@@ -245,6 +255,8 @@ def _check_grants(grants: dict[str, list[_Grant]], loss: Window, summary: Summar
             if restarted and grant.token <= forgotten:
                 summary.regranted_after_loss += 1
             summary.grants += 1
+            summary.grants_per_item[item] += 1
+            summary.max_token[item] = max(summary.max_token.get(item, 0), grant.token)
             summary.takeovers += grant.takeover
             earlier = first_of.get(grant.token)
             if earlier is not None and earlier.op is not grant.op:
@@ -365,7 +377,9 @@ def _check_writes(
 
 
 def _check_marks(evidence: Evidence, accepted: dict[str, int], loss: Window) -> list[Breach]:
-    found = []
+    found: list[Breach] = []
+    if evidence.marks is None:
+        return found
     for item, tokens in evidence.marks.items():
         final = accepted.get(item)
         for token in sorted(tokens):
@@ -408,11 +422,63 @@ def _check_marks(evidence: Evidence, accepted: dict[str, int], loss: Window) -> 
     return found
 
 
+def _check_expiry(
+    ops: list[Op], grants: dict[str, list[_Grant]], writes: dict[str, list[_Write]]
+) -> list[Breach]:
+    """Accepted writes at or after their lease's expiry, and from tokens never granted."""
+    found: list[Breach] = []
+    expiry: dict[tuple[str, int], list[tuple[int, int, Op]]] = defaultdict(list)
+    unknown_renewals = set()
+    claims_unknown = any(op.type == INFO and op.get("f") in ("claim", "claim_next") for op in ops)
+    for item, granted in grants.items():
+        for grant in granted:
+            spec = next(g for g in grant.op.get("grants") if g["item"] == item)
+            expiry[(item, grant.token)].append((grant.server_ms, int(spec["expires_ms"]), grant.op))
+    for op in ops:
+        if op.get("f") == "renew" and isinstance(op.get("token"), int):
+            key = (op.get("item"), op.get("token"))
+            if op.type == OK:
+                expiry[key].append((int(op.get("server_ms")), int(op.get("expires_ms")), op))
+            elif op.type == INFO:
+                unknown_renewals.add(key)
+    for item, accepted in writes.items():
+        for write in accepted:
+            key = (item, write.token)
+            if write.op.get("repeated") or write.server_ms is None or key in unknown_renewals:
+                continue
+            known = [
+                (at, until, op) for at, until, op in expiry.get(key, []) if at <= write.server_ms
+            ]
+            if not known:
+                if not claims_unknown:
+                    found.append(
+                        Breach(
+                            "stale-write",
+                            item,
+                            f"{write.op.get('f')} accepted from token {write.token}, never granted",
+                            (write.op,),
+                        )
+                    )
+                continue
+            _, until, source = max(known, key=lambda entry: entry[1])
+            if write.server_ms >= until:
+                found.append(
+                    Breach(
+                        "expired-write",
+                        item,
+                        f"{write.op.get('f')} of token {write.token} accepted at "
+                        f"{write.server_ms} ms; its lease expired at {until} ms",
+                        (source, write.op),
+                    )
+                )
+    return found
+
+
 def _check_outcome(
     evidence: Evidence, accepted: dict[str, int], loss: Window, summary: Summary
 ) -> list[Breach]:
     found = []
-    if evidence.run_state not in FINAL_STATES:
+    if evidence.run_state is not None and evidence.run_state not in FINAL_STATES:
         found.append(
             Breach(
                 "unfinished",
@@ -483,6 +549,15 @@ def _check_effects(evidence: Evidence, summary: Summary) -> list[Breach]:
     return found
 
 
+def check_grants(ops: Sequence[Op], *, loss: Window = None) -> Summary:
+    """Only the grant rules (``duplicate-grant``, ``token-order``), for a history of claims."""
+    summary = Summary()
+    violations = _check_grants(_grants(ops), loss, summary)
+    if violations:
+        raise Violation(violations)
+    return summary
+
+
 def check(evidence: Evidence, *, loss: Window = None, may_lose: bool = False) -> Summary:
     """Checks the evidence; returns what it held, or raises :class:`Violation`.
 
@@ -502,6 +577,8 @@ def check(evidence: Evidence, *, loss: Window = None, may_lose: bool = False) ->
     writes = _accepted_writes(ops)
     found, accepted = _check_writes(run_evidence, grants, writes, loss, summary)
     violations += found
+    if loss is None:  # a forgotten grant or renewal leaves the expiry unknown
+        violations += _check_expiry(ops, grants, writes)
     violations += _check_marks(run_evidence, accepted, loss)
     violations += _check_outcome(run_evidence, accepted, loss, summary)
     violations += _check_effects(run_evidence, summary)
@@ -531,10 +608,12 @@ def collect(
     applied: Mapping[str, int],
     effects: tuple[str, ...] = (),
     shards: int | None = None,
+    marked: bool = True,
 ) -> Evidence:
     """Reads the history files, the final records, the run and the marks of ``run_id``.
 
-    ``shards`` is needed only when the run's record is gone (a restart without data).
+    ``shards`` is needed only when the run's record is gone (a restart without data);
+    ``marked=False`` for a job whose commits leave no marks.
     """
     runs = Runs(store)
     try:
@@ -562,7 +641,7 @@ def collect(
         records=records,
         run_state=info.get("state", ""),
         deadline_ms=int(info.get("deadline_at", "0") or 0),
-        marks=dict(marks),
+        marks=dict(marks) if marked else None,
         applied=dict(applied),
         effects=effects,
     )
