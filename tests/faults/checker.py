@@ -102,6 +102,8 @@ class Evidence:
     applied: Mapping[str, int] = field(default_factory=dict)
     #: Effect names every done item applies (their keys: ``idempotency_key``).
     effects: tuple[str, ...] = ()
+    #: The store's key prefix: operations under another prefix are another run's.
+    prefix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -567,7 +569,12 @@ def check(evidence: Evidence, *, loss: Window = None, may_lose: bool = False) ->
     if may_lose and loss is None:
         loss = (0, 2**63)
     summary = Summary()
-    ops = [op for op in evidence.ops if op.get("run") in (None, evidence.run_id)]
+    ops = [
+        op
+        for op in evidence.ops
+        if op.get("run") in (None, evidence.run_id)
+        and (evidence.prefix is None or op.get("prefix") in (None, evidence.prefix))
+    ]
     run_evidence = Evidence(**{**evidence.__dict__, "ops": ops})
     for op in ops:
         summary.operations[f"{op.get('f')}:{op.type}"] += 1
@@ -644,4 +651,5 @@ def collect(
         marks=dict(marks) if marked else None,
         applied=dict(applied),
         effects=effects,
+        prefix=store.prefix,
     )

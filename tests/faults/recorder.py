@@ -5,7 +5,7 @@ An operation is logged when it is sent (``invoke``) and when it ends: ``ok``
 nothing) or ``info`` (no reply: a reset or a timeout, so it may or may not have
 run). A process killed between ``invoke`` and its end leaves the operation
 open, which the checker reads as ``info``. Each line carries the process, the
-run, shard, item, token and lease id the call names, the worker's clock
+key prefix, run, shard, item, token and lease id the call names, the worker's clock
 (``wall_ms``) and, when the reply has one, the server's clock (``server_ms``).
 
 Worker processes install a recorder with :func:`install_from_env` (the fault
@@ -63,6 +63,7 @@ def describe_call(name: str, keys: Sequence[str], args: Sequence[Any]) -> dict[s
     found = _TAG.search(keys[0]) if keys else None
     if found:
         fields["run"], fields["shard"] = found.group(1), int(found.group(2))
+        fields["prefix"] = keys[0][: found.start()].rstrip(":")
     if name == "claim" and args:
         fields["item"] = _text(args[0])
         fields["lease"] = _text(args[2]) if len(args) > 2 else ""
