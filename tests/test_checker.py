@@ -51,9 +51,9 @@ class History:
 
     def claim(self, process: str, item: str, token: int, at: int, end: str = "ok") -> None:
         """A claim of ``item`` granted ``token`` at server time ``at``."""
-        grant = {"item": item, "token": token, "lease": f"L{item}{token}", "server_ms": at}
-        grant |= {"expires_ms": at + 1000, "attempt": token, "takeover": token > 1}
-        fields = {"grants": [grant], "server_ms": at} if end == "ok" else {}
+        grant: dict[str, Any] = {"item": item, "token": token, "lease": f"L{item}{token}"}
+        grant |= {"server_ms": at, "expires_ms": at + 1000, "attempt": token, "takeover": token > 1}
+        fields: dict[str, Any] = {"grants": [grant], "server_ms": at} if end == "ok" else {}
         self.op(process, "claim", end, item=item, lease=f"L{item}{token}", **fields)
 
     def commit(self, process: str, item: str, token: int, at: int, end: str = "ok") -> None:
@@ -81,7 +81,7 @@ class History:
     def last(self, f: str, item: str) -> int:
         """The number of the last ``f`` operation on ``item``."""
         return max(
-            line["op"]
+            int(line["op"])
             for line in self.lines
             if line["type"] == "invoke" and line["f"] == f and line.get("item") == item
         )
