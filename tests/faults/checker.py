@@ -522,7 +522,10 @@ def _check_effects(evidence: Evidence, summary: Summary) -> list[Breach]:
     for op in evidence.ops:
         if op.get("f") == "record_effect" and op.get("key"):
             effect_ops[op.get("key")].append(op)
+    own = f"{evidence.run_id}|"  # keys of other runs are theirs to check
     for key, times in evidence.applied.items():
+        if not key.startswith(own):
+            continue
         summary.effects_applied += times
         if times > 1:
             found.append(
@@ -611,7 +614,8 @@ def collect(
     run_id: str,
     planned: Sequence[str],
     *,
-    history_dir: Path,
+    history_dir: Path | None = None,
+    ops: list[Op] | None = None,
     applied: Mapping[str, int],
     effects: tuple[str, ...] = (),
     shards: int | None = None,
@@ -619,9 +623,14 @@ def collect(
 ) -> Evidence:
     """Reads the history files, the final records, the run and the marks of ``run_id``.
 
+    The operations are ``ops`` when given, else every history file in ``history_dir``.
     ``shards`` is needed only when the run's record is gone (a restart without data);
     ``marked=False`` for a job whose commits leave no marks.
     """
+    if ops is None:
+        if history_dir is None:
+            raise ValueError("collect needs the operations or the directory of their history")
+        ops = read_ops(list(read_lines(history_dir)))
     runs = Runs(store)
     try:
         info = runs.info(run_id)
@@ -644,7 +653,7 @@ def collect(
     return Evidence(
         run_id=run_id,
         planned=list(planned),
-        ops=read_ops(list(read_lines(history_dir))),
+        ops=ops,
         records=records,
         run_state=info.get("state", ""),
         deadline_ms=int(info.get("deadline_at", "0") or 0),
