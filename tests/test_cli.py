@@ -27,6 +27,7 @@ from typer.testing import CliRunner, Result
 from redis_lease import connection
 from redis_lease.cli import app
 from redis_lease.store import LeaseStore
+from tests.helpers import server_ms, text, wait_past
 from tests.redis_server import RedisServer, free_port
 
 runner = CliRunner()
@@ -169,7 +170,10 @@ def test_stale_token_commit_is_refused_with_exit_3(cli: Cli) -> None:
     cli.ok("release", "r", "a", "--token", str(old["token"]))
     new = cli.ok("claim", "r", "a", "-w", "w2")
     assert new["token"] > old["token"]
+    keys = cli.keys()
+    (counts_key,) = [key for key in keys if key.endswith(b":counts")]
     before = cli.snapshot()
+    counts_before = cli.client.hgetall(counts_key)
 
     result = cli("commit", "r", "a", "--token", str(old["token"]), "--result", '{"x": 1}')
     assert_error(result, 3, "lease lost")
@@ -180,10 +184,17 @@ def test_stale_token_commit_is_refused_with_exit_3(cli: Cli) -> None:
 
     record = cli.ok("inspect", "r", "a")
     assert (record["state"], record["token"], record["owner"]) == ("leased", new["token"], "w2")
-    # Only the refusal counter moved (in the shard's counts hash).
+    # Only the refusal counters moved (in the shard's counts hash): four refusals, two commits.
     after = cli.snapshot()
     changed = {key for key, value in after.items() if value != before.get(key)}
-    assert all(k.endswith(b":counts") for k in changed), changed
+    assert set(after) == set(before) and changed == {counts_key}
+    counts_after = cli.client.hgetall(counts_key)
+    moved = {
+        text(field): int(counts_after[field]) - int(counts_before.get(field, 0))
+        for field in counts_after
+        if counts_after[field] != counts_before.get(field)
+    }
+    assert moved == {"stale_refused": 4, "stale_commits": 2}
 
 
 def test_expired_lease_is_taken_over_and_the_old_token_is_stale(cli: Cli) -> None:
@@ -248,14 +259,25 @@ def test_reap_moves_expired_leases_back(cli: Cli) -> None:
 
 
 def test_status_json_fields(cli: Cli) -> None:
+    added_from = server_ms(cli.client)
     cli.ok("add", "r1", "a", "b", "c", "--shards", "3")
+    added_to = server_ms(cli.client)
     cli.ok("add", "r2", "x")
+    wait_past(cli.client, added_to + 300)  # b and c wait a while, then a is claimed
+    claimed_from = server_ms(cli.client)
     cli.ok("claim", "r1", "a", "-w", "w1")
+    claimed_to = server_ms(cli.client)
+    wait_past(cli.client, claimed_to + 100)
+    read_from = server_ms(cli.client)
     status = cli.ok("status", "r1")
+    read_to = server_ms(cli.client)
     assert status["run"] == "r1" and status["shards"] == 3
     assert status["counts"] == {"pending": 2, "leased": 1, "done": 0, "dead": 0}
-    assert status["oldest_eligible_age_seconds"] >= 0
-    assert status["oldest_leased_age_seconds"] >= 0
+    # Ages on the server clock: due since the add, leased since the claim (ms brackets).
+    eligible = status["oldest_eligible_age_seconds"] * 1000
+    assert read_from - added_to - 1e-6 <= eligible <= read_to - added_from + 1e-6
+    leased = status["oldest_leased_age_seconds"] * 1000
+    assert read_from - claimed_to - 1e-6 <= leased <= read_to - claimed_from + 1e-6
     listing = cli.ok("status")
     assert [s["run"] for s in listing] == ["r1", "r2"]
     assert listing[1]["counts"] == {"pending": 1, "leased": 0, "done": 0, "dead": 0}

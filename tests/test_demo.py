@@ -25,8 +25,12 @@ pytestmark = pytest.mark.slow
 QUEUE = re.compile(r"--queue (demo-[0-9a-f]+-shards)")
 
 
-def run_demo(args: list[str], timeout: float) -> tuple[dict[str, Any], set[str], set[int], float]:
-    """Runs the demo; returns its report, its workers' queues and pids, and its duration."""
+def run_demo(args: list[str], timeout: float) -> tuple[dict[str, Any], set[str], set[int]]:
+    """Runs the demo; returns its report and its workers' queues and pids.
+
+    ``timeout`` only keeps a hung demo from hanging the suite: the demo's run has a
+    deadline of its own on the server clock (see :func:`assert_clean_report`).
+    """
     command = [sys.executable, "-m", "redis_lease", *args]
     started = time.monotonic()
     queues: set[str] = set()
@@ -41,7 +45,7 @@ def run_demo(args: list[str], timeout: float) -> tuple[dict[str, Any], set[str],
                         queues.add(match.group(1))
                         workers.add(pid)
                 if time.monotonic() - started > timeout:
-                    raise AssertionError(f"demo ran longer than {timeout}s")
+                    raise AssertionError(f"demo still running after {timeout}s: hung")
                 time.sleep(0.1)
         finally:
             if demo.poll() is None:
@@ -51,18 +55,21 @@ def run_demo(args: list[str], timeout: float) -> tuple[dict[str, Any], set[str],
                 if pid_alive(pid):
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(pid, signal.SIGKILL)
-        took = time.monotonic() - started
         out.seek(0)
         err.seek(0)
         output, errors = out.read(), err.read()
     assert demo.returncode == 0, errors.decode(errors="replace")[-3000:]
-    return json.loads(output), queues, workers, took
+    return json.loads(output), queues, workers
 
 
 def assert_clean_report(report: dict[str, Any]) -> None:
-    """The demo's promises: all done, nothing applied twice, the faults were refused."""
+    """The demo's promises: all done, nothing applied twice, the faults were refused.
+
+    The run ended because no item was left, before its deadline closed it.
+    """
     assert re.fullmatch(r"payment-reconciliation:\d{4}-\d\d-\d\d", report["run_id"])
     assert report["state"] == "succeeded", report
+    assert report["reason"].startswith("no item left to work: "), report["reason"]
     assert report["items"] == report["done"]
     assert report["unfinished"] == 0
     assert report["duplicate_effects"] == 0
@@ -83,8 +90,7 @@ def test_demo_on_real_redis_default_size(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     queues: set[str] = set()
     try:
-        report, queues, workers, took = run_demo(["--url", redis_url, "demo", "--json"], 120)
-        assert took < 60, f"the default demo took {took:.1f}s"
+        report, queues, workers = run_demo(["--url", redis_url, "demo", "--json"], 120)
         assert report["items"] == 2000
         assert_clean_report(report)
         assert report["backend"].startswith("Redis at")
@@ -99,7 +105,7 @@ def test_demo_on_real_redis_default_size(redis_url: str) -> None:
 
 
 def test_demo_on_the_embedded_backend() -> None:
-    report, queues, workers, _took = run_demo(
+    report, queues, workers = run_demo(
         ["demo", "--json", "--backend", "embedded", "--items", "600"], 120
     )
     assert report["items"] == 600

@@ -136,14 +136,23 @@ def test_worker_killed_midway_loses_nothing(
     run_id = start_run(real_store)
     shard = real_store.shard_for(run_id, slow)
 
+    started = fleet_jobs.started_key(real_store.prefix, slow)
+
     def victim() -> int | None:
         drive_once(real_store, run_id)
-        starts = _slow_starts(real_store, slow)
-        return starts[0] if starts else None
+        # Returns as soon as the slow item's first start is recorded (and keeps the list).
+        first = real_store.client.blmove(started, started, 1, "LEFT", "RIGHT")
+        return int(first) if first else None
 
-    pid = wait_for(victim, 60, "a worker to start the slow item", every=0.1)
+    pid = wait_for(victim, 60, "a worker to start the slow item", every=0)
+    # Frozen at once, the victim claims, renews and commits nothing more: its leases are
+    # read as they were when it stopped, before any of them can expire and change hands.
+    os.killpg(pid, signal.SIGSTOP)
+    wait_for(lambda: stopped(pid), 10, "the victim to stop")
     held = leased_by(real_store, run_id)
-    assert held.get(slow) == pid
+    events = real_store.status(run_id).events
+    assert events.get("takeovers", 0) == events.get("expired", 0) == 0, "read before expiry"
+    assert held.get(slow) == pid, "stopped inside the slow item"
     os.killpg(pid, signal.SIGKILL)
     wait_for(lambda: not pid_alive(pid), 10, "the killed worker to end")
     killed_items = {item for item, holder in held.items() if holder == pid}
@@ -163,6 +172,12 @@ def test_worker_killed_midway_loses_nothing(
     assert counts[slow] == 2  # started by the killed worker, done by another
     # Only the items the killed worker held can have had a second effect.
     assert {item for item, n in counts.items() if n > 1} <= killed_items
+
+
+def stopped(pid: int) -> bool:
+    """True once the process is stopped (state T in /proc)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
 def drive_once(store: LeaseStore, run_id: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from redis_lease import Item, LeaseStore
 from redis_lease.effects import Throttled
 from redis_lease.gate import ProviderGate
-from tests.helpers import scrape
+from tests.helpers import scrape, server_ms, wait_past
 
 
 def test_metrics_follow_the_run(store: LeaseStore) -> None:
@@ -14,8 +14,13 @@ def test_metrics_follow_the_run(store: LeaseStore) -> None:
     store.commit(first, {"ok": True}, outcome="released")
     second = store.claim("r", "i1", "w")
     store.fail(second, "boom")
+    claimed_from = server_ms(store.client)
     store.claim("r", "i2", "w")
+    claimed_to = server_ms(store.client)
+    wait_past(store.client, claimed_to + 50)  # the live lease is some 50 ms old
+    read_from = server_ms(store.client)
     samples = scrape(store)
+    read_to = server_ms(store.client)
     run = ("run", "r")
 
     def item_count(state: str) -> float:
@@ -27,7 +32,9 @@ def test_metrics_follow_the_run(store: LeaseStore) -> None:
     assert samples[("redis_lease_retries_total", (run,))] == 1
     assert samples[("redis_lease_outcomes_total", (("outcome", "released"), run))] == 1
     assert samples[("redis_lease_run_state", (run, ("state", "running")))] == 1
-    assert samples[("redis_lease_oldest_leased_age_seconds", (run,))] >= 0
+    # Its age on the server clock: from the claim to the scrape (ms brackets of both).
+    leased = samples[("redis_lease_oldest_leased_age_seconds", (run,))] * 1000
+    assert read_from - claimed_to - 1e-6 <= leased <= read_to - claimed_from + 1e-6
 
 
 def test_metrics_show_a_throttled_provider(store: LeaseStore) -> None:

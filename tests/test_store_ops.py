@@ -277,11 +277,26 @@ def test_requeue_brings_dead_items_back_with_fresh_attempts(store: LeaseStore) -
 
 
 def test_requeue_limit_is_per_shard(store: LeaseStore) -> None:
-    store.add(RUN, items("a", "b", "c", "d"), max_attempts=1)
-    for item_id in ("a", "b", "c", "d"):
+    """Four, three and one dead items on three shards: a limit of two requeues 2 + 2 + 1."""
+    wanted = {0: 4, 1: 3, 2: 1}
+    by_shard: dict[int, list[str]] = {shard: [] for shard in wanted}
+    for n in range(200):
+        item_id = f"d{n}"
+        shard = shard_of(item_id, 3)
+        if len(by_shard[shard]) < wanted[shard]:
+            by_shard[shard].append(item_id)
+    ids = [item_id for shard_ids in by_shard.values() for item_id in shard_ids]
+    assert {shard: len(by_shard[shard]) for shard in wanted} == wanted
+    store.add(RUN, items(*ids), shards=3, max_attempts=1)
+    for item_id in ids:
         store.fail(store.claim(RUN, item_id, "w"), "broken")
-    assert store.requeue(RUN, limit=3) == 3
-    assert store.status(RUN).counts["dead"] == 1
+    assert [counts["dead"] for counts in store.shard_counts(RUN)] == [4, 3, 1]
+
+    assert store.requeue(RUN, limit=2) == 5
+    counts = store.shard_counts(RUN)
+    assert [c["dead"] for c in counts] == [2, 1, 0]
+    assert [c["pending"] for c in counts] == [2, 2, 1]
+    assert [c.get("requeued", 0) for c in counts] == [2, 2, 1]
 
 
 def test_a_closed_run_refuses_claims_and_new_items_until_reopened(store: LeaseStore) -> None:

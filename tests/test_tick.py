@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, time, timedelta
@@ -24,7 +25,7 @@ from redis_lease import LeaseStore
 from redis_lease.dispatch import live_jobs, queue
 from redis_lease.errors import InvalidInput, RunClosed
 from redis_lease.jobs import Job
-from redis_lease.runs import Decision, Runs, to_ms
+from redis_lease.runs import PLAN_BATCH, Decision, Runs, to_ms
 from redis_lease.tick import tick
 from tests import fleet_jobs
 from tests.fleet_helpers import NIGHTLY_PATH, REPO, purge_queue, text
@@ -55,14 +56,36 @@ def nightly(real_store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> Iterator
     purge_queue(real_store.client, name)
 
 
+def logged_as(decision: Decision) -> tuple[str, ...]:
+    """The event log entry a tick's decision is recorded as, in the form :func:`entry` gives.
+
+    A plan is the run's state change from planning to running, with the same reason; a
+    planning error's finalize is the change to failed (the decision's reason is the new
+    state, a colon and the change's reason); every other decision is an event of its own
+    kind with the same reason.
+    """
+    if decision.kind == "plan":
+        return ("state", "planning", "running", decision.reason)
+    state, _, reason = decision.reason.partition(": ")
+    if decision.kind == "finalize" and reason.startswith("planning error: "):
+        return ("state", "planning", state, reason)
+    return (decision.kind, decision.reason)
+
+
+def entry(event: dict[str, str]) -> tuple[str, ...]:
+    """An event log entry: its kind and reason, and for a state change its two states."""
+    if event["kind"] == "state":
+        return ("state", event["from"], event["to"], event["reason"])
+    return (event["kind"], event["reason"])
+
+
 def assert_logged(runs: Runs, decisions: list[Decision]) -> None:
-    """Every decision a tick returned is in its run's event log, with its reason."""
-    for decision in decisions:
-        reasons = [e["reason"] for e in runs.events(decision.run_id, count=200)]
-        assert any(r in decision.reason or decision.reason in r for r in reasons), (
-            decision,
-            reasons,
-        )
+    """Every decision a tick returned is in its run's event log, whole: one entry each."""
+    for run_id in {decision.run_id for decision in decisions}:
+        logged = Counter(entry(event) for event in runs.events(run_id, count=1000))
+        wanted = Counter(logged_as(d) for d in decisions if d.run_id == run_id)
+        missing = wanted - logged
+        assert not missing, (missing, logged)
 
 
 def kinds(runs: Runs, run_id: str) -> list[str]:
@@ -259,7 +282,8 @@ def test_planner_error_fails_the_run(real_store: LeaseStore, nightly: Configure)
 def test_replanning_after_a_crash_adds_only_the_missing_items(
     real_store: LeaseStore, nightly: Configure, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fleet_jobs.PLAN.update(items=1200, crash_after=700)
+    items, crash_after = 2 * PLAN_BATCH + 200, PLAN_BATCH + 200  # in the second batch
+    fleet_jobs.PLAN.update(items=items, crash_after=crash_after)
     adds: list[tuple[int, int]] = []
     add = real_store.add
 
@@ -273,19 +297,19 @@ def test_replanning_after_a_crash_adds_only_the_missing_items(
         tick(real_store, [NIGHTLY_PATH], now=T0)
     runs = Runs(real_store)
     assert runs.info(RUN)["state"] == "planning"
-    assert real_store.status(RUN).total == 500  # one batch of PLAN_BATCH got in
-    assert adds == [(500, 0)]
+    assert real_store.status(RUN).total == PLAN_BATCH  # the first batch got in
+    assert adds == [(PLAN_BATCH, 0)]
     lease = real_store.claim(RUN, "night-00007", worker="w1", ttl=60)
     real_store.commit(lease, {"before": "crash"})
 
     fleet_jobs.PLAN["crash_after"] = None
     adds.clear()
     decisions = tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(minutes=1))
-    assert decisions[0] == Decision("plan", RUN, "planned 1200 items")
-    assert sum(a for a, _ in adds) == 700
-    assert sum(e for _, e in adds) == 500
+    assert decisions[0] == Decision("plan", RUN, f"planned {items} items")
+    assert sum(a for a, _ in adds) == items - PLAN_BATCH
+    assert sum(e for _, e in adds) == PLAN_BATCH
     status = real_store.status(RUN)
-    assert status.total == 1200
+    assert status.total == items
     assert status.counts["done"] == 1
     record = real_store.item(RUN, "night-00007")
     assert (record.state, record.token, record.result) == ("done", lease.token, {"before": "crash"})
