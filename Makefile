@@ -1,4 +1,4 @@
-.PHONY: setup test lint check bench demo format
+.PHONY: setup test lint check bench demo format chaos
 
 setup:        ## create .venv and install redis-lease with dev tools
 	scripts/setup.sh
@@ -20,3 +20,8 @@ bench: setup  ## run the benchmarks (see benchmarks/README.md)
 
 demo: setup   ## run the nightly demo end to end
 	.venv/bin/redis-lease demo
+
+N ?= 20
+SEED ?= 1
+chaos: setup  ## seeded chaos over real processes: make chaos N=<iterations> SEED=<first seed>
+	.venv/bin/python -m tests.faults.chaos --iterations $(N) --seed $(SEED)

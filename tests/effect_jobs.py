@@ -18,6 +18,12 @@ SIGKILL it exactly there. The points of the effects job, in order:
 
 The seat-race job stops at ``before_commit`` after the reservations handler
 re-read its hold and before the worker commits the guarded release.
+
+For the fault suite (:mod:`tests.faults.cluster`) a config can name a
+``history_dir``: a worker process importing this module then records every
+script call there (:mod:`tests.faults.recorder`). With ``marks`` on, each
+commit also adds ``<item>|<token>`` to the shard's marks set through a guarded
+write, so the checker can tell which holder's writes were applied.
 """
 
 from __future__ import annotations
@@ -40,12 +46,15 @@ import redis
 
 from redis_lease.demo.provider import ProviderClient
 from redis_lease.gate import ProviderGate
+from redis_lease.guards import Write
 from redis_lease.jobs import Job
 from redis_lease.lease import Item
 from redis_lease.runs import FINAL_STATES, Runs
 from redis_lease.store import LeaseStore
 from redis_lease.tick import tick_job
 from redis_lease.worker import ActiveLease, Outcome
+from tests.faults import recorder
+from tests.faults.checker import marks_key
 
 ROOT = Path(__file__).resolve().parent.parent
 RESERVATIONS_DIR = ROOT / "examples" / "reservations"
@@ -81,6 +90,14 @@ class EffectConfig:
     max_attempts: int = 8
     backoff_base: float = 0.05
     batch_size: int = 10
+    #: Where worker processes record their script calls ('' records nothing).
+    history_dir: str = ""
+    #: Commits add ``<item>|<token>`` to the shard's marks set (a guarded write).
+    marks: bool = False
+    schedule: str = NEVER
+    deadline: str = "10m"
+    #: Extra bytes of padding in each item's payload.
+    payload_bytes: int = 0
 
     def env(self) -> dict[str, str]:
         """The environment variables that carry this config."""
@@ -180,8 +197,8 @@ def make_effects_job(config: EffectConfig) -> Job:
         max_attempts=config.max_attempts,
         backoff_base=config.backoff_base,
         backoff_cap=0.5,
-        deadline="10m",
-        schedule=NEVER,
+        deadline=config.deadline,
+        schedule=config.schedule,
         shard_budget=60.0,
         batch_size=config.batch_size,
         max_workers=8,
@@ -189,13 +206,18 @@ def make_effects_job(config: EffectConfig) -> Job:
     )
     hooks = Hooks(config.hook_dir, config.pause_at)
 
+    padding = "x" * config.payload_bytes
+
     @job.planner
     def plan(business_date: date) -> Iterator[Item]:
         for n in range(config.items):
-            yield Item(item_id(n, business_date), {"account": n, "amount_cents": 100 + n})
+            payload: dict[str, Any] = {"account": n, "amount_cents": 100 + n}
+            if padding:
+                payload["padding"] = padding
+            yield Item(item_id(n, business_date), payload)
 
     @job.handler
-    def handle(item: Item, lease: ActiveLease) -> dict[str, Any]:
+    def handle(item: Item, lease: ActiveLease) -> dict[str, Any] | Outcome:
         client = ProviderClient(config.provider_url, timeout=config.provider_timeout)
         hooks.reach("before_effect", lease)
 
@@ -217,7 +239,11 @@ def make_effects_job(config: EffectConfig) -> Job:
                 honours_keys=config.honours_keys,
             )
         hooks.reach("after_effect", lease)
-        return {"reference": record["id"], "token": lease.token}
+        result = {"reference": record["id"], "token": lease.token}
+        if not config.marks:
+            return result
+        key = marks_key(lease.store.prefix, lease.run_id, lease.lease.shard)
+        return Outcome(result=result, writes=(Write.sadd(key, [f"{item.id}|{lease.token}"]),))
 
     return job
 
@@ -268,6 +294,8 @@ def clone_job(job: Job, **options: Any) -> Job:
 
 
 _CONFIG = EffectConfig.from_env()
+if _CONFIG.history_dir:  # a worker process of the fault suite
+    recorder.install(_CONFIG.history_dir, "worker")
 effects = make_effects_job(_CONFIG)
 seat_race = (
     make_seat_race_job(_CONFIG.queue, _CONFIG.hook_dir)

@@ -1,9 +1,11 @@
-"""Edges of recovery: planning cut by Redis, resuming an unplanned run, bad handler results."""
+"""Edges of recovery: planning cut by a lost connection, resuming an unplanned run, bad handler
+results, and effect keys that no two (item, effect) pairs share."""
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -11,42 +13,61 @@ import pytest
 import redis
 
 from redis_lease import InvalidInput, Item, LeaseStore, RedisUnavailable
-from redis_lease.effects import idempotency_key
+from redis_lease.effects import apply_effect, idempotency_key
 from redis_lease.jobs import Job
-from redis_lease.runs import Runs
+from redis_lease.limits import ID_MAX_LENGTH
+from redis_lease.runs import PLAN_BATCH, PLANNER_LOCK_MS, Runs
 from redis_lease.worker import LeaseKeeper, work_shard
+from tests.faults.proxy import CuttingProxy
+from tests.fleet_helpers import wait_for
+from tests.redis_server import RedisServer
 
 DAY = date(2026, 12, 2)
 NOW = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
 
 
-def test_a_redis_failure_while_planning_leaves_the_run_planning(store: LeaseStore) -> None:
-    job = Job("edge-plan", shards=2, deadline="1h")
-    runs = Runs(store)
-    run_id, _ = runs.ensure(job, DAY, NOW)
-    original_add = store.add
-    calls = 0
+def test_a_lost_connection_while_planning_leaves_the_run_planning(
+    private_redis: Callable[..., RedisServer], prefix: str
+) -> None:
+    """The planner's connection is cut for good while it reads its second batch: the first
+    batch is in, the run stays planning (not failed), and once the lost planner's lock has
+    lapsed the next plan adds the rest."""
+    server = private_redis()
+    proxy = CuttingProxy(server.port, most=0)  # relays everything until it is closed
+    store = LeaseStore.from_url(proxy.url, prefix=prefix)
+    direct = LeaseStore.from_url(server.url, prefix=prefix)
+    try:
+        job = Job("edge-plan", shards=2, deadline="1h")
+        run_id, _ = Runs(store).ensure(job, DAY, NOW)
+        items = 2 * PLAN_BATCH + 200
+        cut = PLAN_BATCH + 100  # inside the second batch, before it is sent
 
-    def flaky_add(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 2:
-            raise RedisUnavailable("Redis at test is unreachable")
-        return original_add(*args, **kwargs)
+        @job.planner
+        def plan(business_date: date) -> Iterator[Item]:
+            for n in range(items):
+                if n == cut:
+                    proxy.close()  # every connection through the relay is gone, none comes back
+                yield Item(f"i{n}")
 
-    @job.planner
-    def plan(business_date: date) -> Iterator[Item]:
-        for n in range(1200):
-            yield Item(f"i{n}")
-
-    store.add = flaky_add  # type: ignore[method-assign]
-    with pytest.raises(RedisUnavailable):
-        runs.plan(job, run_id)
-    assert runs.info(run_id)["state"] == "planning", "not failed: the next tick plans again"
-    store.add = original_add  # type: ignore[method-assign]
-    assert runs.plan(job, run_id) == 1200
-    assert runs.info(run_id)["state"] == "running"
-    assert store.status(run_id).total == 1200
+        with pytest.raises(RedisUnavailable):
+            Runs(store).plan(job, run_id)
+        assert proxy.cuts == 0, "no command was cut: the relay was closed"
+        runs = Runs(direct)
+        assert runs.info(run_id)["state"] == "planning", "not failed: the next tick plans again"
+        assert direct.status(run_id).total == PLAN_BATCH, "the first batch only"
+        # The lost planner could not release its lock: it lapses after its TTL.
+        lock = direct.keys.run_planner(run_id)
+        assert 0 < direct.client.pttl(lock) <= PLANNER_LOCK_MS
+        assert runs.plan(job, run_id) is None, "held by the lost planner"
+        direct.client.pexpire(lock, 1)  # its TTL, shortened
+        wait_for(lambda: direct.client.exists(lock) == 0, 5, "the planner lock to lapse")
+        assert runs.plan(job, run_id) == items
+        assert runs.info(run_id)["state"] == "running"
+        assert direct.status(run_id).total == items
+    finally:
+        proxy.close()
+        store.client.close()
+        direct.client.close()
 
 
 def test_resuming_a_run_whose_plan_failed_plans_it_again(store: LeaseStore) -> None:
@@ -90,11 +111,46 @@ def test_a_result_that_is_not_json_fails_only_its_item(store: LeaseStore) -> Non
     assert {store.item("r", i).state for i in ("good1", "good2")} == {"done"}
 
 
-def test_effect_names_cannot_make_two_keys_alike() -> None:
-    assert idempotency_key("job:2026-12-02", "a:b", "c") == "job:2026-12-02|a:b|c"
-    assert idempotency_key("job:2026-12-02", "a", "b:c") == "job:2026-12-02|a|b:c"
+#: Ids over a letter and characters ids allow that could join parts of a key.
+SHORT_IDS = [
+    "".join(chars) for size in (1, 2, 3) for chars in itertools.product("a:./", repeat=size)
+]
+#: Ids long enough that the key is cut to a head and a digest: only the digest differs.
+LONG_ITEMS = ["x" * (ID_MAX_LENGTH - 1) + c for c in "a:./"]
+LONG_EFFECTS = ["y" * 60 + c for c in "a:./"]
+#: (item, effect) pairs whose parts join to the same text with ':' or with nothing.
+JOINED_ALIKE = [("a:b", "c"), ("a", "b:c"), ("ab", "c"), ("a", "bc"), ("a:", "b"), ("a", ":b")]
+
+
+def test_effect_names_cannot_make_two_keys_alike(store: LeaseStore) -> None:
+    """No two (item, effect) pairs of a run share an idempotency key or a ledger entry."""
+    run = "job:2026-12-02"
+    pairs = [(i, e) for i in SHORT_IDS for e in SHORT_IDS]
+    pairs += [(i, e) for i in LONG_ITEMS + SHORT_IDS[:4] for e in LONG_EFFECTS + SHORT_IDS[:4]]
+    keys = {idempotency_key(run, item, effect) for item, effect in pairs}
+    assert len(keys) == len(set(pairs)), "two pairs share a key"
+    assert any("~" in key for key in keys), "some keys are cut to a head and a digest"
     with pytest.raises(InvalidInput):
-        idempotency_key("job:2026-12-02", "a", "b|c")
+        idempotency_key(run, "a", "b|c")
+
+    # In the ledger: every pair's effect is sent once, under a key of its own.
+    store.add(run, [Item(item) for item in {item for item, _ in JOINED_ALIKE}], shards=2)
+    leases = {item: store.claim(run, item, "w") for item in dict(JOINED_ALIKE)}
+    sent: dict[str, tuple[str, str]] = {}
+    for item, effect in JOINED_ALIKE:
+
+        def call(key: str, pair: tuple[str, str] = (item, effect)) -> dict[str, str]:
+            sent[key] = pair
+            return {"sent": key}
+
+        result = apply_effect(store, leases[item], effect, call)
+        assert sent.get(result["sent"]) == (item, effect), "another pair's stored result"
+    assert sorted(sent.values()) == sorted(JOINED_ALIKE), "an effect was taken for another's"
+    ledger = dict(store.effects(run))
+    assert set(ledger) == set(sent)
+    for key, (item, effect) in sent.items():
+        assert ledger[key]["item"] == item and ledger[key]["name"] == effect
+        assert ledger[key]["state"] == "applied" and ledger[key]["result"] == {"sent": key}
 
 
 def test_an_index_entry_without_a_record_does_not_wedge_the_shard(store: LeaseStore) -> None:

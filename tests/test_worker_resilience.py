@@ -9,11 +9,9 @@ path; ``RESILIENCE_TTL`` sets its lease TTL there.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
-import socket
 import sys
 import threading
 import time
@@ -33,6 +31,7 @@ from redis_lease.limits import DELAY_MAX_MS
 from redis_lease.runs import Runs
 from redis_lease.store import CommitRequest
 from redis_lease.worker import ActiveLease, LeaseKeeper, ShardReport, _log_danger, work_shard
+from tests.faults.proxy import CuttingProxy
 from tests.fleet_helpers import Processes, all_records, drive
 from tests.helpers import server_ms
 from tests.redis_server import RedisServer
@@ -85,86 +84,6 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
     processes = Processes(tmp_path)
     yield processes
     processes.kill_all()
-
-
-class CuttingProxy:
-    """A loopback TCP relay to a Redis server that cuts connections in mid-command.
-
-    Every ``every``-th chunk from a client that contains all ``markers`` (up to
-    ``most`` of them) is relayed to the server, and then the client's connection
-    is closed before the reply comes back: the server ran the command, the
-    client sees a reset.
-    """
-
-    def __init__(
-        self,
-        target_port: int,
-        markers: tuple[bytes, ...] = (b"EVALSHA",),
-        every: int = 4,
-        most: int | None = None,
-    ) -> None:
-        self.target = ("127.0.0.1", target_port)
-        self.markers, self.every, self.most = markers, every, most
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.listener.getsockname()[1])
-        self.seen = self.cuts = 0
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        """The relay's redis:// URL."""
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:  # closed
-                return
-            upstream = socket.create_connection(self.target)
-            with self._lock:
-                if self._closed:  # accepted while close() ran: close these two too
-                    client.close()
-                    upstream.close()
-                    return
-                self._sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
-
-    def _cut_now(self, chunk: bytes) -> bool:
-        if not all(marker in chunk for marker in self.markers):
-            return False
-        with self._lock:
-            self.seen += 1
-            cut = self.seen % self.every == 0 and (self.most is None or self.cuts < self.most)
-            self.cuts += cut
-        return cut
-
-    def _pump(self, source: socket.socket, sink: socket.socket, from_client: bool) -> None:
-        try:
-            while chunk := source.recv(65536):
-                sink.sendall(chunk)
-                if from_client and self._cut_now(chunk):
-                    source.close()  # the client sees a reset; the server still runs the command
-                    threading.Timer(0.2, sink.close).start()
-                    return
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                sink.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        """Stops accepting and closes every relayed connection."""
-        self.listener.close()
-        with self._lock:
-            self._closed = True
-            for sock in self._sockets:
-                with contextlib.suppress(OSError):
-                    sock.close()
 
 
 def rq_worker_args(url: str, queue: str) -> list[str]:

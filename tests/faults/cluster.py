@@ -1,0 +1,499 @@
+"""A private Redis, a fault proxy, a provider and RQ worker processes, with a method per fault.
+
+A :class:`Cluster` owns everything one fault test (or a chaos run) needs:
+
+- a private ``redis-server`` (AOF on, ``appendfsync always`` unless told otherwise)
+  in its own directory;
+- a :class:`~tests.faults.proxy.Proxy` in front of it, through which every worker
+  talks to Redis (the test's own :attr:`Cluster.store` goes direct);
+- the loopback payment provider (:class:`~redis_lease.demo.provider.ProviderServer`);
+- N ``redis-lease worker --simple`` processes running the effects job of
+  :mod:`tests.effect_jobs`, each recording its script calls into the history
+  directory, optionally on a clock skewed by libfaketime.
+
+Every fault method is small, acts at once and appends ``(seconds since start,
+kind, detail)`` to :attr:`Cluster.faults`. :meth:`Cluster.drive` ticks from the
+test process until the run is final (riding out a Redis that is down a moment,
+and restarting, as a supervisor would, a worker that quit by itself);
+:meth:`Cluster.verify` runs the checker and shows the workers' logs on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from redis_lease import LeaseStore
+from redis_lease.demo.provider import ProviderServer, ProviderState
+from redis_lease.errors import RedisLeaseError
+from redis_lease.jobs import Job
+from redis_lease.runs import FINAL_STATES, Decision, Runs
+from redis_lease.tick import tick_job
+from tests import effect_jobs
+from tests.effect_jobs import EffectConfig
+from tests.faults.checker import Summary, Violation, check, collect
+from tests.faults.proxy import Proxy
+from tests.faults.recorder import Op, read_lines, read_ops
+from tests.helpers import server_ms
+from tests.redis_server import RedisServer
+
+#: Where Debian and source builds put libfaketime.
+FAKETIME_LIBS = (
+    "/usr/lib/*/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+    "/usr/local/lib/faketime/libfaketime.so.1",
+)
+
+
+def faketime_library() -> str | None:
+    """The path of libfaketime, or None when it is not installed."""
+    for pattern in FAKETIME_LIBS:
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def require_faketime() -> str:
+    """libfaketime's path; fails under CI=true when it is missing, else skips."""
+    library = faketime_library()
+    if library is not None:
+        return library
+    message = "libfaketime is missing: apt-get install faketime (.ci/run installs it)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@dataclass
+class Worker:
+    """One worker slot: its process (replaced on restart), clock offset and log."""
+
+    index: int
+    clock: str
+    log: Path
+    process: subprocess.Popen[bytes]
+    #: True once a fault ended the process on purpose (no respawn).
+    ended_on_purpose: bool = False
+
+    @property
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.process.poll() is None
+
+
+class Cluster:
+    """Redis, proxy, provider and workers of one test, with a method per fault.
+
+    Args:
+        directory: a fresh directory for the server's files, histories, hooks and logs.
+        prefix: the key prefix of the runs.
+        workers: worker processes to start.
+        clocks: libfaketime offsets of the first workers (e.g. ``"+3h"``; ``""``: none).
+        redis_config: ``redis-server`` options over ``appendonly yes``,
+            ``appendfsync always``.
+        provider: the provider's state (default: one that honours idempotency keys).
+        settings: fields of :class:`~tests.effect_jobs.EffectConfig` (items, ttl, ...).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        prefix: str,
+        *,
+        workers: int = 2,
+        clocks: Sequence[str] = (),
+        redis_config: Mapping[str, str] | None = None,
+        provider: ProviderState | None = None,
+        **settings: Any,
+    ) -> None:
+        self.directory, self.prefix = directory, prefix
+        self.started = time.monotonic()
+        #: (seconds since start, kind, detail) of every fault injected.
+        self.faults: list[tuple[float, str, str]] = []
+        #: Every decision the test's ticks made.
+        self.decisions: list[Decision] = []
+        self.workers: list[Worker] = []
+        for name in ("redis", "history", "hooks", "logs"):
+            (directory / name).mkdir(parents=True, exist_ok=True)
+        config = {"appendonly": "yes", "appendfsync": "always", **(redis_config or {})}
+        self.server = RedisServer(directory / "redis", config)
+        self.config = EffectConfig(
+            queue=f"{prefix}-q",
+            hook_dir=str(self.hooks),
+            history_dir=str(self.history),
+            marks=True,
+            **settings,
+        )
+        self.provider = ProviderServer(state=provider or ProviderState())
+        self._clocks = (list(clocks) + [""] * workers)[:workers]
+        self._serving = False
+
+    #: Set by __enter__: the proxy the workers use, the test's direct store, the job.
+    proxy: Proxy
+    store: LeaseStore
+    job: Job
+
+    def __enter__(self) -> Cluster:
+        try:
+            self.server.start()
+            self.proxy = Proxy(self.server.port)
+            self.provider.start()
+            self._serving = True
+            self.config = replace(self.config, provider_url=self.provider.url)
+            self.job = effect_jobs.make_effects_job(self.config)
+            # The test's own connection: direct, failing fast (drive rides out an outage).
+            self.store = LeaseStore.from_url(
+                self.server.url, prefix=self.prefix, socket_timeout=2.0, retry=Retry(NoBackoff(), 0)
+            )
+            for clock in self._clocks:
+                self.start_worker(clock)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def history(self) -> Path:
+        """The directory the workers record their script calls into."""
+        return self.directory / "history"
+
+    @property
+    def hooks(self) -> Path:
+        """The directory of the handler's pause points."""
+        return self.directory / "hooks"
+
+    def note(self, kind: str, detail: str = "") -> None:
+        """Logs a fault injected now."""
+        self.faults.append((round(time.monotonic() - self.started, 3), kind, detail))
+
+    # -- workers --------------------------------------------------------------------
+
+    def _spawn(self, clock: str, log: Path) -> subprocess.Popen[bytes]:
+        env = {**effect_jobs.worker_env(), **self.config.env()}
+        if clock:
+            env.update(
+                LD_PRELOAD=require_faketime(),
+                FAKETIME=clock,
+                FAKETIME_DONT_FAKE_MONOTONIC="1",  # a skewed wall clock, as on another host
+                FAKETIME_NO_CACHE="1",
+            )
+        args = [*effect_jobs.WORKER_COMMAND, "--url", self.proxy.url, "worker", "--simple"]
+        with log.open("ab") as out:
+            return subprocess.Popen(
+                [*args, "--queue", self.config.queue],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=effect_jobs.ROOT,
+            )
+
+    def start_worker(self, clock: str = "") -> int:
+        """Starts one more worker (on a clock skewed by ``clock``); returns its index."""
+        index = len(self.workers)
+        log = self.directory / "logs" / f"worker-{index}.log"
+        self.workers.append(Worker(index, clock, log, self._spawn(clock, log)))
+        return index
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Waits until every live worker has registered with RQ (it is taking jobs)."""
+        key = f"rq:workers:{self.config.queue}"
+        deadline = time.monotonic() + timeout
+        while self.store.client.scard(key) < sum(w.alive for w in self.workers):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"workers not ready after {timeout}s\n{self.describe()}")
+            time.sleep(0.02)
+
+    def _signal(self, index: int, sig: int) -> None:
+        worker = self.workers[index]
+        if worker.alive:
+            os.killpg(worker.process.pid, sig)
+
+    def pause(self, index: int) -> None:
+        """SIGSTOPs worker ``index`` (its lease keeper stops too)."""
+        self._signal(index, signal.SIGSTOP)
+        self.note("pause", f"worker {index} pid {self.workers[index].process.pid}")
+
+    def resume(self, index: int) -> None:
+        """SIGCONTs worker ``index``."""
+        self._signal(index, signal.SIGCONT)
+        self.note("resume", f"worker {index}")
+
+    def kill(self, index: int) -> None:
+        """SIGKILLs worker ``index`` and reaps it."""
+        worker = self.workers[index]
+        worker.ended_on_purpose = True
+        self._signal(index, signal.SIGKILL)
+        worker.process.wait(timeout=10)
+        self.note("kill", f"worker {index} pid {worker.process.pid}")
+
+    def terminate(self, index: int) -> None:
+        """SIGTERMs worker ``index``: it drains (finishes its item, gives the rest back)."""
+        self.workers[index].ended_on_purpose = True
+        self._signal(index, signal.SIGTERM)
+        self.note("terminate", f"worker {index} pid {self.workers[index].process.pid}")
+
+    def restart_worker(self, index: int) -> None:
+        """Kills worker ``index`` and starts a new process in its slot (same clock)."""
+        self.kill(index)
+        worker = self.workers[index]
+        worker.process = self._spawn(worker.clock, worker.log)
+        worker.ended_on_purpose = False
+        self.note("restart-worker", f"worker {index} pid {worker.process.pid}")
+
+    def index_of(self, pid: int) -> int:
+        """The slot of the worker process ``pid``."""
+        for worker in self.workers:
+            if worker.process.pid == pid:
+                return worker.index
+        raise AssertionError(f"pid {pid} is not one of this cluster's workers")
+
+    def holder(self, run_id: str, item: str) -> int | None:
+        """The slot of the worker holding ``item``'s lease now (from its owner's pid)."""
+        record = self.store.item(run_id, item)
+        parts = (record.owner or "").split(":")
+        if record.state != "leased" or len(parts) < 3 or not parts[-2].isdigit():
+            return None
+        return self.index_of(int(parts[-2]))
+
+    def wait_hook(self, point: str, timeout: float = 30.0) -> tuple[int, dict[str, Any]]:
+        """Waits until a worker stops at ``point``; its slot, and its pid, item and token."""
+        stopped = effect_jobs.wait_for_hook(self.hooks, point, timeout)
+        return self.index_of(stopped["pid"]), stopped
+
+    def release(self, point: str) -> None:
+        """Lets the worker stopped at ``point`` go on."""
+        effect_jobs.release_hook(self.hooks, point)
+
+    def _respawn(self) -> None:
+        """Restarts, as a supervisor would, each worker that quit without a fault asking."""
+        for worker in self.workers:
+            if not worker.alive and not worker.ended_on_purpose:
+                code = worker.process.returncode
+                worker.process = self._spawn(worker.clock, worker.log)
+                self.note("respawn", f"worker {worker.index} had quit (exit {code})")
+
+    # -- the network ----------------------------------------------------------------
+
+    def reset_connections(self) -> int:
+        """Resets every worker connection now; returns how many there were."""
+        count = self.proxy.reset()
+        self.note("reset", f"{count} connections")
+        return count
+
+    def delay(self, seconds: float, direction: str = "both") -> None:
+        """Delays every byte between the workers and Redis by ``seconds`` (0: off)."""
+        self.proxy.delay(seconds, direction)
+        self.note("delay", f"{seconds}s {direction}")
+
+    def refuse(self, seconds: float) -> None:
+        """Resets the workers' new connections for ``seconds``."""
+        self.proxy.refuse(seconds)
+        self.note("refuse", f"{seconds}s")
+
+    def blackhole(self, seconds: float) -> None:
+        """Holds the workers' new connections without relaying for ``seconds``."""
+        self.proxy.blackhole(seconds)
+        self.note("blackhole", f"{seconds}s")
+
+    # -- the server -----------------------------------------------------------------
+
+    def stop_redis(self) -> None:
+        """SIGSTOPs redis-server: every client waits; its clock runs on."""
+        self._signal_redis(signal.SIGSTOP, "stop-redis")
+
+    def cont_redis(self) -> None:
+        """SIGCONTs redis-server."""
+        self._signal_redis(signal.SIGCONT, "cont-redis")
+
+    def _signal_redis(self, sig: int, kind: str) -> None:
+        assert self.server.process is not None
+        os.kill(self.server.process.pid, sig)
+        self.note(kind)
+
+    def kill_redis(self) -> int:
+        """SIGKILLs redis-server; returns the machine's clock (ms) just before."""
+        at = int(time.time() * 1000)
+        self.server.kill()
+        self.note("kill-redis")
+        return at
+
+    def disk_image(self) -> tuple[Path, int]:
+        """Copies the server's files as they are now (a power loss's disk); and the server ms.
+
+        Every script the server ran before the returned time is in the copy.
+        """
+        at = server_ms(self.store.client)
+        image = self.directory / f"disk-{len(self.faults)}"
+        shutil.copytree(self.directory / "redis", image, ignore=shutil.ignore_patterns("redis.log"))
+        self.note("disk-image", f"at server ms {at}")
+        return image, at
+
+    def restart_redis(self, empty: bool = False, disk: Path | None = None) -> int:
+        """Restarts redis-server on its port and directory; returns its clock (ms) after.
+
+        ``empty``: its files are deleted first (a server that lost everything);
+        ``disk``: its files are replaced by an image from :meth:`disk_image`.
+        """
+        self.server.kill()
+        directory = self.directory / "redis"
+        if empty or disk is not None:
+            for path in directory.iterdir():
+                if path.name != "redis.log":
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if disk is not None:
+            shutil.copytree(disk, directory, dirs_exist_ok=True)
+        self.server.start()
+        at = server_ms(self.store.client)
+        how = "empty" if empty else f"from {disk.name}" if disk else "from its AOF"
+        self.note("restart-redis", f"{how} at server ms {at}")
+        return at
+
+    def script_flush(self) -> None:
+        """Makes the server forget every loaded script."""
+        self.store.client.script_flush()
+        self.note("script-flush")
+
+    def squeeze(self, keys: int, policy: str = "allkeys-lru", samples: int = 5) -> None:
+        """Sets an evicting ``policy`` and lowers maxmemory under the use, 2 KB at a time,
+        until the server has evicted ``keys`` keys; then sets it 1 MB above the use.
+
+        ``samples``: keys the server samples per eviction (64: about exact LRU on a
+        small database).
+        """
+        client = self.store.client
+
+        def evicted() -> int:
+            return int(client.info("stats")["evicted_keys"])
+
+        before, used = evicted(), int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory-samples", str(samples))
+        client.config_set("maxmemory-policy", policy)
+        while evicted() - before < keys:
+            used -= 2000
+            assert used > 0, f"fewer than {keys} keys to evict"
+            client.config_set("maxmemory", str(used))  # evicts down to it at once
+        client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) + 2**20))
+        self.note("squeeze", f"{policy}: {evicted() - before} keys evicted")
+
+    # -- runs -----------------------------------------------------------------------
+
+    def start_run(self) -> str:
+        """Creates today's run of the job (server clock); the next tick plans it."""
+        return effect_jobs.start_run(self.store, self.job)
+
+    def planned(self, run_id: str) -> list[str]:
+        """The item ids the planner makes for ``run_id``."""
+        business_date = date.fromisoformat(run_id.rsplit(":", 1)[1])
+        return [effect_jobs.item_id(n, business_date) for n in range(self.config.items)]
+
+    def drive(
+        self,
+        run_id: str,
+        timeout: float = 60.0,
+        until: Callable[[], bool] | None = None,
+        step: Callable[[], None] | None = None,
+    ) -> str:
+        """Ticks every 0.1 s until ``until()`` (default: the run is final); returns its state.
+
+        A Redis that cannot be reached for a moment is ticked again; a worker
+        that quit by itself is restarted.
+        """
+        runs = Runs(self.store)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.decisions += tick_job(
+                    self.store, runs, effect_jobs.EFFECTS_PATH, self.job, runs.server_now()
+                )
+                state = runs.info(run_id)["state"]
+            except (RedisLeaseError, redis.RedisError) as error:
+                state = f"unknown ({type(error).__name__})"
+            self._respawn()
+            if step is not None:
+                step()
+            if until() if until is not None else state in FINAL_STATES:
+                return state
+            if time.monotonic() > deadline:
+                with contextlib.suppress(RedisLeaseError):
+                    state += f": {self.store.status(run_id).to_dict()}"
+                raise AssertionError(
+                    f"run {run_id} still {state} after {timeout}s\n{self.describe()}"
+                )
+            time.sleep(0.1)
+
+    def ops(self) -> list[Op]:
+        """Every operation the workers recorded so far."""
+        return read_ops(list(read_lines(self.history)))
+
+    def verify(
+        self, run_id: str, *, may_lose: bool = False, loss: tuple[int, int] | None = None
+    ) -> Summary:
+        """Collects the evidence of ``run_id`` and checks it (see tests.faults.checker)."""
+        evidence = collect(
+            self.store,
+            run_id,
+            self.planned(run_id),
+            history_dir=self.history,
+            applied=dict(self.provider.state.applications),
+            effects=("payout",),
+            shards=self.config.shards,
+        )
+        try:
+            return check(evidence, loss=loss, may_lose=may_lose)
+        except Violation as error:
+            error.args = (f"{error.args[0]}\n{self.describe()}",)
+            raise
+
+    def describe(self) -> str:
+        """The faults injected and the tail of every worker's log (for failure messages)."""
+        parts = ["faults: " + json.dumps(self.faults)]
+        for worker in self.workers:
+            text = worker.log.read_text(errors="replace") if worker.log.exists() else ""
+            parts.append(f"--- worker {worker.index} (clock {worker.clock or 'real'})")
+            parts.append(text[-3000:])
+        return "\n".join(parts)
+
+    # -- cleanup --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Kills every process, deletes the RQ keys, removes the server's files (safe always)."""
+        for worker in self.workers:
+            worker.ended_on_purpose = True
+            if worker.alive:
+                os.killpg(worker.process.pid, signal.SIGKILL)
+            worker.process.wait(timeout=10)
+        process = self.server.process
+        if process is not None and process.poll() is None:
+            os.kill(process.pid, signal.SIGCONT)  # a stopped server answers the cleanup
+        if hasattr(self, "proxy"):
+            self.proxy.close()
+        if self._serving:
+            self.provider.shutdown()
+        self.provider.server_close()
+        if hasattr(self, "store"):
+            with contextlib.suppress(redis.RedisError):  # a server down: its files go below
+                effect_jobs.delete_rq_queue(self.store.client, self.config.queue)
+            self.store.client.close()
+        self.server.kill()
+        shutil.rmtree(self.directory / "redis", ignore_errors=True)

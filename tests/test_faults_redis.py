@@ -1,0 +1,314 @@
+"""Faults of the Redis server under real RQ worker processes (tests.faults.cluster).
+
+Each test runs the effects job on ``redis-lease worker`` processes against a
+private ``redis-server`` and injects one server fault while the run works:
+SIGSTOP past the leases, SIGKILL and a restart from the AOF (``always``, and
+``everysec`` with a process crash and with a power loss's disk), a restart
+with no data, ``SCRIPT FLUSH`` once and in a storm, an evicting memory policy.
+The history checker (tests.faults.checker) then judges the recorded history,
+the provider's log and the final state; where the server may have forgotten
+writes it is told the window of server time in which it may have.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from redis_lease.demo.provider import ProviderState
+from redis_lease.keys import shard_of
+from redis_lease.runs import FINAL_STATES, Runs
+from redis_lease.tick import NO_RECORD
+from tests.faults.checker import Violation, check, collect
+from tests.faults.cluster import Cluster
+from tests.faults.recorder import Op
+
+pytestmark = pytest.mark.slow
+
+
+def done(c: Cluster, run_id: str) -> Callable[[], bool]:
+    """A check: at least a quarter of the run's items are done."""
+    return lambda: c.store.status(run_id).counts["done"] >= c.config.items // 4
+
+
+def for_a_while(seconds: float) -> Callable[[], bool]:
+    """A check that holds once ``seconds`` have passed (how long a fault lasts)."""
+    until = time.monotonic() + seconds
+    return lambda: time.monotonic() >= until
+
+
+def granted(ops: list[Op], before_ms: int | None = None) -> dict[tuple[str, int], int]:
+    """(item, token) of every grant the workers saw (before ``before_ms``), with its time."""
+    found = {}
+    for op in ops:
+        for grant in op.get("grants") or []:
+            if before_ms is None or grant["server_ms"] < before_ms:
+                found[(grant["item"], int(grant["token"]))] = int(grant["server_ms"])
+    return found
+
+
+def records_now(c: Cluster, run_id: str) -> dict[str, tuple[str, int]]:
+    """Each item's state and token as the server has them now."""
+    return {
+        record.item_id: (record.state, record.token)
+        for shard in range(c.config.shards)
+        for record in c.store.items(run_id, shard)
+    }
+
+
+def vanished(ops: list[Op], now: dict[str, tuple[str, int]]) -> tuple[list[Any], list[str]]:
+    """The grants and the accepted commits the workers saw that the server no longer has."""
+    grants = [(i, t) for (i, t) in granted(ops) if now.get(i, ("", 0))[1] < t]
+    commits = [i for i, t in committed(ops).items() if now.get(i) != ("done", t)]
+    return grants, commits
+
+
+def mid_run(now: dict[str, tuple[str, int]]) -> bool:
+    """True when some item of the run is still to do (the fault came mid-run)."""
+    return any(state != "done" for state, _ in now.values())
+
+
+def committed(ops: list[Op]) -> dict[str, int]:
+    """The token of every commit the workers saw accepted, by item."""
+    return {
+        op.get("item"): int(op.get("token"))
+        for op in ops
+        if op.get("f") == "commit" and op.type == "ok"
+    }
+
+
+@pytest.fixture
+def settings() -> dict[str, Any]:
+    """A run of about 2 s: 48 items, 2 shards, 1.5 s leases, a provider taking 80 ms."""
+    return {
+        "items": 48,
+        "shards": 2,
+        "ttl": 1.5,
+        "provider": ProviderState(honour_keys=False, latency=0.08),
+        "honours_keys": False,
+    }
+
+
+# -- the server paused -------------------------------------------------------------------
+
+
+def test_redis_paused_past_the_leases(tmp_path: Path, prefix: str, settings: Any) -> None:
+    """SIGSTOP redis-server for 2.5 s (leases last 1.5 s), then SIGCONT.
+
+    Its clock runs on while it is stopped: every lease held then has expired when
+    it answers again, and the writes queued meanwhile must be refused. Breaks if
+    one is accepted (an expired write) or the run does not recover.
+    """
+    with Cluster(tmp_path / "c", prefix, workers=2, **settings) as c:
+        c.wait_ready()
+        run_id = c.start_run()
+        c.drive(run_id, until=done(c, run_id))
+        c.stop_redis()
+        time.sleep(2.5)  # the fault itself: the server stays stopped past every lease
+        c.cont_redis()
+        assert c.drive(run_id, timeout=60) == "succeeded"
+        summary = c.verify(run_id)
+        expired = c.store.status(run_id).events.get("expired", 0)
+        assert expired + summary.takeovers >= 1, summary  # the pause did outlast leases
+
+
+# -- a crash and a restart from the AOF ---------------------------------------------
+
+
+def test_redis_killed_with_aof_always_loses_nothing(
+    tmp_path: Path, prefix: str, settings: Any
+) -> None:
+    """SIGKILL redis-server mid-run (``appendfsync always``) and restart it from its AOF.
+
+    Every reply a worker got was on disk: no grant or commit a worker saw may be
+    missing after the restart. Breaks if one is (then a token repeats, which the
+    checker also reports without a loss window).
+    """
+    with Cluster(tmp_path / "c", prefix, workers=2, **settings) as c:
+        c.wait_ready()
+        run_id = c.start_run()
+        c.drive(run_id, until=done(c, run_id))
+        c.refuse(30)  # the workers stay away until the restarted state is read
+        c.kill_redis()
+        c.restart_redis()
+        ops, now = c.ops(), records_now(c, run_id)
+        c.refuse(0)
+        assert vanished(ops, now) == ([], [])
+        assert committed(ops) and mid_run(now)
+        assert c.drive(run_id, timeout=60) == "succeeded"
+        c.verify(run_id)
+
+
+@pytest.mark.parametrize("crash", ["process-kill", "power-loss"])
+def test_redis_with_aof_everysec_loses_at_most_the_last_second(
+    tmp_path: Path, prefix: str, settings: Any, crash: str
+) -> None:
+    """``appendfsync everysec``: a process kill, or a power loss that keeps the disk as
+    it was a second before (the server's files are copied then and restored).
+
+    What vanished is measured (grants and commits the workers saw that the
+    restarted server lacks) and printed. The checker is told that writes after
+    the disk copy (or, for the process kill, in the 2 s before it, the most
+    ``everysec`` may put off) may be lost: tokens may repeat only for leases
+    granted then, and the run must not end succeeded with an item lost. With a
+    power loss something does vanish, and the checker without the window sees it.
+    """
+    config = {"appendfsync": "everysec"}
+    settings["provider"] = ProviderState(latency=0.08)  # keys honoured: a lost ledger entry
+    settings["honours_keys"] = True  # leaves only them to stop a second payout
+    with Cluster(tmp_path / "c", prefix, workers=2, redis_config=config, **settings) as c:
+        c.wait_ready()
+        run_id = c.start_run()
+        c.drive(run_id, until=done(c, run_id))
+        image, since = c.disk_image() if crash == "power-loss" else (None, 0)
+        c.drive(run_id, until=for_a_while(1.0))  # the last second before the crash
+        c.refuse(30)
+        killed = c.kill_redis()
+        restarted = c.restart_redis(disk=image)
+        ops, now = c.ops(), records_now(c, run_id)
+        c.refuse(0)
+        since = since or killed - 2000
+        grants, commits = vanished(ops, now)
+        assert mid_run(now)
+        times = granted(ops)
+        assert all(times[grant] >= since for grant in grants)  # only the last second's
+        assert c.drive(run_id, timeout=60) == "succeeded"
+        summary = c.verify(run_id, loss=(since, restarted))
+        repeats = sum(n > 1 for n in c.provider.state.requests.values())
+        print(
+            f"{crash}: {len(grants)} of {len(times)} grants and {len(commits)} of "
+            f"{len(committed(ops))} accepted commits vanished; {summary.regranted_after_loss} "
+            f"tokens granted again; {repeats} payouts sent twice, applied once by key"
+        )
+        assert summary.regranted_after_loss >= len(grants)
+        if crash == "power-loss":
+            assert grants, "a second of claims was lost with the disk"
+            with pytest.raises(Violation) as seen:  # without the window, the loss shows
+                c.verify(run_id)
+            assert seen.value.kinds & {"duplicate-grant", "token-order", "double-commit"}
+
+
+# -- a restart with no data ----------------------------------------------------------
+
+
+def test_redis_restarted_empty_recreates_the_run(
+    tmp_path: Path, prefix: str, settings: Any
+) -> None:
+    """The server restarts with no data mid-run; the tick re-creates the run and says so.
+
+    The job fires every minute, so its run is due. The re-created run is planned
+    and worked again; no item done before the loss counts, and the provider's
+    idempotency keys stop a second payout. Breaks if the tick does not re-create
+    the run or stays silent, or if success were claimed from before the loss.
+    """
+    settings["provider"] = ProviderState(latency=0.08)  # keys honoured: the ledger is gone
+    settings["honours_keys"] = True
+    with Cluster(tmp_path / "c", prefix, workers=2, schedule="* * * * *", **settings) as c:
+        c.wait_ready()
+        run_id = c.start_run()
+        c.drive(run_id, until=done(c, run_id))
+        restarted = c.restart_redis(empty=True)
+        assert c.drive(run_id, timeout=60) == "succeeded"
+        recreated = [d for d in c.decisions if d.kind == "create" and d.run_id == run_id]
+        assert len(recreated) == 1 and NO_RECORD in recreated[0].reason, c.decisions
+        logged = [e for e in Runs(c.store).events(run_id, count=100) if e["kind"] == "create"]
+        assert len(logged) == 1 and NO_RECORD in logged[0]["reason"]
+        for shard in range(c.config.shards):
+            for record in c.store.items(run_id, shard):
+                assert record.state == "done"
+                assert int(record.result["token"]) == record.token
+        summary = c.verify(run_id, loss=(0, restarted))
+        assert summary.regranted_after_loss >= 1  # items done before were done again
+        evidence = collect(
+            c.store,
+            run_id,
+            c.planned(run_id),
+            history_dir=c.history,
+            applied=dict(c.provider.state.applications),
+        )
+        done_at = [r.done_at_ms for r in evidence.records.values()]
+        assert all(at is not None and at >= restarted for at in done_at)
+        with pytest.raises(Violation):  # tokens did start over: visible without the window
+            check(evidence)
+
+
+# -- scripts flushed ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("times", ["once", "storm"])
+def test_scripts_flushed_while_workers_run(
+    tmp_path: Path, prefix: str, settings: Any, times: str
+) -> None:
+    """SCRIPT FLUSH once, or every ~50 ms for 3 s, while the workers claim and commit.
+
+    Each NOSCRIPT costs the worker a reload. The flushes fall between the test's
+    own ticks: what is under test is the workers' side. Breaks if a flush loses
+    or wedges an item, or a reloaded script runs twice where once was meant.
+    """
+    with Cluster(tmp_path / "c", prefix, workers=2, **settings) as c:
+        c.wait_ready()
+        run_id = c.start_run()
+        c.drive(run_id, until=done(c, run_id))
+        first_flush_ms = int(time.time() * 1000)
+        c.script_flush()
+        storm_over = for_a_while(3.0 if times == "storm" else 0.0)
+
+        def flush_twice() -> None:  # the drive ticks every 0.1 s: two flushes between
+            if not storm_over():
+                c.script_flush()
+                time.sleep(0.05)  # the storm's own pace
+                c.script_flush()
+
+        def finished() -> bool:
+            return storm_over() and Runs(c.store).info(run_id)["state"] in FINAL_STATES
+
+        c.drive(run_id, timeout=60, until=finished, step=flush_twice)
+        assert Runs(c.store).info(run_id)["state"] == "succeeded"
+        c.verify(run_id)
+        flushes = sum(1 for f in c.faults if f[1] == "script-flush")
+        assert flushes >= (30 if times == "storm" else 1)
+        # the workers called their scripts after a flush, so they met NOSCRIPT and reloaded
+        worker_calls = ("claim_next", "renew", "commit", "record_effect")
+        later = [o for o in c.ops() if o.invoked_wall_ms > first_flush_ms]
+        assert any(o.get("f") in worker_calls for o in later)
+        errors = c.store.client.info("errorstats")
+        assert int(errors.get("errorstat_NOSCRIPT", {}).get("count", 0)) >= 1, errors
+
+
+# -- an evicting memory policy -----------------------------------------------------------
+
+
+def test_evicting_policy_never_ends_succeeded(tmp_path: Path, prefix: str) -> None:
+    """``allkeys-lru`` with a maxmemory under the use: the LRU keys go, here item records.
+
+    The run is planned and the items then left idle 2 s while every other key
+    is touched, so that the eviction falls on the shards' ``items`` hashes; the
+    workers start after it. Items vanish: the run must end partial or failed,
+    with the loss counted. Breaks if it ends succeeded.
+    """
+    settings = {"items": 24, "shards": 3, "ttl": 1.5, "payload_bytes": 1500}
+    with Cluster(tmp_path / "c", prefix, workers=0, **settings) as c:
+        run_id = c.start_run()
+        c.drive(run_id, until=lambda: Runs(c.store).info(run_id)["state"] == "running")
+        c.drive(run_id, until=for_a_while(2.2))  # the item records age (LRU clock: 1 s)
+        client = c.store.client
+        keys = list(client.scan_iter(count=1000))
+        items = [k for k in keys if k.endswith(b":items")]
+        client.touch(*(k for k in keys if k not in items))
+        c.squeeze(keys=2, samples=64)
+        gone = [k for k in keys if not client.exists(k)]
+        assert len(gone) >= 2 and set(gone) <= set(items), gone  # the LRU keys: items
+        for _ in range(2):
+            c.start_worker()
+        state = c.drive(run_id, timeout=60)
+        status = c.store.status(run_id)
+        print(f"evicting policy: run {state}, {status.lost} of {status.planned} items lost")
+        evicted = {c.store.keys.shard(run_id, n)[2].encode(): n for n in range(3)}
+        shards = {evicted[key] for key in gone}
+        lost = [i for i in c.planned(run_id) if shard_of(i, 3) in shards]
+        assert state in ("partial", "failed") and status.lost == len(lost), (state, status)
+        c.verify(run_id, may_lose=True)
