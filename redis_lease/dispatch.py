@@ -21,7 +21,8 @@ from .store import LeaseStore
 
 #: Extra seconds RQ allows a shard job beyond its budget before it kills it.
 TIMEOUT_MARGIN = 120
-LIVE_STATUSES = {JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED}
+#: Statuses of jobs that will run without a worker holding them (queued: see live_jobs).
+LIVE_STATUSES = {JobStatus.SCHEDULED, JobStatus.DEFERRED}
 SHARD_FUNC = "redis_lease.worker.process_shard"
 
 
@@ -70,9 +71,12 @@ def enqueue_shard(
 def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
     """The run's live RQ jobs by shard; forgets the ones that ended or died.
 
-    Queued, scheduled and deferred jobs are live; a started job is live while
-    its heartbeat key exists (it is renewed by the worker's lease keeper, so a
-    killed or paused worker stops counting within a few seconds).
+    Scheduled and deferred jobs are live; a queued job is live while it waits
+    in its queue (one that a worker took off the queue and died before starting,
+    or whose queue was lost, is not: RQ would requeue it only minutes later); a
+    started job is live while its heartbeat key exists (it is renewed by the
+    worker's lease keeper, so a killed or paused worker stops counting within a
+    few seconds).
     """
     key = store.keys.run_jobs(run_id)
     with store.errors(run_id):
@@ -82,14 +86,22 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
         ids = list(known)
         jobs = RQJob.fetch_many(ids, connection=store.client, serializer=JSONSerializer)
         pipe = store.client.pipeline(transaction=False)
-        for rq_id in ids:
+        for rq_id, rq_job in zip(ids, jobs, strict=True):
             pipe.exists(store.keys.run_beat(run_id, rq_id))
-        beats = pipe.execute()
+            origin = rq_job.origin if rq_job is not None else ""
+            pipe.lpos(Queue.redis_queue_namespace_prefix + origin, rq_id)
+        answers = pipe.execute()
         live: dict[int, list[str]] = {}
         dead: list[str] = []
-        for rq_id, rq_job, beat in zip(ids, jobs, beats, strict=True):
+        for rq_id, rq_job, beat, waiting in zip(
+            ids, jobs, answers[::2], answers[1::2], strict=True
+        ):
             status = rq_job.get_status(refresh=False) if rq_job is not None else None
-            if status in LIVE_STATUSES or (status == JobStatus.STARTED and beat):
+            if (
+                (status == JobStatus.QUEUED and waiting is not None)
+                or status in LIVE_STATUSES
+                or (status == JobStatus.STARTED and beat)
+            ):
                 live.setdefault(known[rq_id], []).append(rq_id)
             else:
                 dead.append(rq_id)

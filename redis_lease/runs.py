@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-import uuid
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
-
-import redis
 
 from .connection import as_text
 from .errors import InvalidInput, NotFound
 from .jobs import Job, Planner
 from .lease import Item, RunStatus, from_ms
 from .limits import DEFAULT_RETENTION_DAYS, TEXT_MAX_BYTES
+from .locks import lock
 from .store import LeaseStore
 from .validation import clip
 
@@ -154,19 +151,14 @@ class Runs:
         planner = job.plan_items
         if planner is None:
             raise InvalidInput(f"job {job.name!r} has no planner; decorate one with @job.planner")
-        lock = self.keys.run_planner(run_id)
-        owner = uuid.uuid4().hex
-        with self.store.errors(run_id):
-            if not self.client.set(lock, owner, nx=True, px=PLANNER_LOCK_MS):
+        key = self.keys.run_planner(run_id)
+        with lock(self.store, key, PLANNER_LOCK_MS, run_id) as taken:
+            if not taken:
                 return None
-        info = self.info(run_id)
-        business_date = date.fromisoformat(info["business_date"])
-        try:
+            info = self.info(run_id)
+            business_date = date.fromisoformat(info["business_date"])
             items = _Planned(planner, business_date, int(info.get("deadline_at", "0")))
-            self._add_planned(job, run_id, items, lock)
-        finally:
-            with contextlib.suppress(redis.RedisError):
-                self.store.scripts.call("release_lock", [lock], [owner])
+            self._add_planned(job, run_id, items, key)
         # Exact for distinct ids, and safe when planning repeats after a crash.
         planned = sum(counts.get("added", 0) for counts in self.store.shard_counts(run_id))
         self.transition(

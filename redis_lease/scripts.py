@@ -168,12 +168,16 @@ class Scripts:
         return self._scripts[name](keys=keys, args=args, client=client)
 
     def call(self, name: str, keys: list[str], args: Sequence[Any]) -> Any:
-        """Runs a script and returns its decoded reply (see :mod:`redis_lease.replies`)."""
+        """Runs a script and returns its decoded reply (see :mod:`redis_lease.replies`).
+
+        A script the server lost is loaded again, and the call is sent again, up
+        to ``NOSCRIPT_RETRIES`` times: a storm of ``SCRIPT FLUSH`` costs reloads.
+        """
         if not _OBSERVERS:
-            return DECODERS[name](self._scripts[name](keys=keys, args=args))
+            return DECODERS[name](self._evalsha(name, keys, args))
         watch = _Watch(name, keys, args)
         try:
-            reply = DECODERS[name](self._scripts[name](keys=keys, args=args))
+            reply = DECODERS[name](self._evalsha(name, keys, args))
         except redis.ResponseError as error:
             watch.answered(error)
             raise
@@ -182,6 +186,17 @@ class Scripts:
             raise
         watch.answered(reply)
         return reply
+
+    def _evalsha(self, name: str, keys: list[str], args: Sequence[Any]) -> Any:
+        # redis-py's Script reloads once on NOSCRIPT; a flush between its reload and
+        # its retry would still fail the call, so the whole call is tried again.
+        for attempt in range(NOSCRIPT_RETRIES + 1):
+            try:
+                return self._scripts[name](keys=keys, args=args)
+            except NoScriptError:
+                if attempt == NOSCRIPT_RETRIES:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def many(self, calls: Sequence[Call | Command]) -> list[Any]:
         """Runs the calls in one pipeline; per call, its decoded reply or its ResponseError.

@@ -16,9 +16,7 @@ from datetime import date, datetime, timedelta
 from functools import partial
 from typing import Any
 
-import redis
 from croniter import croniter
-from redis.exceptions import LockError
 from rq import get_current_job
 
 from . import dispatch
@@ -26,6 +24,7 @@ from .errors import NotFound, RedisLeaseError, RedisUnavailable
 from .jobs import Job, load_job
 from .lease import RunStatus
 from .limits import DEFAULT_PREFIX
+from .locks import lock
 from .runs import Decision, Runs, to_ms
 from .store import LeaseStore
 
@@ -75,23 +74,15 @@ def tick_job(store: LeaseStore, runs: Runs, path: str, job: Job, now: datetime) 
     Each open run is ticked on its own: an error in one is recorded in its event
     log as an ``error`` decision, and the job's other runs are still ticked.
     """
-    lock = store.client.lock(
-        f"{store.keys.job(job.name)}:tick", timeout=TICK_LOCK_SECONDS, blocking=False
-    )
-    with store.errors():
-        if not lock.acquire(blocking=False):
+    with lock(store, f"{store.keys.job(job.name)}:tick", TICK_LOCK_SECONDS * 1000) as taken:
+        if not taken:
             return []
-    try:
         first = _register(store, path, job, now)
         decisions = _create_due_runs(store, runs, path, job, now, first)
         for run_id in runs.open_runs(job.name):
             work = partial(_tick_run, store, runs, path, job, run_id, now)
             decisions += _isolated(runs, run_id, work, True)
         return decisions
-    finally:
-        # Expired (another tick may have taken over), or Redis is gone: the body's error wins.
-        with contextlib.suppress(LockError, redis.RedisError):
-            lock.release()
 
 
 def _isolated(

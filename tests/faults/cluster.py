@@ -61,6 +61,10 @@ FAKETIME_LIBS = (
 )
 
 
+#: A sitecustomize that mends time.sleep under libfaketime.
+FAKETIME_SITE = Path(__file__).resolve().parent / "faketime_site"
+
+
 def faketime_library() -> str | None:
     """The path of libfaketime, or None when it is not installed."""
     for pattern in FAKETIME_LIBS:
@@ -196,6 +200,8 @@ class Cluster:
                 FAKETIME=clock,
                 FAKETIME_DONT_FAKE_MONOTONIC="1",  # a skewed wall clock, as on another host
                 FAKETIME_NO_CACHE="1",
+                # time.sleep mended for libfaketime (see faketime_site/sitecustomize.py)
+                PYTHONPATH=os.pathsep.join([str(FAKETIME_SITE), env.get("PYTHONPATH", "")]),
             )
         args = [*effect_jobs.WORKER_COMMAND, "--url", self.proxy.url, "worker", "--simple"]
         with log.open("ab") as out:
