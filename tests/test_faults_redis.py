@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 
+from redis_lease import Item, LeaseStore
 from redis_lease.demo.provider import ProviderState
+from redis_lease.errors import RedisLeaseError
 from redis_lease.keys import shard_of
 from redis_lease.runs import FINAL_STATES, Runs
 from redis_lease.tick import NO_RECORD
@@ -312,3 +314,51 @@ def test_evicting_policy_never_ends_succeeded(tmp_path: Path, prefix: str) -> No
         lost = [i for i in c.planned(run_id) if shard_of(i, 3) in shards]
         assert state in ("partial", "failed") and status.lost == len(lost), (state, status)
         c.verify(run_id, may_lose=True)
+
+
+def test_a_full_server_without_eviction_refuses_whole_scripts_and_loses_nothing(
+    private_redis: Callable[..., Any], prefix: str
+) -> None:
+    """``noeviction``: a full server refuses a script whole (``OOM``), and nothing is dropped.
+
+    Breaks if a script wrote part of its change before the refusal, or if any key
+    of the run went missing under memory pressure.
+    """
+    server = private_redis(**{"maxmemory-policy": "noeviction"})
+    store = LeaseStore.from_url(server.url, prefix=prefix)
+    run = "full:2026-12-01"
+    store.add(run, [Item(f"i{n}") for n in range(20)], shards=1)
+    lease = store.claim(run, "i0", "w", ttl=60)
+    used = int(store.client.info("memory")["used_memory"])
+    store.client.config_set("maxmemory", str(used + 300_000))
+
+    def dumps() -> dict[bytes, Any]:
+        keys = sorted(store.client.scan_iter(match=f"{prefix}:*"))
+        return {key: store.client.dump(key) for key in keys}
+
+    refused: RedisLeaseError | None = None
+    added = 0
+    for batch in range(200):
+        before = dumps()
+        try:
+            store.add(run, [Item(f"big{batch}-{k}", {"pad": "x" * 8_000}) for k in range(5)])
+        except RedisLeaseError as error:
+            refused = error
+            break
+        added += 5
+    assert refused is not None, "the server never filled up"
+    assert "OOM" in str(refused) or "memory" in str(refused), refused
+    assert dumps() == before  # the refused add wrote nothing, not even a counter
+    # A commit frees an index entry before it writes, so it may finish even when full;
+    # either way it is whole: the item is done, or its record is as it was.
+    try:
+        store.commit(lease, result={"ok": True})
+    except RedisLeaseError:
+        assert store.item(run, "i0").state == "leased"
+    else:
+        assert store.item(run, "i0").state == "done"
+    store.client.config_set("maxmemory", "0")
+    records = list(store.items(run, 0))
+    assert len(records) == 20 + added  # nothing was dropped
+    assert store.client.info("stats")["evicted_keys"] == 0
+    store.client.close()
