@@ -19,6 +19,8 @@ local function main()
   if bad then return bad end
   fields, bad = check_rest(4, {{'id'}, {'text', 'text_bytes'}}, 'guard_specs')
   if bad then return bad end
+  bad = check_key_types({'hash'})
+  if bad then return bad end
   local key = KEYS[1]
   if rcall('HSETNX', key, 'run_id', A[1]) == 0 then
     return {0, tonumber(rcall('HGET', key, 'shards')), tonumber(rcall('HGET', key, 'created_at'))}

@@ -13,6 +13,8 @@ local function main()
   local A
   A, bad = check_args({{1, 'id'}})
   if bad then return bad end
+  bad = check_key_types({'string'})
+  if bad then return bad end
   if rcall('GET', KEYS[1]) == A[1] then
     return rcall('DEL', KEYS[1])
   end

@@ -23,6 +23,8 @@ local function main()
   if bad then return bad end
   fields, bad = check_rest(4, {{'id'}, {'text', 'text_bytes'}}, 'guard_specs')
   if bad then return bad end
+  bad = check_key_types({'hash', 'stream'})
+  if bad then return bad end
   local state = rcall('HGET', KEYS[1], 'state')
   if not state then return fail('NOT_FOUND', 'run=' .. (KEYS[1]:match('{(.-)}') or KEYS[1])) end
   local now = now_ms()

@@ -26,6 +26,8 @@ local function main()
   A, bad = check_args({{1, 'id'}, {2, 'int', 'ttl_ms'}, {3, 'int', 'cap'}, {4, 'int', 'cap'}})
   if bad then return bad end
   if A[4] > A[3] then return fail('INVALID', 'min cap ' .. A[4] .. ' is over max cap ' .. A[3]) end
+  bad = check_key_types({'zset', 'hash'})
+  if bad then return bad end
   local now = now_ms()
   rcall('HSETNX', KEYS[2], 'max_cap', A[3])
   rcall('HSETNX', KEYS[2], 'min_cap', A[4])

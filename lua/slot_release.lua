@@ -25,6 +25,8 @@ local function main()
   local A
   A, bad = check_args({{1, 'id'}, {2, 'one', {'ok', 'throttled', 'error'}}, {3, 'int', 'delay_ms', 0}})
   if bad then return bad end
+  bad = check_key_types({'zset', 'hash'})
+  if bad then return bad end
   local now = now_ms()
   rcall('ZREM', KEYS[1], A[1])
   local cap = state_number('cap', 1)

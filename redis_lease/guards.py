@@ -13,7 +13,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class FieldEquals:
-    """Holds when hash ``key``'s ``field`` equals ``value`` (compared as text)."""
+    """Holds when hash ``key``'s ``field`` equals ``value`` (compared as text); never when
+    ``key`` holds another type."""
 
     key: str
     field: str

@@ -214,7 +214,7 @@ class Job:
 def load_job(path: str) -> Job:
     """Imports a job by its path ``package.module:attr``."""
     module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
+    if not module_name or not attr or module_name.startswith("."):  # no relative imports
         raise InvalidInput(f"job path {path!r} must look like package.module:attr")
     try:
         module = importlib.import_module(module_name)

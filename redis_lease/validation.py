@@ -84,11 +84,11 @@ def encode_json(value: Any, what: str = "payload", limit: int = JSON_MAX_BYTES) 
         if _depth(value) > JSON_MAX_DEPTH:
             raise _too_deep(what)
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        size = stored_size(text)  # a lone surrogate cannot be encoded: a UnicodeEncodeError
     except (TypeError, ValueError, RecursionError) as error:
         if isinstance(error, InvalidInput):
             raise
         raise InvalidInput(f"{what} is not JSON-serialisable: {error}") from None
-    size = stored_size(text)
     if size > limit:
         raise InvalidInput(
             f"{what} is {size} bytes as stored, over the {limit}-byte limit; keep it small"
@@ -110,7 +110,7 @@ def stored_size(text: str) -> int:
 
 def parse_json(text: str, what: str = "payload", limit: int = JSON_MAX_BYTES) -> Any:
     """Parses JSON text given on a command line, checking its size and depth."""
-    if len(text.encode()) > limit:
+    if len(text.encode(errors="surrogatepass")) > limit:
         raise InvalidInput(f"{what} is over the {limit}-byte limit; keep it small")
     try:
         value = json.loads(text, parse_constant=_no_constant)
@@ -154,9 +154,12 @@ def delay_to_ms(seconds: float, what: str = "delay") -> int:
 
 
 def clip(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes, on a character boundary."""
-    data = text.encode()
-    return text if len(data) <= limit else data[:limit].decode(errors="ignore")
+    """``text`` cut to at most ``limit`` UTF-8 bytes, on a character boundary.
+
+    A lone surrogate (how Python holds an undecodable byte) becomes ``\\udcff`` text.
+    """
+    data = text.encode(errors="backslashreplace")
+    return data[:limit].decode(errors="ignore")
 
 
 def check_positive(value: int, what: str, maximum: int = 1_000_000) -> int:

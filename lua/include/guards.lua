@@ -2,7 +2,7 @@
 -- Expanded where commit.lua says `-- @include "guards.lua"`.
 --
 -- Conditions, a JSON array of
---   {"if": "equals", "key": n, "field": f, "value": v}   hash field equals v
+--   {"if": "equals", "key": n, "field": f, "value": v}   hash field equals v (a hash key)
 --   {"if": "exists", "key": n}  /  {"if": "missing", "key": n}
 -- Writes, a JSON array of
 --   {"do": "hset", "key": n, "fields": {f: v}}   {"do": "hdel", "key": n, "fields": [f]}
@@ -159,7 +159,8 @@ local function condition_holds(c)
   local key = KEYS[7 + c.key]
   if c['if'] == 'exists' then return rcall('EXISTS', key) == 1 end
   if c['if'] == 'missing' then return rcall('EXISTS', key) == 0 end
-  return rcall('HGET', key, c.field) == tostring(c.value)
+  -- A key of another type has no fields (and HGET on it would fail): it does not hold.
+  return rcall('TYPE', key).ok == 'hash' and rcall('HGET', key, c.field) == tostring(c.value)
 end
 
 local function apply(w)

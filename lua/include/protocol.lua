@@ -60,6 +60,27 @@ local function decimal(raw)
   return #raw <= 40 and (mantissa:find('^%-?%d+%.?%d*$') or mantissa:find('^%-?%d*%.%d+$')) ~= nil
 end
 
+-- True when `raw`, which cjson decoded, is JSON as every parser reads it: cjson also takes
+-- nan, inf, hex, '+1' and '01' and nests 1000 deep. Outside strings every word must be true,
+-- false, null or a number in JSON's form, and the nesting at most json_depth levels.
+local function strict_json(raw)
+  local bare = raw:gsub('\\.', ''):gsub('"[^"]*"', '""')
+  for word in bare:gmatch('[^%s%[%]{}:,"]+') do
+    if word ~= 'true' and word ~= 'false' and word ~= 'null' then
+      local digits, rest = word:match('^%-?(%d+)(.*)$')
+      if not digits or (#digits > 1 and digits:sub(1, 1) == '0') then return false end
+      if rest:gsub('^%.%d+', ''):gsub('^[eE][%-+]?%d+', '') ~= '' then return false end
+    end
+  end
+  local brackets, level = bare:gsub('[^%[%]{}]', ''), 0
+  while brackets ~= '' do  -- each pass removes the innermost level
+    level = level + 1
+    if level > LIMITS.bounds.json_depth[2] then return false end
+    brackets = brackets:gsub('[%[{][%]}]', '')
+  end
+  return true
+end
+
 -- Checks one value of kind `kind` against the bound named `bound`; returns the
 -- value (a number for int and num) or nil and the reason.
 --   int   a decimal integer within the bound
@@ -67,7 +88,8 @@ end
 --   id    1 to id_length characters from A-Z a-z 0-9 _ - . : @ / + =
 --   id?   an id or '' (absent)
 --   text  UTF-8 text of at most the bound's highest number of bytes
---   json  UTF-8 JSON text of at most the bound's bytes, also as stored (escaped) in a record
+--   json  UTF-8 JSON text (strict_json) of at most the bound's bytes, also as stored (escaped)
+--         in a record
 --   one   one of the words in `bound` (a table)
 local function check_value(kind, bound, raw)
   if type(raw) ~= 'string' then return nil, 'is missing' end
@@ -96,7 +118,9 @@ local function check_value(kind, bound, raw)
     if #raw > most then return nil, 'is ' .. #raw .. ' bytes, over ' .. most end
     if not utf8(raw) then return nil, 'must be UTF-8 text' end
     if kind == 'json' then
-      if not pcall(cjson.decode, raw) then return nil, 'must be JSON text' end
+      if not pcall(cjson.decode, raw) or not strict_json(raw) then
+        return nil, 'must be JSON text, at most ' .. LIMITS.bounds.json_depth[2] .. ' levels deep'
+      end
       local stored = #cjson.encode(raw) - 2  -- as it sits, escaped, in a record
       if stored > most then return nil, 'is ' .. stored .. ' bytes as stored, over ' .. most end
     end
@@ -171,6 +195,18 @@ local function check_keys(count, open, names)
   for i = 2, #names do
     if KEYS[i] ~= base .. ':' .. names[i] then
       return fail('INVALID', 'KEYS[' .. i .. '] must be ' .. base .. ':' .. names[i])
+    end
+  end
+  return nil
+end
+
+-- Checks that each KEYS[i] holds types[i] or nothing: a command on a key of another type
+-- fails with a raw error, maybe after other writes. Returns nil or an INVALID error reply.
+local function check_key_types(types)
+  for i, want in ipairs(types) do
+    local have = rcall('TYPE', KEYS[i]).ok
+    if have ~= 'none' and have ~= want then
+      return fail('INVALID', 'KEYS[' .. i .. '] holds a ' .. have .. ', not a ' .. want)
     end
   end
   return nil

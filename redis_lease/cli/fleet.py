@@ -291,7 +291,10 @@ def _parse_date(text: str) -> date:
 
 def _parse_deadline(text: str, now: datetime) -> datetime:
     if re.fullmatch(r"\d+(\.\d+)?[smhd]", text):
-        return now + parse_duration(text)
+        try:
+            return now + parse_duration(text)
+        except OverflowError:
+            raise InvalidInput(f"deadline {text!r} is too far ahead") from None
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
