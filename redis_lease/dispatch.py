@@ -21,6 +21,9 @@ from .store import LeaseStore
 
 #: Extra seconds RQ allows a shard job beyond its budget before it kills it.
 TIMEOUT_MARGIN = 120
+#: How long a queued shard job missing from its queue still counts as live: a worker
+#: between taking it and starting it needs a moment; one that died, longer.
+MISSING_GRACE_MS = 15_000
 #: Statuses of jobs that will run without a worker holding them (queued: see live_jobs).
 LIVE_STATUSES = {JobStatus.SCHEDULED, JobStatus.DEFERRED}
 SHARD_FUNC = "redis_lease.worker.process_shard"
@@ -71,14 +74,15 @@ def enqueue_shard(
 def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
     """The run's live RQ jobs by shard; forgets the ones that ended or died.
 
-    Scheduled and deferred jobs are live; a queued job is live while it waits
-    in its queue (one that a worker took off the queue and died before starting,
-    or whose queue was lost, is not: RQ would requeue it only minutes later); a
-    started job is live while its heartbeat key exists (it is renewed by the
-    worker's lease keeper, so a killed or paused worker stops counting within a
-    few seconds).
+    Scheduled and deferred jobs are live, so is a queued job waiting in its
+    queue and a started job whose heartbeat key exists (the worker's lease
+    keeper renews it, so a killed or paused worker stops counting within a few
+    seconds). A queued job missing from its queue (a worker took it and has not
+    started it yet, or died doing so; or its queue was lost) counts as live for
+    :data:`MISSING_GRACE_MS` after it was first found so, then as dead: RQ
+    itself would requeue it only minutes later.
     """
-    key = store.keys.run_jobs(run_id)
+    key, missing_key = store.keys.run_jobs(run_id), store.keys.run_jobs_missing(run_id)
     with store.errors(run_id):
         known = {as_text(k): int(v) for k, v in store.client.hgetall(key).items()}
         if not known:
@@ -90,23 +94,44 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
             pipe.exists(store.keys.run_beat(run_id, rq_id))
             origin = rq_job.origin if rq_job is not None else ""
             pipe.lpos(Queue.redis_queue_namespace_prefix + origin, rq_id)
-        answers = pipe.execute()
+        pipe.hgetall(missing_key)
+        pipe.time()
+        *answers, missing_raw, (seconds, micros) = pipe.execute()
+        missing = {as_text(k): int(v) for k, v in missing_raw.items()}
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
         live: dict[int, list[str]] = {}
         dead: list[str] = []
+        found_missing: list[str] = []
+        found_again: list[str] = []
         for rq_id, rq_job, beat, waiting in zip(
             ids, jobs, answers[::2], answers[1::2], strict=True
         ):
             status = rq_job.get_status(refresh=False) if rq_job is not None else None
             if (
-                (status == JobStatus.QUEUED and waiting is not None)
-                or status in LIVE_STATUSES
+                status in LIVE_STATUSES
+                or (status == JobStatus.QUEUED and waiting is not None)
                 or (status == JobStatus.STARTED and beat)
             ):
                 live.setdefault(known[rq_id], []).append(rq_id)
+                if rq_id in missing:
+                    found_again.append(rq_id)
+            elif status == JobStatus.QUEUED and (
+                now_ms - missing.get(rq_id, now_ms) < MISSING_GRACE_MS
+            ):
+                live.setdefault(known[rq_id], []).append(rq_id)
+                if rq_id not in missing:
+                    found_missing.append(rq_id)
             else:
                 dead.append(rq_id)
+        pipe = store.client.pipeline(transaction=False)
+        for rq_id in found_missing:
+            pipe.hsetnx(missing_key, rq_id, now_ms)
         if dead:
-            store.client.hdel(key, *dead)
+            pipe.hdel(key, *dead)
+        if found_again or dead:
+            pipe.hdel(missing_key, *found_again, *dead)
+        if found_missing or found_again or dead:
+            pipe.execute()
     return live
 
 

@@ -59,6 +59,10 @@ class Keys:
         """The run's RQ shard jobs (hash: RQ job id -> shard)."""
         return f"{self.prefix}:run:{{{run_id}}}:rq"
 
+    def run_jobs_missing(self, run_id: str) -> str:
+        """When each shard job was first found neither waiting nor beating (hash: id -> ms)."""
+        return f"{self.prefix}:run:{{{run_id}}}:rq:missing"
+
     def run_beat(self, run_id: str, rq_job_id: str) -> str:
         """A shard job's heartbeat (string with a TTL)."""
         return f"{self.prefix}:run:{{{run_id}}}:beat:{rq_job_id}"

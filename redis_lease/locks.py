@@ -31,6 +31,10 @@ def lock(store: LeaseStore, key: str, ttl_ms: int, run_id: str | None = None) ->
     owner = uuid.uuid4().hex
     with store.errors(run_id):
         taken = bool(store.client.set(key, owner, nx=True, px=ttl_ms))
+        if not taken:
+            # the client resends a command whose reply a reset lost: the first SET may
+            # have landed, and then the lock is ours
+            taken = store.client.get(key) in (owner, owner.encode())
     try:
         yield taken
     finally:

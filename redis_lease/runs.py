@@ -292,6 +292,7 @@ class Runs:
     def _run_keys(self, run_id: str) -> list[str]:
         """Every key of a run: its record, log and RQ jobs, and each shard's keys and ledger."""
         keys = [self.keys.run(run_id), self.keys.run_events(run_id), self.keys.run_jobs(run_id)]
+        keys.append(self.keys.run_jobs_missing(run_id))
         for shard in range(self.store.shard_count(run_id)):
             keys += self.keys.shard(run_id, shard) + self.keys.effects(run_id, shard)
         return keys

@@ -444,6 +444,7 @@ def delete_rq_queue(client: redis.Redis, queue: str) -> None:
     """
     queue_key = f"rq:queue:{queue}"
     job_ids = {_text(j) for j in client.lrange(queue_key, 0, -1)}
+    job_ids |= {_text(j) for j in client.lrange(f"{queue_key}:intermediate", 0, -1)}
     for registry in _REGISTRIES:
         key = f"rq:{registry}:{queue}"
         if _text(client.type(key)) == "zset":

@@ -407,3 +407,21 @@ def test_a_recorded_history_of_a_real_run_passes_and_a_forged_mark_fails(
     with pytest.raises(Violation) as raised:
         check(forged)
     assert raised.value.kinds == {"stale-write"}
+
+
+def test_a_renewal_accepted_after_its_lease_expired_is_caught() -> None:
+    history = clean()
+    history.op("w1", "renew", "ok", item="b", token=1, lease="Lb1", server_ms=1500,
+               expires_ms=2500)  # fmt: skip
+    violation = caught(history)
+    assert violation.kinds == {"expired-write"}
+    assert "renew of token 1" in str(violation)
+
+
+def test_a_forgotten_commit_redone_under_a_lower_token_is_allowed_in_its_window() -> None:
+    history = crashed()  # a: token 2 forgotten at 500, granted again at 900, done by it
+    history.claim("w2", "a", 3, 510)
+    history.commit("w2", "a", 3, 520)  # accepted, then forgotten with the window
+    summary = check(history.evidence(), loss=(450, 800))
+    assert summary.recommitted_after_loss == 1
+    assert "double-commit" in caught(history).kinds  # without the window it is caught

@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from redis_lease import Item, LeaseStore
+from redis_lease.dispatch import MISSING_GRACE_MS
 from redis_lease.locks import lock
 from redis_lease.runs import Runs
 from redis_lease.tick import tick_job
@@ -96,8 +97,18 @@ def test_a_shard_job_lost_off_its_queue_is_dispatched_again(
     # A worker takes one off the queue, as RQ's BLMOVE does, and dies before starting it.
     store.client.lmove(queue_key, f"{queue_key}:intermediate", "LEFT", "RIGHT")
     decisions = tick_job(store, runs, EFFECTS_PATH, job, datetime.now(UTC))
+    # for a moment it may be a live worker about to start it: not sent again yet
+    assert [d for d in decisions if d.kind == "dispatch"] == []
+    missing_key = store.keys.run_jobs_missing(run_id)
+    (taken,) = store.client.hkeys(missing_key)
+    assert taken.decode() == sent[0]
+    # the grace has passed (its first sighting moved back): the job is taken for dead
+    first_seen = int(store.client.hget(missing_key, taken) or 0)
+    store.client.hset(missing_key, taken, first_seen - MISSING_GRACE_MS)
+    decisions = tick_job(store, runs, EFFECTS_PATH, job, datetime.now(UTC))
     dispatched = [d for d in decisions if d.kind == "dispatch"]
     assert [d.reason for d in dispatched] == ["enqueued 1 shard jobs where no job was live"]
     after = [i.decode() for i in store.client.lrange(queue_key, 0, -1)]
     assert len(after) == 2 and sent[1] in after  # the waiting job still counts as live
+    assert store.client.hlen(missing_key) == 0  # the dead one is forgotten
     assert runs.info(run_id)["state"] == "running"

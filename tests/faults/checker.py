@@ -146,6 +146,8 @@ class Summary:
     takeovers: int = 0
     accepted_commits: int = 0
     refused_commits: int = 0
+    #: Calls of any kind the fence refused (``LEASE_LOST``).
+    stale_refused: int = 0
     unknown_outcomes: int = 0
     done: int = 0
     dead: int = 0
@@ -232,6 +234,11 @@ def _accepted_writes(ops: Iterable[Op]) -> dict[str, list[_Write]]:
             if isinstance(token, int) and op.get("item"):
                 by_item[op.get("item")].append(_Write(op.get("item"), token, _write_time(op), op))
     return by_item
+
+
+def _stale(op: Op) -> bool:
+    """True for a call the fence refused (``LEASE_LOST``)."""
+    return op.type == FAIL and str(op.get("error", "")).startswith("LEASE_LOST")
 
 
 def _lost(server_ms: int | None, loss: Window) -> bool:
@@ -332,7 +339,7 @@ def _check_writes(
                 )
         ok_commits = [op for op in commit_ops.get(item, []) if op.type == OK]
         summary.accepted_commits += sum(not op.get("repeated") for op in ok_commits)
-        summary.refused_commits += sum(op.type == FAIL for op in commit_ops.get(item, []))
+        summary.refused_commits += sum(_stale(op) for op in commit_ops.get(item, []))
         tokens: dict[int, Op | None] = {int(op.get("token")): op for op in ok_commits}
         record = evidence.records.get(item)
         if record is not None and record.state == "done":
@@ -341,12 +348,17 @@ def _check_writes(
                 (op for op in commit_ops.get(item, []) if op.get("token") == record.token), None
             )
             tokens.setdefault(record.token, happened)
+        # the accepted commit is the one the final record holds (else the highest)
+        final_token = (
+            record.token
+            if record is not None and record.state == "done"
+            else max(tokens, default=0)
+        )
         if len(tokens) > 1:
             ordered = sorted(tokens.items())
-            first_op = ordered[0][1]
-            first_ms = first_op.get("server_ms") if first_op is not None else None
-            if _lost(first_ms, loss) and len(tokens) == 2:
-                summary.recommitted_after_loss += 1
+            others = [op for token, op in ordered if token != final_token]
+            if all(op is not None and _lost(op.get("server_ms"), loss) for op in others):
+                summary.recommitted_after_loss += len(others)  # the server forgot them
             else:
                 found.append(
                     Breach(
@@ -357,7 +369,7 @@ def _check_writes(
                     )
                 )
         if tokens:
-            accepted[item] = max(tokens)
+            accepted[item] = final_token
         # a token granted after the accepted one means a done item was claimed again
         # or the accepted commit was stale
         final = accepted.get(item)
@@ -431,7 +443,14 @@ def _check_expiry(
     found: list[Breach] = []
     expiry: dict[tuple[str, int], list[tuple[int, int, Op]]] = defaultdict(list)
     unknown_renewals = set()
-    claims_unknown = any(op.type == INFO and op.get("f") in ("claim", "claim_next") for op in ops)
+    # a claim without a reply may have granted a token nobody saw: its item (claim) or
+    # any item of its shard (claim_next) may then write under an unseen token
+    unseen_items = {op.get("item") for op in ops if op.type == INFO and op.get("f") == "claim"}
+    unseen_shards = {
+        (op.get("prefix"), op.get("shard"))
+        for op in ops
+        if op.type == INFO and op.get("f") == "claim_next"
+    }
     for item, granted in grants.items():
         for grant in granted:
             spec = next(g for g in grant.op.get("grants") if g["item"] == item)
@@ -449,10 +468,13 @@ def _check_expiry(
             if write.op.get("repeated") or write.server_ms is None or key in unknown_renewals:
                 continue
             known = [
-                (at, until, op) for at, until, op in expiry.get(key, []) if at <= write.server_ms
+                (at, until, op)
+                for at, until, op in expiry.get(key, [])
+                if at <= write.server_ms and op is not write.op  # a renewal's own expiry is new
             ]
             if not known:
-                if not claims_unknown:
+                shard = (write.op.get("prefix"), write.op.get("shard"))
+                if item not in unseen_items and shard not in unseen_shards:
                     found.append(
                         Breach(
                             "stale-write",
@@ -582,6 +604,7 @@ def check(evidence: Evidence, *, loss: Window = None, may_lose: bool = False) ->
     for op in ops:
         summary.operations[f"{op.get('f')}:{op.type}"] += 1
         summary.unknown_outcomes += op.type == INFO
+        summary.stale_refused += _stale(op)
     grants = _grants(ops)
     violations = _check_grants(grants, loss, summary)
     writes = _accepted_writes(ops)

@@ -1,15 +1,17 @@
 """Records every script call of a process as a history of operations (JSON lines).
 
 An operation is logged when it is sent (``invoke``) and when it ends: ``ok``
-(the script's reply), ``fail`` (an error reply: the script refused and wrote
-nothing) or ``info`` (no reply: a reset or a timeout, so it may or may not have
-run). A process killed between ``invoke`` and its end leaves the operation
-open, which the checker reads as ``info``. Each line carries the process, the
-key prefix, run, shard, item, token and lease id the call names, the worker's clock
-(``wall_ms``) and, when the reply has one, the server's clock (``server_ms``).
+(the script's reply), ``fail`` (an error reply: the script refused, and its only
+writes are refusal counters; a call the client sent again after a reset may
+also end so when its first send had landed) or ``info`` (no reply: a reset or a
+timeout, so it may or may not have run). A process killed between ``invoke``
+and its end leaves the operation open, which the checker reads as ``info``.
+Each line carries the process, the key prefix, run, shard, item, token and
+lease id the call names, the worker's clock (``wall_ms``) and, when the reply
+has one, the server's clock (``server_ms``).
 
-Worker processes install a recorder with :func:`install_from_env` (the fault
-jobs do it at import), tests and benchmarks with :func:`install`. Lines are
+A process installs a recorder with :func:`install` (the fault job does it at
+import in every worker process; a test or a benchmark does it for itself). Lines are
 written with one ``write`` on an ``O_APPEND`` descriptor, so a SIGKILL loses at
 most the operation in flight and never garbles a line.
 """
@@ -33,8 +35,6 @@ import redis
 from redis_lease import scripts
 from redis_lease.replies import Committed, EffectRecorded, Failed, Grant, Renewed
 
-#: Environment variable naming the directory the worker processes record into.
-HISTORY_DIR = "FAULTS_HISTORY_DIR"
 INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
 #: Scripts that take an item, a token and a lease id as ARGV[1..3].
 HOLDER_CALLS = ("renew", "commit", "fail", "release", "record_effect")
@@ -158,15 +158,6 @@ def install(directory: Path | str, label: str = "") -> Callable[[], None]:
         recorder.close()
 
     return uninstall
-
-
-def install_from_env(label: str = "worker") -> bool:
-    """Installs a recorder when ``FAULTS_HISTORY_DIR`` names a directory; True if it did."""
-    directory = os.environ.get(HISTORY_DIR, "")
-    if not directory:
-        return False
-    install(directory, label)
-    return True
 
 
 @dataclass(frozen=True)

@@ -20,4 +20,4 @@ def _sleep(seconds: float) -> None:
     _NEVER_SET.wait(seconds)
 
 
-time.sleep = _sleep
+time.sleep = _sleep  # type: ignore[assignment]
