@@ -25,6 +25,7 @@ import heapq
 import itertools
 import json
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -345,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--dir", type=Path, default=None, help="keep the files here")
     args = parser.parse_args(argv)
+    # SIGTERM ends the run like Ctrl-C: the cluster's processes and files go with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
         return run(args.seed, args.iterations, args.items, args.workers, args.dir)
