@@ -54,7 +54,7 @@ from redis_lease.store import LeaseStore
 from redis_lease.tick import tick_job
 from redis_lease.worker import ActiveLease, Outcome
 from tests.faults import recorder
-from tests.faults.checker import marks_key
+from tests.faults.evidence import marks_key
 
 ROOT = Path(__file__).resolve().parent.parent
 RESERVATIONS_DIR = ROOT / "examples" / "reservations"

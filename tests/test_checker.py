@@ -20,7 +20,8 @@ import pytest
 from redis_lease import LeaseStore
 from redis_lease.effects import idempotency_key
 from tests.faults import recorder
-from tests.faults.checker import Evidence, Record, Summary, Violation, check, collect, marks_key
+from tests.faults.checker import KINDS, Summary, Violation, check
+from tests.faults.evidence import Evidence, Record, collect, marks_key
 
 RUN = "night:2026-12-01"
 ITEMS = ["a", "b", "c"]
@@ -425,3 +426,22 @@ def test_a_forgotten_commit_redone_under_a_lower_token_is_allowed_in_its_window(
     summary = check(history.evidence(), loss=(450, 800))
     assert summary.recommitted_after_loss == 1
     assert "double-commit" in caught(history).kinds  # without the window it is caught
+
+
+#: The test that plants each kind of violation.
+PLANTED = {
+    "duplicate-grant": test_a_token_granted_twice_is_caught,
+    "token-order": test_tokens_that_go_back_are_caught,
+    "double-commit": test_two_accepted_commits_of_one_item_are_caught,
+    "stale-write": test_a_stale_commit_accepted_after_a_newer_grant_is_caught,
+    "expired-write": test_a_commit_accepted_after_its_lease_expired_is_caught,
+    "unfinished": test_an_item_left_pending_in_a_finished_run_is_caught,
+    "vanished": test_a_vanished_item_is_caught,
+    "duplicate-effect": test_an_effect_applied_twice_is_caught,
+    "missing-effect": test_a_done_item_whose_effect_was_never_applied_is_caught,
+    "dishonest-success": test_success_with_an_item_done_after_the_deadline_is_caught,
+}
+
+
+def test_every_kind_of_violation_is_planted_once() -> None:
+    assert sorted(PLANTED) == sorted(KINDS)

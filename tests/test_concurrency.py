@@ -26,7 +26,8 @@ from redis_lease.errors import LeaseLost
 from redis_lease.lease import COUNT_STATES, Item
 from redis_lease.runs import Runs
 from tests.faults import recorder
-from tests.faults.checker import check, collect
+from tests.faults.checker import check
+from tests.faults.evidence import collect
 
 pytestmark = pytest.mark.slow
 

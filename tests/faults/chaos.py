@@ -38,8 +38,9 @@ from pathlib import Path
 
 from redis_lease.demo.provider import ProviderState
 from redis_lease.runs import FINAL_STATES, Runs
-from tests.faults.checker import Violation, check, collect
+from tests.faults.checker import Violation, check
 from tests.faults.cluster import Cluster, faketime_library
+from tests.faults.evidence import collect
 from tests.faults.recorder import Op, read_ops
 
 #: Lease TTL (s) of the chaos job: faults that outlast it force takeovers.

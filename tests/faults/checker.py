@@ -1,6 +1,7 @@
 """Checks a recorded history, the provider's log and the final state against the promise.
 
-The evidence (:class:`Evidence`, gathered by :func:`collect`) is: every
+The evidence (:class:`~tests.faults.evidence.Evidence`, gathered by
+:func:`~tests.faults.evidence.collect`) is: every
 operation the processes recorded (:mod:`tests.faults.recorder`), the items the
 planner made, the final record of each, the run's state and deadline, the
 ``<item>|<token>`` marks that commits left through a guarded write, and how
@@ -43,16 +44,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-from redis_lease import LeaseStore
 from redis_lease.effects import idempotency_key
-from redis_lease.errors import NotFound
-from redis_lease.runs import FINAL_STATES, Runs
-from tests.faults.recorder import FAIL, INFO, OK, Op, read_lines, read_ops
+from redis_lease.runs import FINAL_STATES
+from tests.faults.evidence import Evidence
+from tests.faults.recorder import FAIL, INFO, OK, Op
 
 #: The kinds of violation :func:`check` reports.
 KINDS = (
@@ -71,39 +69,6 @@ KINDS = (
 Window = tuple[int, int] | None
 #: Accepted writes other than commits whose replies carry the server time.
 _TIMED_WRITES = ("renew", "fail", "record_effect")
-
-
-@dataclass(frozen=True)
-class Record:
-    """An item's final record: state, token and (when done) the server time of its commit."""
-
-    state: str
-    token: int
-    done_at_ms: int | None = None
-
-
-@dataclass
-class Evidence:
-    """Everything the checker reads about one run."""
-
-    run_id: str
-    planned: list[str]
-    ops: list[Op]
-    #: Final record per item id (an item without a record has vanished).
-    records: dict[str, Record]
-    #: The run's final state ('' when the run's record is gone; None: not checked)
-    #: and deadline (ms, 0: none).
-    run_state: str | None
-    deadline_ms: int
-    #: Tokens of the ``<item>|<token>`` marks commits left, per item (None: a job
-    #: without marks).
-    marks: dict[str, set[int]] | None = field(default_factory=dict)
-    #: Times the provider applied each idempotency key.
-    applied: Mapping[str, int] = field(default_factory=dict)
-    #: Effect names every done item applies (their keys: ``idempotency_key``).
-    effects: tuple[str, ...] = ()
-    #: The store's key prefix: operations under another prefix are another run's.
-    prefix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -618,70 +583,3 @@ def check(evidence: Evidence, *, loss: Window = None, may_lose: bool = False) ->
     if violations:
         raise Violation(violations)
     return summary
-
-
-# -- gathering the evidence ------------------------------------------------------------
-
-
-def marks_key(prefix: str, run_id: str, shard: int) -> str:
-    """The set of ``<item>|<token>`` marks of a shard (it carries the shard's hash tag)."""
-    return f"{prefix}:{{{run_id}#{shard}}}:marks"
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def collect(
-    store: LeaseStore,
-    run_id: str,
-    planned: Sequence[str],
-    *,
-    history_dir: Path | None = None,
-    ops: list[Op] | None = None,
-    applied: Mapping[str, int],
-    effects: tuple[str, ...] = (),
-    shards: int | None = None,
-    marked: bool = True,
-) -> Evidence:
-    """Reads the history files, the final records, the run and the marks of ``run_id``.
-
-    The operations are ``ops`` when given, else every history file in ``history_dir``.
-    ``shards`` is needed only when the run's record is gone (a restart without data);
-    ``marked=False`` for a job whose commits leave no marks.
-    """
-    if ops is None:
-        if history_dir is None:
-            raise ValueError("collect needs the operations or the directory of their history")
-        ops = read_ops(list(read_lines(history_dir)))
-    runs = Runs(store)
-    try:
-        info = runs.info(run_id)
-    except NotFound:
-        info = {}
-    count = int(info.get("shards", 0)) or shards or 0
-    records: dict[str, Record] = {}
-    marks: dict[str, set[int]] = defaultdict(set)
-    client = store.client
-    for shard in range(count):
-        for item, raw in client.hscan_iter(store.keys.shard(run_id, shard)[2], count=500):
-            rec = json.loads(raw)
-            done_at = rec.get("done_at")
-            records[_text(item)] = Record(
-                rec["state"], int(rec.get("token", 0)), int(done_at) if done_at else None
-            )
-        for member in client.smembers(marks_key(store.prefix, run_id, shard)):
-            item, _, token = _text(member).rpartition("|")
-            marks[item].add(int(token))
-    return Evidence(
-        run_id=run_id,
-        planned=list(planned),
-        ops=ops,
-        records=records,
-        run_state=info.get("state", ""),
-        deadline_ms=int(info.get("deadline_at", "0") or 0),
-        marks=dict(marks) if marked else None,
-        applied=dict(applied),
-        effects=effects,
-        prefix=store.prefix,
-    )

@@ -47,7 +47,8 @@ from redis_lease.runs import FINAL_STATES, Decision, Runs
 from redis_lease.tick import tick_job
 from tests import effect_jobs
 from tests.effect_jobs import EffectConfig
-from tests.faults.checker import Summary, Violation, check, collect
+from tests.faults.checker import Summary, Violation, check
+from tests.faults.evidence import collect
 from tests.faults.proxy import Proxy
 from tests.faults.recorder import Op, read_lines, read_ops
 from tests.helpers import server_ms
