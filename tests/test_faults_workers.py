@@ -20,6 +20,7 @@ import pytest
 
 from redis_lease.demo.provider import ProviderState
 from redis_lease.effects import idempotency_key
+from tests.faults.checker import Violation
 from tests.faults.cluster import Cluster, require_faketime
 from tests.faults.recorder import Op
 
@@ -96,6 +97,48 @@ def test_paused_holder_resumes_and_its_late_commit_is_refused(tmp_path: Path, pr
         assert c.provider.state.requests[idempotency_key(run_id, item, "payout")] == 1
         summary = c.verify(run_id)
         assert summary.takeovers >= 1 and summary.refused_commits >= 1
+
+
+@pytest.mark.parametrize("keys", ["ignored", "honoured"])
+def test_a_holder_paused_before_its_call_sends_late_and_only_keys_stop_it(
+    tmp_path: Path, prefix: str, keys: str
+) -> None:
+    """The limit of a fence kept in Redis: a request already on its way is not fenced.
+
+    SIGSTOP a worker between its ledger's ``intended`` and its request, past its
+    lease; the new holder finds the earlier attempt ambiguous, looks the key up
+    (not applied), pays and commits; SIGCONT: the old worker's request goes out
+    late. A provider that ignores idempotency keys applies it a second time (the
+    checker reports ``duplicate-effect``); one that honours them applies it once
+    and the history passes. (The chaos found this with a provider ignoring keys;
+    docs/testing.md.) Breaks if the late request were never sent (the pause point
+    is not before the call) or if honoured keys did not stop it.
+    """
+    honoured = keys == "honoured"
+    provider = ProviderState(honour_keys=honoured)
+    settings = {"provider": provider, "honours_keys": False, "items": 6, "ttl": 1.5}
+    with Cluster(tmp_path / "c", prefix, workers=2, pause_at=("before_call",), **settings) as c:
+        c.wait_ready()
+        run_id = c.start_run()
+        c.drive(run_id, until=lambda: (c.hooks / "before_call.at").exists())
+        index, stopped = c.wait_hook("before_call")
+        item, token = stopped["item"], stopped["token"]
+        c.pause(index)
+        c.release("before_call")  # seen only once the process runs again
+        assert c.drive(run_id, timeout=60) == "succeeded"
+        assert c.store.item(run_id, item).token > token  # done by the new holder
+        key = idempotency_key(run_id, item, "payout")
+        assert c.provider.state.requests[key] == 1  # the new holder's payout
+
+        c.resume(index)
+        wait_for(lambda: c.provider.state.requests[key] == 2, 30, "the late request")
+        assert c.provider.state.applications[key] == (1 if honoured else 2)
+        if honoured:
+            c.verify(run_id)
+        else:
+            with pytest.raises(Violation) as seen:
+                c.verify(run_id)
+            assert seen.value.kinds == {"duplicate-effect"}
 
 
 # -- a worker killed at each point of its effect ---------------------------------------
