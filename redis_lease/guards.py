@@ -6,9 +6,12 @@ after the shard's keys (in Redis Cluster they must share the shard's hash tag).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .errors import InvalidInput
 
 
 @dataclass(frozen=True)
@@ -96,10 +99,12 @@ _DATA_NAME = {
 }
 
 
-def encode(
-    conditions: Iterable[Condition], writes: Iterable[Write]
-) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
-    """The guarded keys and the JSON-ready conditions and writes for the commit script."""
+def encode(conditions: Iterable[Condition], writes: Iterable[Write]) -> tuple[list[str], str, str]:
+    """The guarded keys and the conditions and writes as the commit script takes them (JSON).
+
+    Raises:
+        InvalidInput: a key is not UTF-8 text, or a value cannot be sent as JSON.
+    """
     keys: list[str] = []
 
     def number(key: str) -> int:
@@ -122,4 +127,10 @@ def encode(
         if w.op in _DATA_NAME:
             entry[_DATA_NAME[w.op]] = w.data
         encoded_writes.append(entry)
-    return keys, encoded_conditions, encoded_writes
+    try:  # the keys go to Redis as UTF-8 text, the conditions and writes as JSON
+        for key in keys:
+            if isinstance(key, str):
+                key.encode()
+        return keys, json.dumps(encoded_conditions), json.dumps(encoded_writes)
+    except (TypeError, ValueError) as error:
+        raise InvalidInput(f"guarded conditions or writes cannot be sent: {error}") from None

@@ -407,15 +407,8 @@ class LeaseStore:
         label = check_id(request.outcome, "outcome") if request.outcome else ""
         if not request.conditions and not request.writes:
             return [], [result_text, "[]", "[]", label]
-        extra, conds, wrts = guards.encode(request.conditions, request.writes)
-        try:  # the keys go to Redis as UTF-8 text, the conditions and writes as JSON
-            for key in extra:
-                if isinstance(key, str):
-                    key.encode()
-            specs = [json.dumps(conds), json.dumps(wrts)]
-        except (TypeError, ValueError) as error:
-            raise InvalidInput(f"guarded conditions or writes cannot be sent: {error}") from None
-        return extra, [result_text, *specs, label]
+        extra, conditions, writes = guards.encode(request.conditions, request.writes)
+        return extra, [result_text, conditions, writes, label]
 
     def fail(self, lease: Lease, error: str, *, permanent: bool = False) -> FailOutcome:
         """Reports a failed attempt: retried with backoff, or dead. Raises LeaseLost."""

@@ -26,7 +26,7 @@ ITEMS = 48
 def test_a_short_chaos_run_finds_no_violation(tmp_path: Path, prefix: str) -> None:
     require_faketime()  # two workers run on clocks hours off
     with chaos_cluster(tmp_path, prefix, ITEMS, workers=4, skew=True) as cluster:
-        chaos = Chaos(cluster, items=ITEMS)
+        chaos = Chaos(cluster)
         outcomes = [chaos.iteration(seed) for seed in range(FIRST_SEED, FIRST_SEED + ITERATIONS)]
     failures = [
         f"seed {o.seed} (make chaos N=1 SEED={o.seed}): {o.violation}"

@@ -72,6 +72,13 @@ class History:
         record = json.dumps({"state": "applied", "token": token, "updated_at": at})
         self.op(process, "record_effect", "ok", item=item, token=token, key=key, record=record)
 
+    def settle(self, process: str, item: str, token: int, at: int) -> None:
+        """``item`` claimed at ``at``, its effect applied 10 ms and its commit 20 ms later."""
+        self.claim(process, item, token, at)
+        self.effect(process, item, token, at + 10)
+        self.commit(process, item, token, at + 20)
+        self.done(item, token, at + 20)
+
     def done(self, item: str, token: int, at: int) -> None:
         """The final state of an item committed by ``token`` at ``at``."""
         self.records[item] = Record("done", token, at)
@@ -116,11 +123,7 @@ def clean() -> History:
     """Three items, each claimed once, its effect applied, committed and marked."""
     history = History()
     for n, item in enumerate(ITEMS):
-        at = 100 * (n + 1)
-        history.claim("w1", item, 1, at)
-        history.effect("w1", item, 1, at + 10)
-        history.commit("w1", item, 1, at + 20)
-        history.done(item, 1, at + 20)
+        history.settle("w1", item, 1, 100 * (n + 1))
     return history
 
 
@@ -168,10 +171,7 @@ def test_two_accepted_commits_of_one_item_are_caught() -> None:
 def test_a_stale_commit_accepted_after_a_newer_grant_is_caught() -> None:
     history = History()
     for item in ("b", "c"):
-        history.claim("w1", item, 1, 50)
-        history.effect("w1", item, 1, 55)
-        history.commit("w1", item, 1, 60)
-        history.done(item, 1, 60)
+        history.settle("w1", item, 1, 50)
     history.claim("w1", "a", 1, 100)
     history.claim("w2", "a", 2, 300)  # the takeover
     history.effect("w1", "a", 1, 310)
@@ -304,10 +304,7 @@ def test_a_commit_without_reply_that_did_not_land_is_not_counted() -> None:
 def test_a_claim_without_reply_leaves_only_a_gap() -> None:
     history = History()
     for item in ("b", "c"):
-        history.claim("w1", item, 1, 50)
-        history.effect("w1", item, 1, 55)
-        history.commit("w1", item, 1, 60)
-        history.done(item, 1, 60)
+        history.settle("w1", item, 1, 50)
     history.claim("w1", "a", 1, 100)
     history.claim("w2", "a", 2, 1200)
     history.lose_reply("claim", "a")  # token 2's grant never reached w2
@@ -327,10 +324,7 @@ def crashed() -> History:
     """a's token 2, granted at 500, is forgotten in a crash and granted again at 900."""
     history = History()
     for item in ("b", "c"):
-        history.claim("w1", item, 1, 50)
-        history.effect("w1", item, 1, 55)
-        history.commit("w1", item, 1, 60)
-        history.done(item, 1, 60)
+        history.settle("w1", item, 1, 50)
     history.claim("w1", "a", 1, 100)
     history.claim("w2", "a", 2, 500)
     history.claim("w3", "a", 2, 900)

@@ -27,7 +27,6 @@ from redis_lease.runs import FINAL_STATES, Runs
 from redis_lease.tick import NO_RECORD
 from tests.faults.checker import Violation, check
 from tests.faults.cluster import Cluster
-from tests.faults.evidence import collect
 from tests.faults.recorder import Op
 
 pytestmark = pytest.mark.slow
@@ -228,13 +227,7 @@ def test_redis_restarted_empty_recreates_the_run(
                 assert int(record.result["token"]) == record.token
         summary = c.verify(run_id, loss=(0, restarted))
         assert summary.regranted_after_loss >= 1  # items done before were done again
-        evidence = collect(
-            c.store,
-            run_id,
-            c.planned(run_id),
-            history_dir=c.history,
-            applied=dict(c.provider.state.applications),
-        )
+        evidence = c.evidence(run_id)
         done_at = [r.done_at_ms for r in evidence.records.values()]
         assert all(at is not None and at >= restarted for at in done_at)
         with pytest.raises(Violation):  # tokens did start over: visible without the window

@@ -12,7 +12,6 @@ keys, only the effect ledger stands between a retry and a second payout.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +22,9 @@ from redis_lease.effects import idempotency_key
 from tests.faults.checker import Violation
 from tests.faults.cluster import Cluster, require_faketime
 from tests.faults.recorder import Op
+from tests.fleet_helpers import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Polls ``check`` every 10 ms until it returns something truthy; fails after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
-    return found
 
 
 def calls(cluster: Cluster, pid: int, name: str, item: str, token: int) -> list[Op]:

@@ -36,7 +36,10 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
 
+import redis
+
 from redis_lease.demo.provider import ProviderState
+from redis_lease.errors import RedisLeaseError
 from redis_lease.runs import FINAL_STATES, Runs
 from tests.faults.checker import Violation, check
 from tests.faults.cluster import Cluster, faketime_library
@@ -207,7 +210,6 @@ class Chaos:
     """The runner: one cluster, one iteration per seed."""
 
     cluster: Cluster
-    items: int
 
     def __post_init__(self) -> None:
         self.tail = HistoryTail(self.cluster.history)
@@ -246,7 +248,7 @@ class Chaos:
                 return False
             try:
                 return runs.info(run_id)["state"] in FINAL_STATES
-            except Exception:  # Redis restarting: tick again
+            except (RedisLeaseError, redis.RedisError):  # Redis restarting: tick again
                 return False
 
         try:
@@ -306,7 +308,7 @@ def run(seed: int, iterations: int, items: int, workers: int, out: Path) -> int:
     began = time.monotonic()
     outcomes: list[Outcome] = []
     with chaos_cluster(out, prefix, items, workers, skew) as cluster:
-        chaos = Chaos(cluster, items)
+        chaos = Chaos(cluster)
         print(
             f"chaos: seeds {seed}..{seed + iterations - 1}, {items} items, {workers} workers, "
             f"clock skew {'on ' + str(SKEWED_CLOCKS) if skew else 'off (libfaketime missing)'}",

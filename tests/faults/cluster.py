@@ -48,7 +48,7 @@ from redis_lease.tick import tick_job
 from tests import effect_jobs
 from tests.effect_jobs import EffectConfig
 from tests.faults.checker import Summary, Violation, check
-from tests.faults.evidence import collect
+from tests.faults.evidence import Evidence, collect
 from tests.faults.proxy import Proxy
 from tests.faults.recorder import Op, read_lines, read_ops
 from tests.helpers import server_ms
@@ -457,7 +457,15 @@ class Cluster:
         self, run_id: str, *, may_lose: bool = False, loss: tuple[int, int] | None = None
     ) -> Summary:
         """Collects the evidence of ``run_id`` and checks it (see tests.faults.checker)."""
-        evidence = collect(
+        try:
+            return check(self.evidence(run_id), loss=loss, may_lose=may_lose)
+        except Violation as error:
+            error.args = (f"{error.args[0]}\n{self.describe()}",)
+            raise
+
+    def evidence(self, run_id: str) -> Evidence:
+        """What the checker reads about ``run_id``: histories, records, marks, payouts."""
+        return collect(
             self.store,
             run_id,
             self.planned(run_id),
@@ -466,11 +474,6 @@ class Cluster:
             effects=("payout",),
             shards=self.config.shards,
         )
-        try:
-            return check(evidence, loss=loss, may_lose=may_lose)
-        except Violation as error:
-            error.args = (f"{error.args[0]}\n{self.describe()}",)
-            raise
 
     def describe(self) -> str:
         """The faults injected and the tail of every worker's log (for failure messages)."""

@@ -13,9 +13,9 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from redis_lease import LeaseStore
+from redis_lease.connection import as_text
 from redis_lease.errors import NotFound
 from redis_lease.runs import Runs
 from tests.faults.recorder import Op, read_lines, read_ops
@@ -59,10 +59,6 @@ def marks_key(prefix: str, run_id: str, shard: int) -> str:
     return f"{prefix}:{{{run_id}#{shard}}}:marks"
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def collect(
     store: LeaseStore,
     run_id: str,
@@ -98,11 +94,11 @@ def collect(
         for item, raw in client.hscan_iter(store.keys.shard(run_id, shard)[2], count=500):
             rec = json.loads(raw)
             done_at = rec.get("done_at")
-            records[_text(item)] = Record(
+            records[as_text(item)] = Record(
                 rec["state"], int(rec.get("token", 0)), int(done_at) if done_at else None
             )
         for member in client.smembers(marks_key(store.prefix, run_id, shard)):
-            item, _, token = _text(member).rpartition("|")
+            item, _, token = as_text(member).rpartition("|")
             marks[item].add(int(token))
     return Evidence(
         run_id=run_id,
