@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import redis
 
+from redis_lease.demo.runner import demo_deadline
 from tests.fleet_helpers import REPO, children_of, pid_alive, processes_mentioning, purge_queue
 
 pytestmark = pytest.mark.slow
@@ -71,6 +72,8 @@ def assert_clean_report(report: dict[str, Any]) -> None:
     assert report["state"] == "succeeded", report
     assert report["reason"].startswith("no item left to work: "), report["reason"]
     assert report["items"] == report["done"]
+    # The figures are the ones the run was judged on: they agree with its reason line.
+    assert f"{report['done']} done of {report['items']} planned" in report["reason"]
     assert report["unfinished"] == 0
     assert report["duplicate_effects"] == 0
     assert report["stale_commits_refused"] >= 1, report
@@ -93,6 +96,7 @@ def test_demo_on_real_redis_default_size(redis_url: str) -> None:
         report, queues, workers = run_demo(["--url", redis_url, "demo", "--json"], 120)
         assert report["items"] == 2000
         assert_clean_report(report)
+        assert report["deadline"] == demo_deadline(2000, embedded=False) == "70s"
         assert report["backend"].startswith("Redis at")
         assert_no_workers_left(queues, workers)
         (queue,) = queues
@@ -110,5 +114,6 @@ def test_demo_on_the_embedded_backend() -> None:
     )
     assert report["items"] == 600
     assert_clean_report(report)
+    assert report["deadline"] == demo_deadline(600, embedded=True) == "60s"
     assert report["backend"].startswith("embedded fakeredis")
     assert_no_workers_left(queues, workers)

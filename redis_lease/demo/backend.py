@@ -27,6 +27,8 @@ class Backend:
     url: str
     description: str
     owned: bool
+    #: The embedded fakeredis server: one Python thread serves every process, so it is slower.
+    embedded: bool = False
 
 
 def _free_port() -> int:
@@ -127,7 +129,9 @@ def demo_backend(url: str | None, kind: str = "auto") -> Iterator[Backend]:
     try:
         embedded = f"redis://127.0.0.1:{port}/0"
         _wait_ping(embedded)
-        yield Backend(embedded, f"embedded fakeredis on 127.0.0.1:{port}", owned=True)
+        yield Backend(
+            embedded, f"embedded fakeredis on 127.0.0.1:{port}", owned=True, embedded=True
+        )
     finally:
         server.shutdown()
         server.server_close()

@@ -51,12 +51,16 @@ def print_report(report: dict[str, Any]) -> None:
         ("lease takeovers", report["lease_takeovers"]),
         ("retries", report["retries"]),
         ("run state", report["state"]),
+        ("deadline", report["deadline"]),
         ("duration (s)", report["duration_seconds"]),
     ]
+    if report["done_after_end"]:
+        rows.insert(2, ("done after the run ended", report["done_after_end"]))
     for name, value in rows:
         table.add_row(name, str(value))
     console = Console()
     console.print(table)
+    console.print(f"reason: {report['reason']}")
     for fault in report["faults"]:
         console.print(f"fault: {fault}")
     console.print(f"backend: {report['backend']}")

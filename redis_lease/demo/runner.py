@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ..connection import as_text
 from ..dispatch import purge_queue
 from ..gate import ProviderGate
 from ..runs import FINAL_STATES, Runs
@@ -32,6 +33,17 @@ from .provider import ProviderClient, ProviderServer, ProviderState
 JOB_PATH = "redis_lease.demo.payments:reconcile"
 WORKER_COMMAND = (sys.executable, "-m", "redis_lease")
 TICK_INTERVAL = 0.25
+#: The run's deadline: a fixed allowance (start-up, the pause past a lease) plus a budget
+#: per item, about four times what an idle 2-core machine needs, so that a loaded one
+#: still finishes. One Python thread serves the embedded backend: its budget is larger.
+DEADLINE_BASE_SECONDS = 30.0
+SECONDS_PER_ITEM = {"redis": 0.02, "embedded": 0.05}
+
+
+def demo_deadline(items: int, embedded: bool) -> str:
+    """The run's deadline as a duration, scaled to the items and the backend."""
+    per_item = SECONDS_PER_ITEM["embedded" if embedded else "redis"]
+    return f"{round(DEADLINE_BASE_SECONDS + items * per_item)}s"
 
 
 @dataclass
@@ -45,7 +57,8 @@ class DemoConfig:
     workers: int = 4
     lease_ttl: float = 2.0
     latency: float = 0.01
-    deadline: str = "50s"
+    #: None: scaled to the items and the backend (:func:`demo_deadline`).
+    deadline: str | None = None
     faults: bool = True
     keep: bool = False
     honour_keys: bool = True
@@ -83,7 +96,9 @@ class Fleet:
             log.close()
 
 
-def _environment(config: DemoConfig, queue: str, provider_url: str) -> dict[str, str]:
+def _environment(
+    config: DemoConfig, queue: str, provider_url: str, deadline: str
+) -> dict[str, str]:
     return {
         "REDIS_LEASE_DEMO_PROVIDER": provider_url,
         "REDIS_LEASE_DEMO_PROVIDER_CAP": str(config.provider_cap),
@@ -91,7 +106,7 @@ def _environment(config: DemoConfig, queue: str, provider_url: str) -> dict[str,
         "REDIS_LEASE_DEMO_ITEMS": str(config.items),
         "REDIS_LEASE_DEMO_SHARDS": str(config.shards),
         "REDIS_LEASE_DEMO_TTL": str(config.lease_ttl),
-        "REDIS_LEASE_DEMO_DEADLINE": config.deadline,
+        "REDIS_LEASE_DEMO_DEADLINE": deadline,
         "REDIS_LEASE_DEMO_QUEUE": queue,
     }
 
@@ -121,10 +136,9 @@ def lease_holders(store: LeaseStore, run_id: str, fleet: Fleet) -> list[int]:
     pids = {process.pid: n for n, process in enumerate(fleet.processes)}
     holders: set[int] = set()
     for shard in range(store.shard_count(run_id)):
-        keys = store.keys.shard(run_id, shard)
-        ids: list[Any] = list(store.client.zrange(keys[4], 0, -1))
-        for raw in store.client.hmget(keys[2], ids) if ids else []:
-            owner = json.loads(raw).get("owner", "") if raw else ""
+        leased: list[Any] = list(store.client.zrange(store.keys.shard(run_id, shard)[4], 0, -1))
+        for item_id in leased:
+            owner = store.item(run_id, as_text(item_id)).owner or ""
             parts = owner.split(":")
             if len(parts) >= 2 and parts[-2].isdigit() and int(parts[-2]) in pids:
                 holders.add(pids[int(parts[-2])])
@@ -188,9 +202,6 @@ def run_demo(
     if config.faults:
         # The provider accepts a few requests and then times out, and loses a few responses.
         provider.state.faults.update(timeout_after_accept=3, lose_response=3)
-    env = _environment(config, queue, provider.url)
-    os.environ.update(env)
-    job = importlib.reload(importlib.import_module("redis_lease.demo.payments")).reconcile
     started = time.monotonic()
     with (
         demo_backend(config.url, config.backend) as backend,
@@ -199,6 +210,10 @@ def run_demo(
     ):
         if on_backend:
             on_backend(backend.description)
+        deadline = config.deadline or demo_deadline(config.items, backend.embedded)
+        env = _environment(config, queue, provider.url, deadline)
+        os.environ.update(env)
+        job = importlib.reload(importlib.import_module("redis_lease.demo.payments")).reconcile
         store = LeaseStore.from_url(backend.url, prefix=prefix)
         runs = Runs(store)
         run_id, _ = runs.ensure(job, runs.server_now().date(), runs.server_now())
@@ -215,13 +230,18 @@ def run_demo(
         finally:
             fleet.stop()
         status = store.status(run_id)
+        info = runs.info(run_id)
+        # The figures the run was judged on (its reason line), recorded when it ended.
+        final = json.loads(info.get("final_counts") or "{}") or status.counts
         report = {
             "run_id": run_id,
             "state": state,
-            "items": status.total,
-            "done": status.counts["done"],
-            "dead": status.counts["dead"],
-            "unfinished": status.unfinished,
+            "items": int(final.get("planned", status.planned)),
+            "done": int(final["done"]),
+            "dead": int(final["dead"]),
+            "unfinished": int(final["pending"]) + int(final["leased"]),
+            # Commits accepted after the run ended (leases granted before its deadline).
+            "done_after_end": status.counts["done"] - int(final["done"]),
             **_provider_figures(ProviderClient(provider.url)),
             # Results a holder that lost its lease tried to record: commits and effect records.
             "stale_commits_refused": status.events.get("stale_commits", 0)
@@ -234,7 +254,8 @@ def run_demo(
             "workers": config.workers,
             "backend": backend.description,
             "faults": fleet.events,
-            "reason": runs.info(run_id).get("reason", ""),
+            "deadline": deadline,
+            "reason": info.get("reason", ""),
         }
         if not backend.owned and not config.keep:
             _delete_prefix(store, prefix)
