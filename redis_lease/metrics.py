@@ -5,7 +5,11 @@ successful state transitions (``redis_lease_commits_total``, outcomes by label)
 and the processing rate (``rate()`` of those counters). The SLO metric is
 ``redis_lease_oldest_eligible_age_seconds``. A run's accounting:
 ``redis_lease_planned_items``, ``redis_lease_lost_items`` (records that vanished)
-and ``redis_lease_late_commits_total`` (commits after the deadline).
+and ``redis_lease_late_commits_total`` (commits after the deadline). For an
+autoscaler: ``redis_lease_workers_needed`` by job, the workers that finish the
+open runs' remaining items before their deadlines (the tick computes it, see
+:mod:`redis_lease.capacity`), and ``redis_lease_workers_needed_unknown_runs``,
+the running runs whose need is not known yet (no worker has recorded a pass).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .connection import as_text
 from .errors import NotFound
 from .gate import ProviderGate
 from .lease import COUNT_STATES
@@ -45,6 +50,9 @@ ACCOUNTING_GAUGES = {
     ),
 }
 EFFECT_STATES = ("intended", "applied", "failed", "unknown")
+#: The gauge an autoscaler scales on: workers needed by job, summed over its running runs.
+WORKERS_NEEDED = "redis_lease_workers_needed"
+WORKERS_NEEDED_UNKNOWN = "redis_lease_workers_needed_unknown_runs"
 
 
 class LeaseCollector(Collector):
@@ -106,7 +114,48 @@ class LeaseCollector(Collector):
                 gauge.add_metric([run_id], getattr(status, attr))
         yield from (items, states, *ages.values(), effects, outcomes, *counters.values())
         yield from accounting.values()
+        yield from self._needs()
         yield from self._providers()
+
+    def _needs(self) -> Iterable[Metric]:
+        """Workers needed by job: the sum over its running runs whose need is known.
+
+        A job with no running run needs 0. A job whose running runs are all
+        unknown has no ``workers_needed`` series: nothing is invented.
+        """
+        needed = GaugeMetricFamily(
+            WORKERS_NEEDED,
+            "Workers that finish the job's running runs before their deadlines, spares included.",
+            labels=["job"],
+        )
+        unknown = GaugeMetricFamily(
+            WORKERS_NEEDED_UNKNOWN,
+            "Running runs of the job whose need is unknown (no worker pass recorded yet).",
+            labels=["job"],
+        )
+        keys = self.store.keys
+        with self.store.errors():
+            jobs = sorted(as_text(j) for j in self.store.client.smembers(keys.jobs))
+            for job in jobs:
+                runs = sorted(
+                    as_text(r) for r in self.store.client.smembers(keys.job_open_runs(job))
+                )
+                pipe = self.store.client.pipeline(transaction=False)
+                for run_id in runs:
+                    pipe.hmget(keys.run(run_id), ["state", "workers_needed"])
+                total, missing, known = 0, 0, False
+                for state, value in pipe.execute() if runs else []:
+                    if state is None or as_text(state) != "running":
+                        continue
+                    text = as_text(value) if value is not None else ""
+                    if text.isdigit():
+                        total, known = total + int(text), True
+                    else:
+                        missing += 1
+                if known or not missing:
+                    needed.add_metric([job], total)
+                unknown.add_metric([job], missing)
+        return [needed, unknown]
 
     def _providers(self) -> Iterable[Metric]:
         cap = GaugeMetricFamily("redis_lease_provider_cap", "Current cap.", labels=["provider"])

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
+from .capacity import capacity_key
 from .connection import as_text
 from .errors import InvalidInput, NotFound
 from .jobs import Job, Planner
@@ -290,9 +291,10 @@ class Runs:
             pipe.execute()
 
     def _run_keys(self, run_id: str) -> list[str]:
-        """Every key of a run: its record, log and RQ jobs, and each shard's keys and ledger."""
+        """Every key of a run: its record, log, RQ jobs and measured capacity, and each
+        shard's keys and ledger."""
         keys = [self.keys.run(run_id), self.keys.run_events(run_id), self.keys.run_jobs(run_id)]
-        keys.append(self.keys.run_jobs_missing(run_id))
+        keys += [self.keys.run_jobs_missing(run_id), capacity_key(self.store, run_id)]
         for shard in range(self.store.shard_count(run_id)):
             keys += self.keys.shard(run_id, shard) + self.keys.effects(run_id, shard)
         return keys

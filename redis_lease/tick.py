@@ -1,5 +1,8 @@
 """The scheduler tick: create due runs, plan them, dispatch shard work, burst, finalize.
 
+Each running run also gets the workers it needs to finish by its deadline
+(:mod:`redis_lease.capacity`), for the exporter's ``redis_lease_workers_needed``.
+
 A tick starts work; it does not do it. It is idempotent: two ticks at once, or a
 tick every minute, change nothing twice. Every decision is recorded with its
 reason in the run's event log (``redis-lease status RUN`` shows them). An error
@@ -19,7 +22,7 @@ from typing import Any
 from croniter import croniter
 from rq import get_current_job
 
-from . import dispatch
+from . import capacity, dispatch
 from .errors import NotFound, RedisLeaseError, RedisUnavailable
 from .jobs import Job, load_job
 from .lease import RunStatus
@@ -31,6 +34,8 @@ from .store import LeaseStore
 #: Seconds between completion-rate samples used to project a run's finish.
 RATE_WINDOW = 5.0
 TICK_LOCK_SECONDS = 60
+#: ``workers_needed`` of a run whose need cannot be computed yet.
+UNKNOWN = "unknown"
 #: Decision kinds that mean some work failed: an error, a run dropped because it is gone.
 FAILURE_KINDS = ("error", "drop")
 #: Said when a job has no record of any run on the server.
@@ -314,8 +319,36 @@ def _tick_run(
     elif status.unfinished == 0:
         final = runs.finalize(run_id, "no item left to work")
     else:
-        return decisions + _dispatch(store, runs, path, job, status, per_shard, now_ms, deadline_ms)
+        work = _dispatch(store, runs, path, job, status, per_shard, now_ms, deadline_ms)
+        _publish_need(store, job, status, now_ms, deadline_ms)  # after: it never holds work up
+        return decisions + work
     return decisions + ([final] if final else [])
+
+
+def _publish_need(
+    store: LeaseStore, job: Job, status: RunStatus, now_ms: int, deadline_ms: int
+) -> None:
+    """Records the workers the run needs to finish by its deadline, for the exporter.
+
+    ``workers_needed`` in the run's record is a count, or ``unknown`` (no
+    deadline, or no worker has recorded a pass yet); ``workers_needed_basis``
+    says why, ``workers_needed_at`` when (the tick's clock, ms).
+    """
+    opts = job.options
+    need = capacity.run_need(
+        capacity.measured_of(store, status),
+        status.unfinished,
+        (deadline_ms - now_ms) / 1000 if deadline_ms else None,
+        spare_nodes=getattr(opts, "spare_nodes", 0),
+        workers_per_node=getattr(opts, "workers_per_node", 1),
+    )
+    fields: dict[Any, Any] = {
+        "workers_needed": UNKNOWN if need.workers is None else str(need.workers),
+        "workers_needed_basis": need.basis,
+        "workers_needed_at": str(now_ms),
+    }
+    with store.errors(status.run_id):
+        store.client.hset(store.keys.run(status.run_id), mapping=fields)
 
 
 def _plan(runs: Runs, job: Job, run_id: str) -> Decision | None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
 from redis_lease import Item, LeaseStore
 from redis_lease.effects import Throttled
 from redis_lease.gate import ProviderGate
+from redis_lease.metrics import WORKERS_NEEDED, WORKERS_NEEDED_UNKNOWN, LeaseCollector
 from tests.helpers import scrape, server_ms, wait_past
 
 
@@ -48,3 +52,14 @@ def test_metrics_show_a_throttled_provider(store: LeaseStore) -> None:
     assert samples[("redis_lease_provider_cap", (("provider", "pay"),))] == 4
     assert samples[("redis_lease_provider_throttles_total", (("provider", "pay"),))] == 1
     assert samples[("redis_lease_provider_slots_in_use", (("provider", "pay"),))] == 0
+
+
+def test_workers_needed_is_a_gauge_by_job(store: LeaseStore) -> None:
+    registry = CollectorRegistry()
+    registry.register(LeaseCollector(store))
+    families = {
+        f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())
+    }
+    for name in (WORKERS_NEEDED, WORKERS_NEEDED_UNKNOWN):
+        assert families[name].type == "gauge"
+        assert families[name].samples == []  # no job ticked yet: no series

@@ -15,20 +15,23 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 import pytest
 
 from redis_lease import LeaseStore
+from redis_lease.capacity import record_pass
 from redis_lease.dispatch import live_jobs, queue
 from redis_lease.errors import InvalidInput, RunClosed
-from redis_lease.jobs import Job
+from redis_lease.jobs import Job, JobOptions
+from redis_lease.metrics import WORKERS_NEEDED, WORKERS_NEEDED_UNKNOWN
 from redis_lease.runs import PLAN_BATCH, Decision, Runs, to_ms
 from redis_lease.tick import tick
 from tests import fleet_jobs
 from tests.fleet_helpers import NIGHTLY_PATH, REPO, purge_queue, text
+from tests.helpers import scrape
 
 #: 30 seconds after the nightly job's 02:00 start tomorrow (UTC).
 DAY = datetime.now(UTC).date() + timedelta(days=1)
@@ -352,3 +355,80 @@ def test_burst_adds_shard_jobs_up_to_max_workers(
     burst_event = next(e for e in events if e["kind"] == "burst")
     assert burst_event["reason"] == reason
     assert_logged(runs, first + slow + later)
+
+
+@dataclass(frozen=True)
+class _SpareOptions(JobOptions):
+    """The job's options with capacity headroom (spare nodes of several workers)."""
+
+    spare_nodes: int = 1
+    workers_per_node: int = 2
+
+
+def test_tick_publishes_workers_needed_and_the_exporter_serves_it(
+    real_store: LeaseStore, nightly: Configure, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = nightly(shards=2, deadline="1h")
+    fleet_jobs.PLAN["items"] = 40
+    runs = Runs(real_store)
+    tick(real_store, [NIGHTLY_PATH], now=T0)
+    info = runs.info(RUN)
+    assert info["workers_needed"] == "unknown"  # no worker has recorded a pass: no number
+    assert info["workers_needed_basis"] == "unknown: no worker has recorded a pass yet"
+    samples = scrape(real_store)
+    assert (WORKERS_NEEDED, (("job", "nightly"),)) not in samples
+    assert samples[(WORKERS_NEEDED_UNKNOWN, (("job", "nightly"),))] == 1
+
+    for item in ("night-00000", "night-00001"):
+        real_store.commit(real_store.claim(RUN, item, worker="w1", ttl=60))
+    real_store.fail(real_store.claim(RUN, "night-00002", worker="w1", ttl=60), "boom")
+    # 2 items in 100 worker-seconds: 0.02/s per worker; 1 of 3 attempts finished nothing.
+    record_pass(real_store, RUN, handled=2, handler_seconds=90.0, busy_seconds=100.0)
+    # Deadline 03:00; at 02:30:30, 1,770 s left for 38 items of 1.5 attempts each:
+    # ceil(57 / (0.02 x 1,770)) = ceil(1.61) = 2 workers.
+    tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(minutes=30))
+    info = runs.info(RUN)
+    assert info["workers_needed"] == "2", info["workers_needed_basis"]
+    assert int(info["workers_needed_at"]) == to_ms(T0 + timedelta(minutes=30))
+    assert "38 items x 1.5000 attempts" in info["workers_needed_basis"]
+    samples = scrape(real_store)
+    assert samples[(WORKERS_NEEDED, (("job", "nightly"),))] == 2
+    assert samples[(WORKERS_NEEDED_UNKNOWN, (("job", "nightly"),))] == 0
+
+    # With one spare node of two workers: 2 + 2.
+    monkeypatch.setattr(job, "options", _SpareOptions(**vars(job.options)))
+    tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(minutes=31))
+    assert scrape(real_store)[(WORKERS_NEEDED, (("job", "nightly"),))] == 4
+
+    # Finalized at its deadline: the run leaves the job's open runs, the job needs none.
+    tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(hours=1))
+    assert runs.info(RUN)["state"] in ("partial", "failed")
+    samples = scrape(real_store)
+    assert samples[(WORKERS_NEEDED, (("job", "nightly"),))] == 0
+    assert samples[(WORKERS_NEEDED_UNKNOWN, (("job", "nightly"),))] == 0
+
+
+def test_workers_needed_sums_the_jobs_running_runs(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    # Runs that last past the next day's start: two of them open at once.
+    nightly(shards=1, deadline="30h")
+    fleet_jobs.PLAN["items"] = 10
+    runs = Runs(real_store)
+    tick(real_store, [NIGHTLY_PATH], now=T0)
+    next_day = T0 + timedelta(days=1)
+    tick(real_store, [NIGHTLY_PATH], now=next_day)
+    second = f"nightly:{(DAY + timedelta(days=1)).isoformat()}"
+    assert runs.open_runs("nightly") == [RUN, second]
+    record_pass(real_store, RUN, handled=1, handler_seconds=1.0, busy_seconds=1.0)
+    tick(real_store, [NIGHTLY_PATH], now=next_day)
+    samples = scrape(real_store)
+    # The first run: 10 items at 1/s with 6 h left: 1 worker; the second is unknown.
+    assert samples[(WORKERS_NEEDED, (("job", "nightly"),))] == 1
+    assert samples[(WORKERS_NEEDED_UNKNOWN, (("job", "nightly"),))] == 1
+    record_pass(real_store, second, handled=1, handler_seconds=1.0, busy_seconds=1000.0)
+    tick(real_store, [NIGHTLY_PATH], now=next_day)
+    # The second: 10 items at 0.001/s with 30 h (108,000 s) left: ceil(0.093) = 1.
+    samples = scrape(real_store)
+    assert samples[(WORKERS_NEEDED, (("job", "nightly"),))] == 2
+    assert samples[(WORKERS_NEEDED_UNKNOWN, (("job", "nightly"),))] == 0

@@ -39,6 +39,7 @@ from ..output import (
 )
 from ..store import LeaseStore
 from ..validation import check_id
+from .capacity import plan_capacity
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 #: Set to 1 to let unexpected exceptions show their traceback.
@@ -121,6 +122,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.command("plan-capacity")(plan_capacity)
 
 
 def _show_version(value: bool) -> None:
