@@ -1,4 +1,5 @@
-"""Server CPU per claim and per commit script call, against another revision's scripts.
+"""Server CPU per claim and per commit script call, against another revision's scripts;
+and (``--records``) the cost of each form an item record could take.
 
 Reads ``INFO commandstats`` (EVALSHA usec / calls) around N named claims and then
 N commits, on a Redis that nothing else uses (start a private one), and repeats
@@ -9,6 +10,15 @@ ratio, with the load average.
     git worktree add /tmp/ref <rev>      # or: git archive <rev> | tar -x -C /tmp/ref
     redis-server --port 6399 --save '' --appendonly no --daemonize yes
     python benchmarks/bench_script_cpu.py --url redis://127.0.0.1:6399/0 --ref /tmp/ref
+    python benchmarks/bench_script_cpu.py --url redis://127.0.0.1:6399/0 --records
+
+``--records`` times, in interleaved rounds, one read-change-write of N item records
+inside one script call (what a claim or a commit does to each item) in each form:
+``json`` (a JSON object with the payload as escaped text inside, decoded and encoded
+on every change, the earlier form), ``hash`` (a hash per item, HMGET and HSET of its
+fields) and ``packed`` (the fields joined by ``|`` in one hash field, the payload raw
+at its end: copied, never decoded). It reports server CPU (``used_cpu_user`` + ``used_cpu_sys``)
+per item and the ``used_memory`` growth per stored item.
 """
 
 from __future__ import annotations
@@ -17,6 +27,8 @@ import argparse
 import os
 import re
 import statistics
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,6 +46,17 @@ _INCLUDE = re.compile(r'^-- @include "([a-z_]+\.lua)"$', re.MULTILINE)
 def reference_source(checkout: Path) -> Callable[[str], str]:
     """The scripts of another checkout, includes expanded (its own expander when it has one)."""
     folder = checkout / "lua"
+    if (checkout / "redis_lease" / "scripts.py").is_file():
+
+        def own(name: str) -> str:  # nested includes and LIMITS, as that revision builds them
+            code = f"from redis_lease.scripts import source; print(source({name!r}), end='')"
+            env = {**os.environ, "PYTHONPATH": str(checkout)}
+            found = subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            )
+            return found.stdout
+
+        return own
 
     def expand(name: str) -> str:
         text = (folder / f"{name}.lua").read_text()
@@ -73,15 +96,115 @@ def measure(
     }
 
 
+#: Each record form: how a script writes N new records, and how it changes each one.
+RECORD_FORMS: dict[str, tuple[str, str]] = {
+    "json": (
+        """for i = 1, #ARGV do
+  redis.call('HSET', KEYS[1], ARGV[i], cjson.encode({state = 'pending', payload = KEYS[2],
+    added_at = 1733212345678, attempts = 0, token = 0}))
+end""",
+        """for i = 1, #ARGV do
+  local rec = cjson.decode(redis.call('HGET', KEYS[1], ARGV[i]))
+  rec.token = (rec.token or 0) + 1; rec.attempts = rec.attempts + 1; rec.state = 'leased'
+  rec.lease_id = 'b1d4c0e5f6a7b8c9d0e1f2a3b4c5d6e7.' .. i; rec.owner = 'worker-1'
+  rec.leased_at = 1733212345678; rec.expires_at = 1733212945678
+  redis.call('HSET', KEYS[1], ARGV[i], cjson.encode(rec))
+end""",
+    ),
+    "hash": (
+        """for i = 1, #ARGV do
+  redis.call('HSET', KEYS[1] .. ':' .. ARGV[i], 'state', 'pending', 'payload', KEYS[2],
+    'added_at', 1733212345678, 'attempts', 0, 'token', 0)
+end""",
+        """for i = 1, #ARGV do
+  local key = KEYS[1] .. ':' .. ARGV[i]
+  local v = redis.call('HMGET', key, 'state', 'token', 'attempts', 'expires_at')
+  redis.call('HSET', key, 'state', 'leased', 'token', (tonumber(v[2]) or 0) + 1,
+    'attempts', (tonumber(v[3]) or 0) + 1, 'lease_id', 'b1d4c0e5f6a7b8c9d0e1f2a3b4c5d6e7.' .. i,
+    'owner', 'worker-1', 'leased_at', 1733212345678, 'expires_at', 1733212945678)
+end""",
+    ),
+    "packed": (
+        """local set = {}
+for i = 1, #ARGV do
+  set[#set + 1] = ARGV[i]; set[#set + 1] = 'pending|||||||1733212345678|||||' .. KEYS[2]
+end
+redis.call('HSET', KEYS[1], unpack(set))""",
+        """local raws = redis.call('HMGET', KEYS[1], unpack(ARGV))
+local set = {}
+local P = '^(%l+)|(%d*)|(%d*)|([^|]*)|([^|]*)|(%d*)|(%d*)|(%d*)|(%d*)|(%d*)|([^|]*)|(%d*)|(.*)$'
+for i = 1, #ARGV do
+  local s, tok, att, lid, own, lat, exp, add, upd, don, out, late, payload = raws[i]:match(P)
+  local rec = {state = 'leased', token = (tonumber(tok) or 0) + 1,
+    attempts = (tonumber(att) or 0) + 1,
+    lease_id = 'b1d4c0e5f6a7b8c9d0e1f2a3b4c5d6e7.' .. i, owner = 'worker-1',
+    leased_at = 1733212345678, expires_at = 1733212945678, added_at = add}
+  set[#set + 1] = ARGV[i]
+  set[#set + 1] = table.concat({rec.state, rec.token, rec.attempts, rec.lease_id, rec.owner,
+    rec.leased_at, rec.expires_at, rec.added_at or '', '', '', '', '', payload}, '|')
+end
+redis.call('HSET', KEYS[1], unpack(set))""",
+    ),
+}
+RECORD_PAYLOAD = '{"account":"acct_00042","cursor":"c_9","note":"' + "x" * 60 + '"}'
+
+
+def _cpu_us(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return (float(info["used_cpu_user"]) + float(info["used_cpu_sys"])) * 1e6
+
+
+def measure_record_form(
+    client: redis.Redis, form: str, n: int, batch: int = 20
+) -> dict[str, float]:
+    """Server CPU per record change (``batch`` records per script call) and bytes per record."""
+    create, change = (client.script_load(text) for text in RECORD_FORMS[form])
+    prefix = f"bench-rec-{uuid.uuid4().hex[:8]}"
+    key = f"{prefix}:{{r#0}}:items"
+    ids = [f"item-{i:07d}" for i in range(n)]
+    memory = int(client.info("memory")["used_memory"])
+    for start in range(0, n, 200):
+        client.evalsha(create, 2, key, RECORD_PAYLOAD, *ids[start : start + 200])
+    grown = int(client.info("memory")["used_memory"]) - memory
+    before = _cpu_us(client)
+    for start in range(0, n, batch):
+        client.evalsha(change, 2, key, RECORD_PAYLOAD, *ids[start : start + batch])
+    cpu = _cpu_us(client) - before
+    for found in client.scan_iter(match=f"{prefix}:*", count=1000):
+        client.delete(found)
+    return {"cpu_us_per_change": cpu / n, "bytes_per_record": grown / n}
+
+
+def main_records(client: redis.Redis, n: int, rounds: int) -> int:
+    """Interleaved rounds over the record forms; prints the medians."""
+    load_start = os.getloadavg()[0]
+    runs: dict[str, list[dict[str, float]]] = {form: [] for form in RECORD_FORMS}
+    for _ in range(rounds):
+        for form in RECORD_FORMS:
+            runs[form].append(measure_record_form(client, form, n))
+    print(f"per item record, median of {rounds} interleaved rounds of {n} (20 per call)")
+    for form, found in runs.items():
+        cpu = statistics.median(r["cpu_us_per_change"] for r in found)
+        size = statistics.median(r["bytes_per_record"] for r in found)
+        print(f"{form:<7} {cpu:6.2f} us server CPU per change   {size:6.0f} bytes per record")
+    print(f"1-minute load average at start / end: {load_start:.2f} / {os.getloadavg()[0]:.2f}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the interleaved rounds and prints the medians."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", required=True, help="a Redis nothing else uses")
-    parser.add_argument("--ref", type=Path, required=True, help="a checkout of the reference")
+    parser.add_argument("--ref", type=Path, help="a checkout of the reference")
+    parser.add_argument("--records", action="store_true", help="compare the record forms")
     parser.add_argument("--items", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     client = redis.Redis.from_url(args.url)
+    if args.records:
+        return main_records(client, args.items, args.rounds)
+    if args.ref is None:
+        parser.error("--ref is required (or --records)")
     ref_src = reference_source(args.ref)
     ref_deadline = "deadline" in (args.ref / "lua" / "add_items.lua").read_text()
     load_start = os.getloadavg()[0]

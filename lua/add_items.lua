@@ -11,7 +11,8 @@
 -- ARGV[7...] pairs of item id (id), payload (json, bound json_bytes); at most add_batch pairs
 --
 -- Counters: added (items added new).
--- Returns: an array with one entry per item, 1 when added, 0 when it existed.
+-- Returns: an array with one entry per item, 1 when added, 0 when it existed. The payload is
+--   stored as given, at the end of the item's record (a null payload is not stored).
 -- Errors: INVALID <what>; RUN_CLOSED run=<id> reason=closed deadline=0 when the shard is closed
 -- @include "shard.lua"
 
@@ -34,19 +35,23 @@ local function main()
     rcall('HSETNX', META, field, ARGV[i])
   end
   rcall('HSETNX', META, 'created_at', now)
-  local added = {}
+  local ids = {}
+  for _, pair in ipairs(pairs_) do ids[#ids + 1] = pair[1] end
+  prefetch(ids)
+  local added, count = {}, 0
   for _, pair in ipairs(pairs_) do
     local id = pair[1]
-    if rcall('HEXISTS', ITEMS, id) == 1 then
+    if load(id) then
       added[#added + 1] = 0
-    else  -- checked above: a payload within its bound makes a record within its bound
-      local err = put(id, {payload = pair[2], added_at = now}, 'pending', now)
+    else
+      local rec = {payload = pair[2] ~= 'null' and pair[2] or nil}
+      local err = put(id, rec, 'pending', now)
       added[#added + 1] = err and 0 or 1
+      if not err then count = count + 1 end
     end
   end
-  local count = 0
-  for _, flag in ipairs(added) do count = count + flag end
   if count > 0 then bump('added', count) end
+  flush()
   return added
 end
 

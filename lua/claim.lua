@@ -10,6 +10,7 @@
 -- ARGV[4] lease TTL in ms (int, bound ttl_ms)
 --
 -- Returns: {item id, token, lease id, expires_at ms, attempt, payload, takeover 0|1, now ms}
+--   (payload: the JSON text as added, '' when it was null)
 -- Errors: INVALID <what>; RUN_CLOSED run=<id> reason=closed|deadline deadline=<ms>;
 --   NOT_FOUND item=<id>;
 --   NOT_CLAIMABLE item=<id> state=<state> until=<ms> (until: lease expiry or eligible-at)
@@ -41,8 +42,9 @@ local function main()
   end
   local row, err = grant(id, rec, A[2], A[3], A[4], now)
   if err then return err end
+  if row then bump('claims') end
+  flush()
   if not row then return fail('NOT_CLAIMABLE', 'item=' .. id .. ' state=dead until=0') end
-  bump('claims')
   return row
 end
 

@@ -1,6 +1,7 @@
 -- claim_next: lease up to N due items of a shard in one call. Expired leases
 -- come first (counted as takeovers), then pending items in eligible-at order.
--- No lease is granted once the shard is closed or its deadline has passed.
+-- No lease is granted once the shard is closed or its deadline has passed. One TIME,
+-- one read of meta, one HMGET of the records and one multi-member write per index.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
 -- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
@@ -11,8 +12,8 @@
 --
 -- Counters: lost (index entries whose record vanished, dropped).
 -- Returns: an array of claim rows, each
---   {item id, token, lease id, expires_at ms, attempt, payload, takeover 0|1, now ms};
---   empty when nothing is due.
+--   {item id, token, lease id, expires_at ms, attempt, payload, takeover 0|1, now ms}
+--   (payload: the JSON text as added, '' when it was null); empty when nothing is due.
 -- Errors: INVALID <what>; RUN_CLOSED run=<id> reason=closed|deadline deadline=<ms>
 -- @include "shard.lua"
 
@@ -26,24 +27,31 @@ local function main()
   local now = now_ms()
   bad = barred(now)
   if bad then return bad end
+  local expired = rcall('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, limit)
+  local due = rcall('ZRANGEBYSCORE', DUE, '-inf', now, 'LIMIT', 0, limit)
+  local ids = {}
+  for _, id in ipairs(expired) do ids[#ids + 1] = id end
+  for _, id in ipairs(due) do ids[#ids + 1] = id end
+  prefetch(ids)
   local rows = {}
-  local function take(index)
-    local ids = rcall('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, limit - #rows)
-    for _, id in ipairs(ids) do
+  local function take(index, list)
+    for _, id in ipairs(list) do
+      if #rows >= limit then return end
       local rec = load(id)
       if not rec then
         drop_orphan(id)
       elseif rec.state == 'pending' or lease_expired(rec, now) then
         local row = grant(id, rec, worker, base .. '.' .. (#rows + 1), ttl, now)
-        if row then rows[#rows + 1] = row end  -- nil: it went dead, or it is left as it was
+        if row then rows[#rows + 1] = row end  -- nil: it went dead
       elseif INDEX[rec.state] ~= index then
-        rcall('ZREM', index, id)  -- a stray entry: the record is in another state
+        stage_z(index, id, false)  -- a stray entry: the record is in another state
       end
     end
   end
-  take(LEASES)
-  if #rows < limit then take(DUE) end
+  take(LEASES, expired)
+  take(DUE, due)
   if #rows > 0 then bump('claims', #rows) end
+  flush()
   return rows
 end
 

@@ -17,11 +17,13 @@
 -- ARGV[7] optional outcome label, counted as outcome_<label> (id?)
 --
 -- Counters: commits, outcome_<label>, late_commits, stale_commits (refused).
--- Returns: {'committed' | 'repeated', token, result, done_at ms}
+-- Returns: {'committed' | 'repeated', token, result, done_at ms} (a repeated commit's
+--   result is '' when it was null). settle.lua commits many items of a shard in one call.
 -- Errors: INVALID <what>; NOT_FOUND item=<id>;
 --   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s> reason=<r> expires_at=<ms>;
 --   CONDITION_FAILED item=<id> condition=<n> (1-based; nothing was written)
 -- @include "shard.lua"
+-- @include "holder.lua"
 -- @include "guards.lua"
 
 local function main()
@@ -38,35 +40,23 @@ local function main()
   if not writes then return fail('INVALID', why) end
   why = check_guards(conditions, writes)
   if why then return fail('INVALID', why) end
-  local existing = load(id)
-  if existing and existing.state == 'done' and existing.token == token
-      and (lease_id == '' or existing.lease_id == lease_id) then
-    return {'repeated', existing.token, existing.result or '', existing.done_at}
-  end
-  local now = now_ms()
-  local rec, err = held(id, token, lease_id, now, 'stale_commits', existing)
-  if not rec then return err end
-  for i, c in ipairs(conditions) do
-    if not condition_holds(c) then
-      return fail('CONDITION_FAILED', 'item=' .. id .. ' condition=' .. i)
+  local function guarded()
+    for i, c in ipairs(conditions) do
+      if not condition_holds(c) then
+        return fail('CONDITION_FAILED', 'item=' .. id .. ' condition=' .. i)
+      end
     end
+    local bad_type = check_types(writes)
+    if bad_type then return fail('INVALID', bad_type) end
+    return nil
   end
-  why = check_types(writes)
-  if why then return fail('INVALID', why) end
-  local deadline = meta_number('deadline_at')
-  local late = deadline > 0 and now >= deadline
-  rec.result = result
-  if A[7] ~= '' then rec.outcome = A[7] end
-  if late then rec.late = true end
-  rec.done_at = now
-  rec.updated_at = now
-  err = put(id, rec, 'done', now)
-  if err then return err end
-  for _, w in ipairs(writes) do apply(w) end
-  bump('commits')
-  if rec.outcome then bump('outcome_' .. rec.outcome) end
-  if late then bump('late_commits') end
-  return {'committed', rec.token, result, now}
+  local row, err = do_commit(id, token, lease_id, result, A[7], now_ms(), guarded)
+  if row and row[1] == 'committed' then
+    for _, w in ipairs(writes) do apply(w) end
+  end
+  flush()
+  if not row then return err end
+  return row
 end
 
 return main()

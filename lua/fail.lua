@@ -15,6 +15,7 @@
 -- Errors: INVALID <what>; NOT_FOUND item=<id>;
 --   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s> reason=<r> expires_at=<ms>
 -- @include "shard.lua"
+-- @include "holder.lua"
 
 local function main()
   local bad = check_keys(7, false, SHARD_KEYS)
@@ -23,26 +24,9 @@ local function main()
   A, bad = check_args({{1, 'id'}, {2, 'int', 'token'}, {3, 'id?'}, {4, 'text', 'error_bytes'},
     {5, 'one', {'1', '0'}}, {6, 'num', 'jitter'}})
   if bad then return bad end
-  local id = A[1]
-  local now = now_ms()
-  local rec, err = held(id, A[2], A[3], now)
-  if not rec then return err end
-  rec.error = A[4]
-  rec.updated_at = now
-  if A[5] == '1' or out_of_attempts(rec) then
-    err = put(id, rec, 'dead', now)
-    if err then return err end
-    bump('failures')
-    return {'dead', 0, rec.attempts, now}
-  end
-  local base, cap = meta_number('backoff_base_ms'), meta_number('backoff_cap_ms')
-  local backoff = math.min(cap, base * 2 ^ (rec.attempts - 1))
-  local eligible = now + math.floor(backoff * (0.5 + A[6] / 2))
-  err = put(id, rec, 'pending', eligible)
-  if err then return err end
-  bump('failures')
-  bump('retries')
-  return {'retry', eligible, rec.attempts, now}
+  local row, err = do_fail(A[1], A[2], A[3], A[4], A[5] == '1', A[6], now_ms())
+  flush()
+  return row or err
 end
 
 return main()

@@ -18,22 +18,24 @@ local function main()
   if bad then return bad end
   local now = now_ms()
   local to_pending, to_dead = 0, 0
-  for _, id in ipairs(rcall('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, A[1])) do
+  local ids = rcall('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, A[1])
+  prefetch(ids)
+  for _, id in ipairs(ids) do
     local rec = load(id)
     if not rec then
       drop_orphan(id)
     elseif rec.state ~= 'leased' then
-      rcall('ZREM', LEASES, id)  -- a stray entry: the record is in another state
-      rcall('ZREM', HELD, id)
+      stage_z(LEASES, id, false)  -- a stray entry: the record is in another state
+      stage_z(HELD, id, false)
     elseif not lease_expired(rec, now) then
-      rcall('ZADD', LEASES, rec.expires_at, id)  -- the record's expiry is the truth
+      stage_z(LEASES, id, rec.expires_at)  -- the record's expiry is the truth
     elseif expire_lease(id, rec, now) then
       to_dead = to_dead + 1
     else
-      rec.updated_at = now
       if not put(id, rec, 'pending', now) then to_pending = to_pending + 1 end
     end
   end
+  flush()
   return {to_pending, to_dead, now}
 end
 

@@ -14,11 +14,16 @@
 -- ARGV[5] effect name (id)
 -- ARGV[6] new state (one of intended|applied|failed|unknown)
 -- ARGV[7] detail: the provider's result when applied, the error otherwise (json, bound json_bytes)
+-- ARGV[8] '1': record an intent only when no attempt is open (one of 1|0|''), default ''
+--   (with '1' a record that is intended or unknown is returned unchanged, and an applied
+--   one is returned without the holder check: it is final)
+-- ARGV[9] an earlier key of the effect, '' for none (text, bound key_length): used instead
+--   of ARGV[4] when ARGV[4] has no record and it holds this item's effect of this name
 --
 -- Counters: effects_<state> (records now in each state), effects_reconciled
 -- (applied after an unknown or another token's intent).
--- Returns: {previous state ('' when new), the stored record (JSON)}; when the
---   record is already applied it is returned unchanged.
+-- Returns: {previous state ('' when new), the stored record (JSON), the key used}; when
+--   the record is already applied (or, with ARGV[8] '1', open) it is returned unchanged.
 -- Errors: INVALID <what>; NOT_FOUND item=<id>;
 --   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s> reason=<r> expires_at=<ms>
 -- @include "shard.lua"
@@ -34,17 +39,31 @@ local function main()
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'int', 'token'}, {3, 'id?'}, {4, 'text', 'key_length'},
-    {5, 'id'}, {6, 'one', {'intended', 'applied', 'failed', 'unknown'}}, {7, 'json', 'json_bytes'}})
+    {5, 'id'}, {6, 'one', {'intended', 'applied', 'failed', 'unknown'}}, {7, 'json', 'json_bytes'},
+    {8, 'one', {'1', '0', ''}, ''}, {9, 'text', 'key_length', ''}})
   if bad then return bad end
   if A[4] == '' then return fail('INVALID', 'ARGV[4] must be an idempotency key') end
   local id, token, lease_id = A[1], A[2], A[3]
   local key, name, state, detail = A[4], A[5], A[6], A[7]
   local now = now_ms()
-  local _, err = held(id, token, lease_id, now, 'stale_effects')
-  if err then return err end
   local raw = rcall('HGET', EFFECTS, key)
+  if not raw and A[9] ~= '' then
+    local old = rcall('HGET', EFFECTS, A[9])
+    local ok, found = pcall(cjson.decode, old or '')
+    if ok and type(found) == 'table' and found.item == id and found.name == name then
+      key, raw = A[9], old
+    end
+  end
   local rec = raw and cjson.decode(raw) or {item = id, name = name, state = ''}
-  if rec.state == 'applied' then return {'applied', raw} end
+  -- An applied record is final: read under ARGV[8] '1' without the fence, as a plain read would.
+  if rec.state == 'applied' and A[8] == '1' then return {'applied', raw, key} end
+  local _, err = held(id, token, lease_id, now, 'stale_effects')
+  flush()
+  if err then return err end
+  if rec.state == 'applied' then return {'applied', raw, key} end
+  if A[8] == '1' and state == 'intended' and (rec.state == 'intended' or rec.state == 'unknown') then
+    return {rec.state, raw, key}
+  end
   if not FROM[state][rec.state] then
     return fail('INVALID', 'effect ' .. key .. ' cannot go from ' .. rec.state .. ' to ' .. state)
   end
@@ -60,7 +79,8 @@ local function main()
   if state == 'applied' then rec.result = detail elseif state ~= 'intended' then rec.error = detail end
   local text = cjson.encode(rec)
   rcall('HSET', EFFECTS, key, text)
-  return {previous, text}
+  flush()
+  return {previous, text, key}
 end
 
 return main()

@@ -13,6 +13,7 @@
 -- Errors: INVALID <what>; NOT_FOUND item=<id>;
 --   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s> reason=<r> expires_at=<ms>
 -- @include "shard.lua"
+-- @include "holder.lua"
 
 local function main()
   local bad = check_keys(7, false, SHARD_KEYS)
@@ -20,16 +21,10 @@ local function main()
   local A
   A, bad = check_args({{1, 'id'}, {2, 'int', 'token'}, {3, 'id?'}, {4, 'int', 'delay_ms', 0}})
   if bad then return bad end
-  local id = A[1]
-  local now = now_ms()
-  local rec, err = held(id, A[2], A[3], now)
-  if not rec then return err end
-  rec.attempts = math.max(0, (rec.attempts or 1) - 1)
-  rec.updated_at = now
-  err = put(id, rec, 'pending', now + A[4])
-  if err then return err end
-  bump('releases')
-  return {now}
+  local row, err = do_release(A[1], A[2], A[3], A[4], now_ms())
+  flush()
+  if not row then return err end
+  return {row[2]}
 end
 
 return main()

@@ -24,17 +24,18 @@ local function main()
   if #ids == 0 then ids = rcall('ZRANGE', DEAD, 0, A[1] - 1) end
   local now = now_ms()
   local moved = 0
+  prefetch(ids)
   for _, id in ipairs(ids) do
     local rec = load(id)
     if not rec then
       drop_orphan(id)
     elseif rec.state == 'dead' then
       rec.attempts = 0
-      rec.updated_at = now
       if not put(id, rec, 'pending', now) then moved = moved + 1 end
     end
   end
   if moved > 0 then bump('requeued', moved) end
+  flush()
   return moved
 end
 

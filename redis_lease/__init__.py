@@ -23,17 +23,29 @@ from .errors import (
 )
 from .gate import ProviderGate
 from .guards import FieldEquals, KeyExists, KeyMissing, Write
-from .lease import CommitOutcome, FailOutcome, Item, ItemRecord, Lease, RunStatus
+from .lease import (
+    CommitOutcome,
+    CommitRequest,
+    FailOutcome,
+    FailRequest,
+    Item,
+    ItemRecord,
+    Lease,
+    ReleaseRequest,
+    RunStatus,
+)
 from .store import LeaseStore
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CommitOutcome",
+    "CommitRequest",
     "ConditionFailed",
     "EffectFailed",
     "EffectUnknown",
     "FailOutcome",
+    "FailRequest",
     "FieldEquals",
     "HandlerError",
     "InvalidInput",
@@ -54,6 +66,7 @@ __all__ = [
     "ProviderGate",
     "RedisLeaseError",
     "RedisUnavailable",
+    "ReleaseRequest",
     "RunClosed",
     "RunStatus",
     "SlotTimeout",

@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 import redis
-from rq import Queue
+from rq import Queue, SimpleWorker, Worker
 from rq.job import Job as RQJob
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
@@ -23,7 +23,7 @@ from .store import LeaseStore
 TIMEOUT_MARGIN = 120
 #: How long a queued shard job missing from its queue still counts as live: a worker
 #: between taking it and starting it needs a moment; one that died, longer.
-MISSING_GRACE_MS = 15_000
+MISSING_GRACE_MS = 5_000
 #: Statuses of jobs that will run without a worker holding them (queued: see live_jobs).
 LIVE_STATUSES = {JobStatus.SCHEDULED, JobStatus.DEFERRED}
 SHARD_FUNC = "redis_lease.worker.process_shard"
@@ -40,6 +40,35 @@ class JsonJob(RQJob):
         self, id: str | None = None, connection: Any = None, serializer: Any = None
     ) -> None:
         super().__init__(id=id, connection=connection, serializer=serializer or JSONSerializer)
+
+
+class _PromptUnsubscribe:
+    """Leaves RQ's command channel without waiting a second for its listener thread.
+
+    RQ unsubscribes, then stops the listener: when the unsubscribe reply wakes
+    the listener first, it blocks again (60 s) and RQ's join gives up only after
+    one second, so every worker exit took a second. Stopping first lets that
+    reply end the listener at once.
+    """
+
+    pubsub: Any
+    pubsub_thread: Any
+
+    def unsubscribe(self) -> None:
+        """Stops the listener, unsubscribes (its reply wakes the listener), joins it."""
+        if self.pubsub_thread:
+            self.pubsub_thread.stop()
+            self.pubsub.unsubscribe()
+            self.pubsub_thread.join(timeout=1)
+            self.pubsub.close()
+
+
+class LeaseWorker(_PromptUnsubscribe, Worker):
+    """RQ's forking worker that exits promptly (see :class:`_PromptUnsubscribe`)."""
+
+
+class SimpleLeaseWorker(_PromptUnsubscribe, SimpleWorker):
+    """RQ's in-process worker that exits promptly (see :class:`_PromptUnsubscribe`)."""
 
 
 def queue(connection: redis.Redis, name: str) -> Queue:
@@ -80,7 +109,9 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
     seconds). A queued job missing from its queue (a worker took it and has not
     started it yet, or died doing so; or its queue was lost) counts as live for
     :data:`MISSING_GRACE_MS` after it was first found so, then as dead: RQ
-    itself would requeue it only minutes later.
+    itself would requeue it only minutes later. A worker drained between taking
+    a job and starting it leaves it so; a job counted dead while it was only
+    slow to start costs a second job on its shard, which is harmless.
     """
     key, missing_key = store.keys.run_jobs(run_id), store.keys.run_jobs_missing(run_id)
     with store.errors(run_id):
@@ -142,7 +173,10 @@ def purge_queue(client: redis.Redis, name: str, extra_job_ids: tuple[str, ...] =
     carry no prefix of ours.
     """
     rq_queue = queue(client, name)
+    # A job a worker took but never started (a drain at that moment) waits in the intermediate list.
+    intermediate = f"{rq_queue.key}:intermediate"
     ids = {as_text(i) for i in client.lrange(rq_queue.key, 0, -1)} | set(extra_job_ids)
+    ids |= {as_text(i) for i in client.lrange(intermediate, 0, -1)}
     registries = [
         rq_queue.started_job_registry,
         rq_queue.finished_job_registry,
@@ -171,4 +205,4 @@ def purge_queue(client: redis.Redis, name: str, extra_job_ids: tuple[str, ...] =
         for pattern in (f"rq:*:{name}", f"rq:queue:{name}:*")
         for k in client.scan_iter(match=pattern, count=500)
     ]
-    client.delete(rq_queue.key, *[r.key for r in registries], *leftovers)
+    client.delete(rq_queue.key, intermediate, *[r.key for r in registries], *leftovers)

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .errors import EffectFailed, EffectUnknown, NeedsReconciliation, Throttled
-from .lease import effect_record
 from .limits import bound
 from .store import LeaseStore
 from .validation import check_id
@@ -76,24 +75,6 @@ def _bounded(key: str) -> str:
     return f"{key[: KEY_MAX_LENGTH - _DIGEST_LENGTH - 1]}~{digest}"
 
 
-def _ledger_entry(store: LeaseStore, lease: Lease, name: str) -> tuple[str, dict[str, Any]]:
-    """The key to use for the effect and its record (state '' when none): one round trip.
-
-    An upgrade mid-run must not send an effect again under a new key, so a
-    record under the old key that belongs to this item and effect wins.
-    """
-    key = idempotency_key(lease.run_id, lease.item_id, name)
-    old_key = _legacy_key(lease.run_id, lease.item_id, name)
-    ledger = store.keys.effects(lease.run_id, lease.shard)[0]
-    with store.errors(lease.run_id, lease.item_id, lease.token):
-        raw, old_raw = store.client.hmget(ledger, [key, old_key])
-    if raw is None and old_raw is not None:
-        old = effect_record(old_raw)
-        if old.get("item") == lease.item_id and old.get("name") == name:
-            return old_key, old
-    return key, effect_record(raw) if raw is not None else {"state": ""}
-
-
 def apply_effect(
     store: LeaseStore,
     lease: Lease,
@@ -120,10 +101,16 @@ def apply_effect(
         LeaseLost: the lease is no longer held (nothing is sent then).
         NeedsReconciliation: an earlier attempt is ambiguous and cannot be resolved.
     """
-    key, record = _ledger_entry(store, lease, name)
-    if record["state"] == "applied":
+    key = idempotency_key(lease.run_id, lease.item_id, name)
+    # One round trip records the intent, or returns the open record untouched. An upgrade
+    # mid-run must not send an effect again under a new key, so a record under the old key
+    # that belongs to this item and effect wins.
+    previous, record, key = store.begin_effect(
+        lease, key, name, _legacy_key(lease.run_id, lease.item_id, name)
+    )
+    if previous == "applied":
         return record.get("result")
-    if record["state"] in ("intended", "unknown"):
+    if previous in ("intended", "unknown"):
         # An earlier attempt may have reached the provider: reconcile before re-issuing.
         if lookup is not None:
             found = lookup(key)
@@ -132,13 +119,13 @@ def apply_effect(
                 return stored.get("result")
         elif not honours_keys:
             raise NeedsReconciliation(
-                f"needs reconciliation: effect {key!r} was {record['state']} and the provider "
+                f"needs reconciliation: effect {key!r} was {previous} and the provider "
                 "can neither dedupe by key nor be asked",
                 run_id=lease.run_id,
                 item_id=lease.item_id,
                 token=lease.token,
             )
-    store.record_effect(lease, key, name, "intended", None)
+        store.record_effect(lease, key, name, "intended", None)
     try:
         result = call(key)
     except EffectFailed as error:

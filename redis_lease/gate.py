@@ -4,15 +4,17 @@ A slot is a lease too (it expires if its holder dies), so adding workers can't
 exceed what the provider tolerates. When the provider throttles, the cap is
 halved and new slots wait for its Retry-After; each full window of successes
 at the current cap raises it by one again (additive increase, multiplicative
-decrease).
+decrease). A gate is shared safely by threads, processes and the tasks of an
+event loop (:meth:`ProviderGate.slot_async`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,24 +92,55 @@ class ProviderGate:
         finally:
             self._call("slot_release", [holder, outcome, retry_after_ms])
 
+    @asynccontextmanager
+    async def slot_async(self, wait: float = 30.0) -> AsyncIterator[None]:
+        """:meth:`slot` for an ``async def`` handler: waits without blocking the event loop.
+
+        Raises:
+            SlotTimeout: no slot within ``wait`` seconds.
+        """
+        holder = uuid.uuid4().hex
+        deadline = time.monotonic() + wait
+        while True:
+            pause = await asyncio.to_thread(self._try_acquire, holder, deadline, wait)
+            if pause is None:
+                break
+            await asyncio.sleep(pause)
+        outcome, retry_after_ms = "error", 0
+        try:
+            yield
+            outcome = "ok"
+        except Throttled as error:
+            outcome, retry_after_ms = "throttled", error.delay_ms
+            raise
+        finally:
+            await asyncio.to_thread(self._call, "slot_release", [holder, outcome, retry_after_ms])
+
     def _call(self, script: str, args: list[Any]) -> Any:
         with redis_errors(self.store.url):
             return self.store.scripts.call(script, self.keys, args)
 
     def _acquire(self, holder: str, wait: float) -> None:
         deadline = time.monotonic() + wait
-        while True:
-            answer: SlotAnswer = self._call(
-                "slot_acquire",
-                [holder, self.slot_ttl_ms, self.max_concurrency, self.min_concurrency],
-            )
-            if answer.granted:
-                return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise SlotTimeout(f"no slot for provider {self.name!r} within {wait}s; retry later")
-            # Poll: the wait the script suggests, capped so a freed slot is found quickly.
-            time.sleep(min(remaining, max(0.002, min(answer.wait_ms / 1000, POLL_MAX))))
+        while (pause := self._try_acquire(holder, deadline, wait)) is not None:
+            time.sleep(pause)
+
+    def _try_acquire(self, holder: str, deadline: float, wait: float) -> float | None:
+        """Asks for a slot once: None when granted, else the seconds to pause before asking again.
+
+        Raises SlotTimeout once ``deadline`` (monotonic) has passed.
+        """
+        answer: SlotAnswer = self._call(
+            "slot_acquire",
+            [holder, self.slot_ttl_ms, self.max_concurrency, self.min_concurrency],
+        )
+        if answer.granted:
+            return None
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise SlotTimeout(f"no slot for provider {self.name!r} within {wait}s; retry later")
+        # Poll: the wait the script suggests, capped so a freed slot is found quickly.
+        return min(remaining, max(0.002, min(answer.wait_ms / 1000, POLL_MAX)))
 
     def state(self) -> GateState:
         """The current cap, slots in use and throttle counters."""

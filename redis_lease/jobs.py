@@ -52,6 +52,15 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+#: The most handlers one shard job runs at once.
+CONCURRENCY_MAX = 256
+
+
+def check_concurrency(value: int) -> int:
+    """Returns ``value`` when it is a valid concurrency (1 to CONCURRENCY_MAX), else raises."""
+    return check_positive(value, "concurrency", CONCURRENCY_MAX)
+
+
 def parse_duration(text: str) -> timedelta:
     """Parses ``90s``, ``45m``, ``2h`` or ``1d``."""
     match = _DURATION.match(text.strip())
@@ -85,6 +94,11 @@ class JobOptions:
         commit_interval: seconds a finished item's commit may wait to be sent with
             others (one round trip per batch); 0 commits each item at once.
         queue: the RQ queue of the job's shard jobs.
+        concurrency: handlers one shard job runs at once (threads for plain handlers,
+            one event loop for ``async def`` ones); each holds its own lease.
+        spare_nodes: nodes that may disappear; the tick's ``workers_needed`` adds
+            ``spare_nodes * workers_per_node`` workers for them.
+        workers_per_node: worker processes one node runs.
         retention_days: days a finished run's keys are kept.
     """
 
@@ -105,6 +119,9 @@ class JobOptions:
     batch_size: int = 20
     commit_interval: float = 0.05
     queue: str = "redis-lease"
+    concurrency: int = 1
+    spare_nodes: int = 0
+    workers_per_node: int = 1
     retention_days: int = DEFAULT_RETENTION_DAYS
 
     def __post_init__(self) -> None:
@@ -115,6 +132,10 @@ class JobOptions:
         check_positive(self.max_workers, "max_workers", 10_000)
         check_positive(self.batch_size, "batch_size", BATCH_MAX)
         check_positive(self.retention_days, "retention_days", 3650)
+        check_concurrency(self.concurrency)
+        if self.spare_nodes != 0:  # none spare is allowed
+            check_positive(self.spare_nodes, "spare_nodes (0 for none)", 1000)
+        check_positive(self.workers_per_node, "workers_per_node", 1000)
         if self.catch_up not in CATCH_UP_POLICIES:
             raise InvalidInput(f"catch_up must be one of {', '.join(CATCH_UP_POLICIES)}")
         if not croniter.is_valid(self.schedule):

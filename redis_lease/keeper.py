@@ -1,27 +1,48 @@
 """The lease a handler works under, and the thread that keeps it renewed.
 
-A :class:`LeaseKeeper` renews every held lease (conditional on its token) and
-beats a shard job's heartbeat; a lease that cannot be renewed is marked lost, so
-the handler can see :attr:`ActiveLease.lost` and stop early.
+A :class:`LeaseKeeper` renews every held lease (conditional on its token),
+beats a shard job's heartbeat and reads the worker's stop request, all in one
+round trip per tick. A lease that cannot be renewed is marked lost: a thread
+handler then gets :class:`~redis_lease.errors.LeaseLost` at its next
+:meth:`ActiveLease.check`, :meth:`~ActiveLease.effect` or
+:meth:`~ActiveLease.renew`, and an async handler's task is cancelled.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import redis
 
-from .connection import redis_errors
+from .connection import as_text, redis_errors
 from .effects import apply_effect
 from .errors import LeaseLost, RedisLeaseError
+from .jobs import CONCURRENCY_MAX
 from .lease import Lease
+from .scripts import Command
 from .store import LeaseStore
 
 log = logging.getLogger("redis_lease.worker")
+
+#: Guards every lease's lost flag and callbacks (rarely taken, never for long).
+_LOST_LOCK = threading.Lock()
+_LEDGER: list[ThreadPoolExecutor] = []
+
+
+def _ledger_threads() -> ThreadPoolExecutor:
+    """The threads that run effect_async's ledger calls (made on first use, grown on demand)."""
+    with _LOST_LOCK:
+        if not _LEDGER:
+            _LEDGER.append(ThreadPoolExecutor(CONCURRENCY_MAX, "redis-lease-ledger"))
+        return _LEDGER[0]
 
 
 class ActiveLease:
@@ -35,7 +56,9 @@ class ActiveLease:
         self.store = store
         self.lease = lease
         self.ttl = ttl
-        self._lost = threading.Event()
+        self._lost = False
+        self._event: threading.Event | None = None  # made by wait_lost only
+        self._on_lost: list[Callable[[], object]] = []
 
     @property
     def token(self) -> int:
@@ -55,15 +78,51 @@ class ActiveLease:
     @property
     def lost(self) -> bool:
         """True once a renewal was refused: stop early; a commit will be refused anyway."""
-        return self._lost.is_set()
+        return self._lost
 
     def mark_lost(self) -> None:
-        """Marks the lease lost (the keeper does this when a renewal is refused)."""
-        self._lost.set()
+        """Marks the lease lost (the keeper does this when a renewal is refused).
+
+        Runs the callbacks given to :meth:`on_lost` once.
+        """
+        with _LOST_LOCK:
+            if self._lost:
+                return
+            self._lost = True
+            callbacks, self._on_lost, event = self._on_lost, [], self._event
+        if event is not None:
+            event.set()
+        for callback in callbacks:
+            callback()
+
+    def on_lost(self, callback: Callable[[], object]) -> None:
+        """Calls ``callback`` (from the keeper's thread) when the lease is lost; now if it is."""
+        with _LOST_LOCK:
+            if not self._lost:
+                self._on_lost.append(callback)
+                return
+        callback()
 
     def wait_lost(self, timeout: float) -> bool:
         """Waits up to ``timeout`` seconds for the lease to be lost; True if it was."""
-        return self._lost.wait(timeout)
+        with _LOST_LOCK:
+            if self._lost:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+    def check(self) -> None:
+        """Raises LeaseLost when a renewal was refused: call it between steps to stop early."""
+        if self._lost:
+            raise LeaseLost(
+                f"the lease on item {self.item_id!r} of run {self.run_id!r} (token {self.token}) "
+                "was lost: another holder may have it; stop and write nothing",
+                run_id=self.run_id,
+                item_id=self.item_id,
+                token=self.token,
+            )
 
     def effect(
         self,
@@ -77,13 +136,57 @@ class ActiveLease:
 
         ``call`` gets the key (``<run>|<item>|<name>``) and returns the
         provider's result; an ambiguous earlier attempt is reconciled first.
+        Raises LeaseLost at once when the lease is known to be lost.
         """
+        self.check()
         return apply_effect(
             self.store, self.lease, name, call, lookup=lookup, honours_keys=honours_keys
         )
 
+    async def effect_async(
+        self,
+        name: str,
+        call: Callable[[str], Awaitable[Any]],
+        *,
+        lookup: Callable[[str], Any] | None = None,
+        honours_keys: bool = False,
+    ) -> Any:
+        """:meth:`effect` for an async handler: ``call`` and ``lookup`` may return awaitables.
+
+        The ledger's Redis calls run off the event loop, on threads of their own;
+        the provider call runs on it, and is cancelled when the lease is lost.
+        """
+        self.check()
+        loop = asyncio.get_running_loop()
+        sync_lookup = partial(self._on_loop, loop, lookup) if lookup is not None else None
+        apply = partial(
+            apply_effect,
+            self.store,
+            self.lease,
+            name,
+            partial(self._on_loop, loop, call),
+            lookup=sync_lookup,
+            honours_keys=honours_keys,
+        )
+        # Threads of its own: one waiting here on the provider call must not take the
+        # thread that call may need from the loop's default executor.
+        return await loop.run_in_executor(_ledger_threads(), apply)
+
+    def _on_loop(
+        self, loop: asyncio.AbstractEventLoop, func: Callable[[str], Any], key: str
+    ) -> Any:
+        """Runs ``func(key)`` from a ledger thread; an awaitable it returns runs on ``loop``."""
+        self.check()
+        result = func(key)
+        if not inspect.isawaitable(result):
+            return result
+        future = asyncio.run_coroutine_threadsafe(_awaited(result), loop)
+        self.on_lost(future.cancel)
+        return future.result()
+
     def renew(self) -> None:
         """Renews now; raises LeaseLost (and marks the lease lost) when refused."""
+        self.check()
         try:
             self.lease = self.store.renew(self.lease, self.ttl)
         except LeaseLost:
@@ -91,22 +194,34 @@ class ActiveLease:
             raise
 
 
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
 class LeaseKeeper(threading.Thread):
-    """Renews held leases every ``interval`` seconds and beats a heartbeat key."""
+    """Renews held leases every ``interval`` seconds, beats a heartbeat, reads a stop request.
+
+    Args:
+        store: the store of the leases.
+        ttl: seconds each renewal extends a lease by.
+        beat_key: a key set to the process id on every tick (lives three intervals).
+        stop_flag: ``(hash key, field)``: when the field is set, :attr:`on_stop_requested`
+            is called (an RQ worker's warm shutdown request).
+    """
 
     def __init__(
         self,
         store: LeaseStore,
         ttl: float,
         beat_key: str | None = None,
-        stop_check: Callable[[], bool] | None = None,
+        stop_flag: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(name="redis-lease-keeper", daemon=True)
         self.store = store
         self.ttl = ttl
         self.interval = max(0.05, min(ttl / 3, 5.0))
         self.beat_key = beat_key
-        self.stop_check = stop_check
+        self.stop_flag = stop_flag
         self.on_stop_requested: Callable[[], None] = lambda: None
         self._held: dict[str, ActiveLease] = {}
         self._lock = threading.Lock()
@@ -124,34 +239,45 @@ class LeaseKeeper(threading.Thread):
                 del self._held[active.item_id]
 
     def beat(self) -> None:
-        """Refreshes the heartbeat key (lives three intervals)."""
+        """Refreshes the heartbeat key now (lives three intervals)."""
         if self.beat_key:
             with redis_errors(self.store.url):
-                self.store.client.set(
-                    self.beat_key, os.getpid(), px=int(self.interval * 3000) + 500
-                )
+                self.store.client.set(self.beat_key, os.getpid(), px=self._beat_ms())
+
+    def _beat_ms(self) -> int:
+        return int(self.interval * 3000) + 500
 
     def run(self) -> None:
         while not self._done.wait(self.interval):
             try:
-                self.renew_all()
-                self.beat()
-                if self.stop_check is not None and self.stop_check():
-                    self.on_stop_requested()
+                self.tick()
             except (RedisLeaseError, redis.RedisError) as error:
                 log.warning("lease keeper: %s", error)
 
-    def renew_all(self) -> None:
-        """Renews every held lease once; marks the refused ones lost."""
+    def tick(self) -> None:
+        """One round trip: renews every held lease (one script call per shard), beats,
+        reads the stop request."""
         with self._lock:
             held = list(self._held.values())
-        renewed = self.store.renew_many([a.lease for a in held], self.ttl)
+        commands: list[Command] = []
+        if self.beat_key:
+            commands.append(Command(("SET", self.beat_key, os.getpid(), "PX", self._beat_ms())))
+        if self.stop_flag:
+            commands.append(Command(("HGET", *self.stop_flag)))
+        if not held and not commands:
+            return
+        leases = [active.lease for active in held]
+        renewed, replies = self.store.renew_with(leases, self.ttl, commands)
         for active, lease in zip(held, renewed, strict=True):
             if lease is None:
-                active.mark_lost()
                 self.drop(active)
+                active.mark_lost()
             else:
                 active.lease = lease
+        if self.stop_flag:
+            flag = replies[-1]
+            if flag is not None and not isinstance(flag, redis.ResponseError) and as_text(flag):
+                self.on_stop_requested()
 
     def close(self) -> None:
         """Stops the thread."""

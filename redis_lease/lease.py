@@ -105,26 +105,93 @@ class ItemRecord:
     error: str | None = None
 
     @classmethod
-    def from_record(cls, run_id: str, item_id: str, shard: int, raw: bytes | str) -> ItemRecord:
-        """Decodes a stored record."""
-        rec = json.loads(raw)
+    def from_record(
+        cls,
+        run_id: str,
+        item_id: str,
+        shard: int,
+        raw: bytes | str,
+        result: bytes | str | None = None,
+        error: bytes | str | None = None,
+    ) -> ItemRecord:
+        """Decodes a stored record (which holds the payload) and its texts (result, error)."""
+        rec = parse_record(raw)
+        payload = rec.get("payload")
+        result = rec.get("result", result)
+        error = rec.get("error", error)
         return cls(
             run_id=run_id,
             item_id=item_id,
             shard=shard,
             state=rec["state"],
-            token=int(rec.get("token", 0)),
-            attempts=int(rec.get("attempts", 0)),
-            payload=_loads(rec.get("payload")),
+            token=int(rec.get("token") or 0),
+            attempts=int(rec.get("attempts") or 0),
+            payload=_loads(payload),
             lease_id=rec.get("lease_id"),
             owner=rec.get("owner"),
             expires_at_ms=int(rec["expires_at"]) if rec.get("expires_at") else None,
-            result=_loads(rec.get("result")),
-            error=rec.get("error"),
+            result=_loads(result),
+            error=_text(error) if error is not None else None,
         )
 
 
-def _loads(text: str | None) -> Any:
+#: The fields of a packed item record, in order (see lua/include/shard.lua).
+RECORD_FIELDS = (
+    "state", "token", "attempts", "lease_id", "owner", "leased_at", "expires_at", "done_at",
+    "outcome", "late", "payload",
+)  # fmt: skip
+_NUMBERS = frozenset(("token", "attempts", "leased_at", "expires_at", "done_at"))
+#: The suffixes of an item's texts beside its record in the items hash: result, error.
+TEXT_SUFFIXES = {"result": "#r", "error": "#e"}
+
+
+def parse_record(raw: bytes | str) -> dict[str, Any]:
+    """An item record as a dict: the packed form, or an earlier version's JSON object
+    (which holds its payload, result and error itself). Absent fields are left out.
+
+    Raises:
+        ValueError: the text is neither form.
+    """
+    text = _text(raw)
+    if text.startswith("{"):
+        rec: dict[str, Any] = json.loads(text)
+        if not isinstance(rec, dict) or not isinstance(rec.get("state"), str):
+            raise ValueError(f"not an item record: {text[:80]!r}")
+        return rec
+    parts = text.split("|", len(RECORD_FIELDS) - 1)
+    if len(parts) != len(RECORD_FIELDS) or not parts[0].isalpha():
+        raise ValueError(f"not an item record: {text[:80]!r}")
+    packed: dict[str, Any] = {}
+    for name, value in zip(RECORD_FIELDS, parts, strict=True):
+        if value == "":
+            continue
+        packed[name] = int(value) if name in _NUMBERS else value
+    if "late" in packed:
+        packed["late"] = packed["late"] == "1"
+    return packed
+
+
+def read_items(fields: Mapping[Any, Any]) -> dict[str, dict[str, Any]]:
+    """The records of an items hash (all of its fields, as HGETALL gives them), each a
+    :func:`parse_record` dict with its ``result`` and ``error`` texts."""
+    texts = {_text(k): _text(v) for k, v in fields.items()}
+    records: dict[str, dict[str, Any]] = {}
+    for field_name, raw in texts.items():
+        if "#" in field_name:
+            continue
+        rec = parse_record(raw)
+        for name, suffix in TEXT_SUFFIXES.items():
+            if name not in rec and field_name + suffix in texts:
+                rec[name] = texts[field_name + suffix]
+        records[field_name] = rec
+    return records
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _loads(text: str | bytes | None) -> Any:
     return json.loads(text) if text else None
 
 
@@ -224,6 +291,27 @@ class CommitRequest:
     conditions: tuple[Condition, ...] = ()
     writes: tuple[Write, ...] = ()
     outcome: str = ""
+
+
+@dataclass(frozen=True)
+class FailRequest:
+    """One failed attempt of :meth:`~redis_lease.store.LeaseStore.settle_many`."""
+
+    lease: Lease
+    error: str
+    permanent: bool = False
+
+
+@dataclass(frozen=True)
+class ReleaseRequest:
+    """One release of :meth:`~redis_lease.store.LeaseStore.settle_many` (``delay`` seconds)."""
+
+    lease: Lease
+    delay: float = 0.0
+
+
+#: What :meth:`~redis_lease.store.LeaseStore.settle_many` takes.
+SettleRequest = CommitRequest | FailRequest | ReleaseRequest
 
 
 def effect_record(raw: str | bytes) -> dict[str, Any]:

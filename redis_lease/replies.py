@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from redis.exceptions import ResponseError
+
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -95,10 +97,23 @@ class Transition(NamedTuple):
 
 
 class EffectRecorded(NamedTuple):
-    """record_effect: the previous state ('' when new) and the stored record (JSON text)."""
+    """record_effect: the previous state ('' when new), the stored record (JSON text) and
+    the key it is stored under."""
 
     previous: str
     record: str
+    key: str = ""
+
+
+class Released(NamedTuple):
+    """settle: a release (the server time it happened)."""
+
+    now_ms: int
+
+
+#: One settle row: the operation's reply, or the refusal as the error the server would
+#: have answered had the operation been sent alone.
+Settled = Committed | Failed | Released | Renewed | ResponseError
 
 
 class SlotAnswer(NamedTuple):
@@ -159,6 +174,24 @@ def _slot(reply: Sequence[Any]) -> SlotAnswer:
     return SlotAnswer(bool(granted), int(cap), int(in_use), int(wait[0]) if wait else 0)
 
 
+def _settled(row: Sequence[Any]) -> Settled:
+    kind = _text(row[0])
+    if kind in ("committed", "repeated"):
+        return _committed(row)
+    if kind in ("retry", "dead"):
+        return _failed(row)
+    if kind == "released":
+        return Released(int(row[1]))
+    if kind == "renewed":
+        return Renewed(int(row[1]), int(row[2]))
+    return ResponseError(_text(row[1]))
+
+
+def _effect(reply: Sequence[Any]) -> EffectRecorded:
+    key = _text(reply[2]) if len(reply) > 2 else ""
+    return EffectRecorded(_text(reply[0]), _text(reply[1]), key)
+
+
 DECODERS: dict[str, Callable[[Any], Any]] = {
     "add_items": lambda reply: [bool(flag) for flag in reply],
     "claim": grant,
@@ -174,7 +207,8 @@ DECODERS: dict[str, Callable[[Any], Any]] = {
     "create_run": lambda reply: RunCreated(bool(reply[0]), int(reply[1]), int(reply[2])),
     "run_transition": lambda reply: Transition(bool(reply[0]), _text(reply[1]), int(reply[2])),
     "release_lock": bool,
-    "record_effect": lambda reply: EffectRecorded(_text(reply[0]), _text(reply[1])),
+    "record_effect": _effect,
+    "settle": lambda rows: [_settled(row) for row in rows],
     "slot_acquire": _slot,
     "slot_release": lambda reply: SlotReleased(int(reply[0]), bool(reply[1])),
 }

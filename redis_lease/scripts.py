@@ -29,6 +29,7 @@ KEY_COUNTS: dict[str, int] = {
     "claim_next": 7,
     "renew": 7,
     "commit": 7,
+    "settle": 7,
     "fail": 7,
     "release": 7,
     "reap": 7,
@@ -203,41 +204,57 @@ class Scripts:
 
         A :class:`Command` rides along in the same round trip; its reply is redis-py's.
 
-        The pipeline loads missing scripts before it runs; calls that still meet
-        NOSCRIPT (the scripts were flushed in between) are sent again, so a
-        ``SCRIPT FLUSH`` costs a reload, never an error. Connection errors raise.
+        Scripts go out as plain ``EVALSHA`` (no ``SCRIPT EXISTS`` first); calls that meet
+        NOSCRIPT (a new server, or the scripts were flushed) are loaded and sent again, up
+        to ``NOSCRIPT_RETRIES`` times, so a ``SCRIPT FLUSH`` costs a reload, never an error.
+        Connection errors raise.
         """
         replies: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
+        # One operation per call for the observers, however often NOSCRIPT sends it again
+        # (a call refused with NOSCRIPT did not run).
+        watches: dict[int, _Watch] = {}
+        if _OBSERVERS:
+            for index, call in enumerate(calls):
+                if isinstance(call, Call):
+                    watches[index] = _Watch(call.name, call.keys, call.args)
         for attempt in range(NOSCRIPT_RETRIES + 1):
             pipe = self.client.pipeline(transaction=False)
-            watches: dict[int, _Watch] = {}
             for index in todo:
                 call = calls[index]
                 if isinstance(call, Command):
                     pipe.execute_command(*call.args)  # type: ignore[no-untyped-call]
                 else:
-                    if _OBSERVERS:
-                        watches[index] = _Watch(call.name, call.keys, call.args)
-                    self._scripts[call.name](keys=call.keys, args=call.args, client=pipe)
+                    sha = self._scripts[call.name].sha
+                    pipe.evalsha(sha, len(call.keys), *call.keys, *call.args)
             try:
                 answers = pipe.execute(raise_on_error=False) if todo else []
             except BaseException as error:
-                for watch in watches.values():
-                    watch.unanswered(error)
+                for index in todo:
+                    if index in watches:
+                        watches[index].unanswered(error)
                 raise
-            retry = []
+            retry: list[int] = []
+            missing: set[str] = set()
             for index, answer in zip(todo, answers, strict=True):
                 call = calls[index]
-                if isinstance(answer, NoScriptError) and attempt < NOSCRIPT_RETRIES:
+                if (
+                    isinstance(call, Call)
+                    and isinstance(answer, NoScriptError)
+                    and (attempt < NOSCRIPT_RETRIES)
+                ):
                     retry.append(index)
-                elif isinstance(answer, redis.ResponseError) or isinstance(call, Command):
+                    missing.add(call.name)
+                    continue
+                if isinstance(answer, redis.ResponseError) or isinstance(call, Command):
                     replies[index] = answer
                 else:
                     replies[index] = DECODERS[call.name](answer)
                 if index in watches:
-                    watches[index].answered(replies[index] if index not in retry else answer)
+                    watches[index].answered(replies[index])
             if not retry:
                 break
+            for name in sorted(missing):
+                self.client.script_load(self._scripts[name].script)
             todo = retry
         return replies

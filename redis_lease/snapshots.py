@@ -1,8 +1,11 @@
 """A run's status, read from its record and every shard in one round trip.
 
-Each shard answers with one consistent snapshot (``shard_status.lua``) on the
-server clock; the run's counts are their sums and its ages come from the first
-entries of the shards' time indexes: O(shards), whatever the run's size.
+Plain reads in one ``MULTI``/``EXEC``, so every shard is read at the same instant of
+the server clock (``TIME`` inside it): per shard its counters (``HGETALL``), the
+sizes of its three state indexes (``ZCARD``) and the first entries of its time
+indexes (``ZRANGE 0 0``). The run's counts are their sums and its ages come from
+those first entries: O(shards), whatever the run's size. No script and no meta hash
+(``shard_status.lua`` gives the same per shard to clients in other languages).
 """
 
 from __future__ import annotations
@@ -15,8 +18,6 @@ import redis
 
 from .connection import as_text
 from .lease import COUNT_STATES, RunStatus
-from .replies import Snapshot
-from .scripts import Call, Command
 
 if TYPE_CHECKING:
     from .store import LeaseStore
@@ -33,31 +34,44 @@ class ShardSnapshot:
     now: int
 
 
+#: The reads of one shard, in order, after its counters.
+_PER_SHARD = 7
+
+
 def read(store: LeaseStore, run_id: str) -> tuple[dict[str, str], list[ShardSnapshot]]:
     """The run's record and a snapshot of each of its shards, in one round trip."""
     count = store.shard_count(run_id)
-    calls: list[Call | Command] = [Command(("HGETALL", store.keys.run(run_id)))]
-    for shard in range(count):
-        calls.append(Call("shard_status", store.keys.shard(run_id, shard), []))
-        calls.append(Command(("ZRANGE", store.keys.effects(run_id, shard)[1], 0, 0, "WITHSCORES")))
     with store.errors(run_id):
-        info_raw, *replies = store.scripts.many(calls)
-    for reply in [info_raw, *replies]:
+        pipe = store.client.pipeline(transaction=True)
+        pipe.time()
+        pipe.hgetall(store.keys.run(run_id))
+        for shard in range(count):
+            _meta, counts, _items, due, leases, held, dead = store.keys.shard(run_id, shard)
+            pipe.hgetall(counts)
+            pipe.zcard(due)
+            pipe.zcard(leases)
+            pipe.zcard(dead)
+            pipe.zrange(due, 0, 0, withscores=True)
+            pipe.zrange(held, 0, 0, withscores=True)
+            pipe.zrange(store.keys.effects(run_id, shard)[1], 0, 0, withscores=True)
+        replies = pipe.execute(raise_on_error=False)
+    for reply in replies:
         if isinstance(reply, redis.ResponseError):
             raise store.translate(reply, run_id)
-    snapshots = [
-        _shard(reply, unknown) for reply, unknown in zip(replies[::2], replies[1::2], strict=True)
-    ]
+    (seconds, micros), info_raw, *shards = replies
+    now = int(seconds) * 1000 + int(micros) // 1000
+    snapshots = [_shard(now, shards[i : i + _PER_SHARD]) for i in range(0, len(shards), _PER_SHARD)]
     return {as_text(k): as_text(v) for k, v in info_raw.items()}, snapshots
 
 
-def _shard(reply: Snapshot, unknown: list[Any]) -> ShardSnapshot:
-    counts = dict(reply.counts)
+def _shard(now: int, reads: list[Any]) -> ShardSnapshot:
+    counters, pending, leased, dead, first_due, first_held, first_unknown = reads
+    counts = {as_text(name): int(value) for name, value in counters.items()}
+    counts.update(pending=int(pending), leased=int(leased), dead=int(dead))
     for state in COUNT_STATES:
         counts.setdefault(state, 0)
-    first_unknown = _first_score(unknown)
     return ShardSnapshot(
-        counts, reply.first_due_ms, reply.first_held_ms, first_unknown, reply.now_ms
+        counts, _first_score(first_due), _first_score(first_held), _first_score(first_unknown), now
     )
 
 

@@ -17,14 +17,19 @@ from .connection import translate as translate_error
 from .errors import InvalidInput, LeaseError, LeaseLost, NotClaimable, NotFound, RedisUnavailable
 from .keys import Keys, shard_of
 from .lease import (
+    TEXT_SUFFIXES,
     CommitOutcome,
     CommitRequest,
     FailOutcome,
+    FailRequest,
     Item,
     ItemRecord,
     Lease,
+    ReleaseRequest,
     RunStatus,
+    SettleRequest,
     effect_record,
+    read_items,
 )
 from .limits import (
     ADD_BATCH_MAX,
@@ -40,8 +45,8 @@ from .limits import (
     SHARD_COUNT_MAX,
     SWEEP_MAX,
 )
-from .replies import Committed, Grant
-from .scripts import Call, Scripts
+from .replies import Committed, Failed, Grant
+from .scripts import Call, Command, Scripts
 from .validation import (
     check_id,
     check_lease,
@@ -221,21 +226,31 @@ class LeaseStore:
     def item(self, run_id: str, item_id: str) -> ItemRecord:
         """The stored record of an item; raises NotFound."""
         shard = self.shard_for(run_id, item_id)
+        fields = [item_id, *(item_id + suffix for suffix in TEXT_SUFFIXES.values())]
         with self.errors(run_id, item_id):
-            raw = self.client.hget(self.keys.shard(run_id, shard)[2], item_id)
+            raw, result, error = self.client.hmget(self.keys.shard(run_id, shard)[2], fields)
         if raw is None:
             raise NotFound(
                 f"item {item_id!r} not found in run {run_id!r}", run_id=run_id, item_id=item_id
             )
-        return ItemRecord.from_record(run_id, item_id, shard, raw)
+        return ItemRecord.from_record(run_id, item_id, shard, raw, result, error)
 
     def items(self, run_id: str, shard: int) -> Iterator[ItemRecord]:
         """Every item record of one shard (HSCAN: cursor-based, never blocks Redis)."""
+        fields: dict[str, Any] = {}
         with self.errors(run_id):
-            for item_id, raw in self.client.hscan_iter(
+            for field_name, raw in self.client.hscan_iter(
                 self.keys.shard(run_id, shard)[2], count=500
             ):
-                yield ItemRecord.from_record(run_id, as_text(item_id), shard, raw)
+                fields[as_text(field_name)] = raw
+        for item_id, rec in read_items(fields).items():
+            yield ItemRecord.from_record(
+                run_id,
+                item_id,
+                shard,
+                fields[item_id],
+                *(rec.get(name) for name in TEXT_SUFFIXES),
+            )
 
     # -- leases ---------------------------------------------------------------
 
@@ -320,30 +335,29 @@ class LeaseStore:
         return _replace(lease, expires_at_ms=renewed.expires_at_ms)
 
     def renew_many(self, leases: Sequence[Lease], ttl: float = DEFAULT_TTL) -> list[Lease | None]:
-        """Renews several leases in one round trip; None where a lease was lost."""
+        """Renews several leases in one round trip, one script call per shard; None where a
+        lease was lost."""
+        return self.renew_with(leases, ttl)[0]
+
+    def renew_with(
+        self, leases: Sequence[Lease], ttl: float = DEFAULT_TTL, commands: Sequence[Command] = ()
+    ) -> tuple[list[Lease | None], list[Any]]:
+        """:meth:`renew_many` with plain commands in the same round trip (a heartbeat, a
+        read); returns the leases (None where lost) and the commands' raw replies."""
         ttl_ms = ttl_to_ms(ttl)
-        if not leases:
-            return []
-        calls = [
-            Call(
-                "renew",
-                self.keys.shard(lease.run_id, lease.shard),
-                [lease.item_id, lease.token, lease.lease_id, ttl_ms],
-            )
-            for lease in leases
-        ]
-        with self.errors():
-            replies = self.scripts.many(calls)
+        for lease in leases:
+            check_lease(lease)
+        groups = [("renew", lease, ttl_ms, "") for lease in leases]
+        answers = self._settle(groups, commands=commands)
         renewed: list[Lease | None] = []
-        for lease, reply in zip(leases, replies, strict=True):
-            if isinstance(reply, redis.ResponseError):
-                error = self.translate(reply, lease.run_id, lease.item_id, lease.token)
-                if not isinstance(error, (LeaseLost, NotFound)):
-                    raise error
+        for lease, reply in zip(leases, answers, strict=False):
+            if isinstance(reply, LeaseError):
+                if not isinstance(reply, (LeaseLost, NotFound)):
+                    raise reply
                 renewed.append(None)
             else:
                 renewed.append(_replace(lease, expires_at_ms=reply.expires_at_ms))
-        return renewed
+        return renewed, answers[len(leases) :]
 
     def commit(
         self,
@@ -374,32 +388,102 @@ class LeaseStore:
         (LeaseLost, ConditionFailed, ...); a request that is not valid (a result that
         is not JSON or too large, a bad token) gets its InvalidInput and is not sent.
         """
-        outcomes: list[CommitOutcome | LeaseError | None] = [None] * len(requests)
-        sent: list[int] = []
-        calls: list[Call] = []
+        answers = self.settle_many(requests)
+        return [a for a in answers if isinstance(a, CommitOutcome | LeaseError)]
+
+    def settle_many(
+        self, requests: Sequence[SettleRequest]
+    ) -> list[CommitOutcome | FailOutcome | LeaseError | None]:
+        """Commits, fails and releases several items in one round trip, each fenced on its own.
+
+        The requests of one shard go in one script call (a commit with guarded writes
+        goes alone). Returns, per request, its CommitOutcome, FailOutcome, None for a
+        release, or the LeaseError that refused it (LeaseLost, NotFound, ConditionFailed);
+        a request that is not valid gets its InvalidInput and is not sent.
+        """
+        outcomes: list[CommitOutcome | FailOutcome | LeaseError | None] = [None] * len(requests)
+        groups: list[tuple[str, Lease, Any, Any]] = []
+        grouped: list[int] = []
+        guarded: list[tuple[int, Lease, Call]] = []
         for index, request in enumerate(requests):
-            lease = request.lease
             try:
-                check_lease(lease)
-                extra, args = self._commit_args(request)
+                check_lease(request.lease)
+                if isinstance(request, CommitRequest) and (request.conditions or request.writes):
+                    guarded.append((index, request.lease, self._guarded_call(request)))
+                else:
+                    groups.append(_settle_group(request))
+                    grouped.append(index)
             except InvalidInput as invalid:
                 outcomes[index] = invalid
-                continue
-            keys = self.keys.shard(lease.run_id, lease.shard) + extra
-            calls.append(Call("commit", keys, [lease.item_id, lease.token, lease.lease_id, *args]))
-            sent.append(index)
-        with self.errors():
-            replies = self.scripts.many(calls) if calls else []
-        for index, reply in zip(sent, replies, strict=True):
-            if isinstance(reply, redis.ResponseError):
-                lease = requests[index].lease
-                error = self.translate(reply, lease.run_id, lease.item_id, lease.token)
-                if not isinstance(error, LeaseError) or isinstance(error, RedisUnavailable):
-                    raise error  # the server refused the user or went away: not one item's fault
-                outcomes[index] = error
-            else:
+        replies = self._settle(groups, [(lease, call) for _, lease, call in guarded])
+        for index, reply in zip(grouped + [i for i, _, _ in guarded], replies, strict=True):
+            if isinstance(reply, Committed):
                 outcomes[index] = _commit_outcome(reply)
-        return [outcome for outcome in outcomes if outcome is not None]
+            elif isinstance(reply, Failed):
+                outcomes[index] = FailOutcome(reply.state, reply.eligible_at_ms, reply.attempts)
+            elif isinstance(reply, LeaseError):
+                outcomes[index] = reply
+        return outcomes
+
+    def _guarded_call(self, request: CommitRequest) -> Call:
+        lease = request.lease
+        extra, args = self._commit_args(request)
+        keys = self.keys.shard(lease.run_id, lease.shard) + extra
+        return Call("commit", keys, [lease.item_id, lease.token, lease.lease_id, *args])
+
+    def _settle(
+        self,
+        groups: Sequence[tuple[str, Lease, Any, Any]],
+        alone: Sequence[tuple[Lease, Call]] = (),
+        commands: Sequence[Command] = (),
+    ) -> list[Any]:
+        """Sends the settle groups (operation, lease, detail, option), one call per shard
+        (at most BATCH_MAX groups each), the ``alone`` calls (each with the lease it is
+        about) and plain ``commands``, in one round trip.
+
+        Returns per group, then per ``alone`` call, its decoded reply or its LeaseError,
+        then per command its raw reply; raises when the server refused the user or went
+        away (not one item's fault).
+        """
+        by_shard: dict[tuple[str, int], list[int]] = {}
+        for index, (_, lease, _, _) in enumerate(groups):
+            by_shard.setdefault((lease.run_id, lease.shard), []).append(index)
+        calls: list[Call | Command] = []
+        members: list[list[int]] = []
+        for (run_id, shard), indexes in by_shard.items():
+            for start in range(0, len(indexes), BATCH_MAX):
+                chunk = indexes[start : start + BATCH_MAX]
+                flat: list[Any] = []
+                for i in chunk:
+                    op, lease, detail, option = groups[i]
+                    flat += [op, lease.item_id, lease.token, lease.lease_id, detail, option]
+                calls.append(Call("settle", self.keys.shard(run_id, shard), flat))
+                members.append(chunk)
+        calls.extend(call for _, call in alone)
+        calls.extend(commands)
+        if not calls:
+            return []
+        with self.errors():
+            replies = self.scripts.many(calls)
+        answers: list[Any] = [None] * (len(groups) + len(alone))
+        for call_index, reply in enumerate(replies[: len(replies) - len(commands)]):
+            if call_index < len(members):
+                rows = reply if isinstance(reply, list) else [reply] * len(members[call_index])
+                for i, row in zip(members[call_index], rows, strict=True):
+                    answers[i] = self._answer(row, groups[i][1])
+            else:
+                lease = alone[call_index - len(members)][0]
+                answers[len(groups) + call_index - len(members)] = self._answer(reply, lease)
+        return answers + replies[len(replies) - len(commands) :]
+
+    def _answer(self, reply: Any, lease: Lease) -> Any:
+        """A settle row or a reply, with an error reply as its LeaseError."""
+        if not isinstance(reply, redis.ResponseError):
+            return reply
+        error = self.translate(reply, lease.run_id, lease.item_id, lease.token)
+        if not isinstance(error, LeaseError) or isinstance(error, RedisUnavailable):
+            raise error  # the server refused the user or went away: not one item's fault
+        return error
 
     def _commit_args(self, request: CommitRequest) -> tuple[list[str], list[Any]]:
         """The guarded keys and the commit script's arguments after the holder's three."""
@@ -412,9 +496,7 @@ class LeaseStore:
 
     def fail(self, lease: Lease, error: str, *, permanent: bool = False) -> FailOutcome:
         """Reports a failed attempt: retried with backoff, or dead. Raises LeaseLost."""
-        if not isinstance(error, str) or not error.strip():
-            raise InvalidInput("an error text is required; say what failed")
-        text = clip(error, ERROR_MAX_BYTES)
+        text = _error_text(error)
         failed = self._holder_script(
             "fail", lease, [text, "1" if permanent else "0", f"{random.random():.6f}"]
         )
@@ -452,14 +534,31 @@ class LeaseStore:
 
         An applied record is final: it is returned unchanged. Raises LeaseLost.
         """
+        recorded = self._effect_script(lease, key, name, state, detail)
+        return recorded.previous, effect_record(recorded.record)
+
+    def begin_effect(
+        self, lease: Lease, key: str, name: str, earlier_key: str = ""
+    ) -> tuple[str, dict[str, Any], str]:
+        """Records the intent of an effect unless an attempt is open; one round trip.
+
+        Returns (previous state, record, key used). The record is returned unchanged when
+        it is applied, intended or unknown (``previous`` is then its state and nothing was
+        written); ``earlier_key`` is used instead of ``key`` when only it holds this item's
+        effect. Raises LeaseLost.
+        """
+        recorded = self._effect_script(lease, key, name, "intended", None, "1", earlier_key)
+        return recorded.previous, effect_record(recorded.record), recorded.key or key
+
+    def _effect_script(self, lease: Lease, key: str, name: str, state: str, detail: Any,
+                       fresh: str = "", earlier_key: str = "") -> Any:  # fmt: skip
         detail_text = encode_json(detail, "effect detail")
-        recorded = self._holder_script(
+        return self._holder_script(
             "record_effect",
             lease,
-            [key, name, state, detail_text],
+            [key, name, state, detail_text, fresh, earlier_key],
             extra_keys=self.keys.effects(lease.run_id, lease.shard),
         )
-        return recorded.previous, effect_record(recorded.record)
 
     def effect(self, run_id: str, item_id: str, key: str) -> dict[str, Any] | None:
         """The effect record ``key`` of an item, or None."""
@@ -541,6 +640,28 @@ class LeaseStore:
             return [as_text(r) for r in self.client.zrange(self.keys.runs, 0, -1)]
 
 
+def _error_text(error: str) -> str:
+    if not isinstance(error, str) or not error.strip():
+        raise InvalidInput("an error text is required; say what failed")
+    return clip(error, ERROR_MAX_BYTES)
+
+
+def _settle_group(request: SettleRequest) -> tuple[str, Lease, Any, Any]:
+    """A request as a settle group (operation, lease, detail, option); raises InvalidInput."""
+    if isinstance(request, CommitRequest):
+        result_text = encode_json(request.result, "result")
+        label = check_id(request.outcome, "outcome") if request.outcome else ""
+        return ("commit", request.lease, result_text, label)
+    if isinstance(request, FailRequest):
+        option = "permanent" if request.permanent else f"{random.random():.6f}"
+        return ("fail", request.lease, _error_text(request.error), option)
+    if isinstance(request, ReleaseRequest):
+        delay_ms = delay_to_ms(request.delay) if request.delay else 0
+        return ("release", request.lease, delay_ms, "")
+    raise InvalidInput(f"cannot settle a {type(request).__name__}; use CommitRequest, "
+                       "FailRequest or ReleaseRequest")  # fmt: skip
+
+
 def _commit_outcome(reply: Committed) -> CommitOutcome:
     return CommitOutcome(
         token=reply.token,
@@ -556,4 +677,11 @@ def _replace(lease: Lease, **changes: Any) -> Lease:
     return replace(lease, **changes)
 
 
-__all__ = ["CommitRequest", "LeaseError", "LeaseStore", "effect_record"]
+__all__ = [
+    "CommitRequest",
+    "FailRequest",
+    "LeaseError",
+    "LeaseStore",
+    "ReleaseRequest",
+    "effect_record",
+]

@@ -339,8 +339,8 @@ def _publish_need(
         capacity.measured_of(store, status),
         status.unfinished,
         (deadline_ms - now_ms) / 1000 if deadline_ms else None,
-        spare_nodes=getattr(opts, "spare_nodes", 0),
-        workers_per_node=getattr(opts, "workers_per_node", 1),
+        spare_nodes=opts.spare_nodes,
+        workers_per_node=opts.workers_per_node,
     )
     fields: dict[Any, Any] = {
         "workers_needed": UNKNOWN if need.workers is None else str(need.workers),

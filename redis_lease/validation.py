@@ -62,12 +62,24 @@ def check_id(value: str, what: str = "id") -> str:
     return value
 
 
-def _depth(value: Any) -> int:
-    """The nesting depth of a JSON value (0 for a scalar), counted without recursion."""
+#: Whole numbers every JSON reader on the server side takes (64-bit); larger ones go as text.
+INT_RANGE = (-(2**63), 2**63 - 1)
+
+
+def _depth(value: Any, what: str = "value") -> int:
+    """The nesting depth of a JSON value (0 for a scalar), counted without recursion.
+
+    Raises InvalidInput for a whole number outside 64 bits (some server-side JSON
+    readers refuse it, others round it)."""
     deepest, stack = 0, [(value, 0)]
     while stack:
         node, level = stack.pop()
-        if isinstance(node, dict | list):
+        if isinstance(node, int) and not isinstance(node, bool):
+            if not INT_RANGE[0] <= node <= INT_RANGE[1]:
+                raise InvalidInput(
+                    f"{what} holds the whole number {node}, outside 64 bits; send it as a string"
+                )
+        elif isinstance(node, dict | list):
             deepest = max(deepest, level + 1)
             children = node.values() if isinstance(node, dict) else node
             stack.extend((child, level + 1) for child in children)
@@ -81,7 +93,7 @@ def _too_deep(what: str) -> InvalidInput:
 def encode_json(value: Any, what: str = "payload", limit: int = JSON_MAX_BYTES) -> str:
     """Encodes ``value`` as compact JSON text no larger than ``limit`` bytes."""
     try:
-        if _depth(value) > JSON_MAX_DEPTH:
+        if _depth(value, what) > JSON_MAX_DEPTH:
             raise _too_deep(what)
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         size = stored_size(text)  # a lone surrogate cannot be encoded: a UnicodeEncodeError

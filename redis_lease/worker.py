@@ -1,20 +1,25 @@
-"""Working one shard: claim in batches, run the handler under a kept lease, commit or fail.
+"""Working one shard: claim in batches, run handlers under kept leases, commit or fail.
 
 :func:`process_shard` is the RQ job function. :func:`work_shard` does the work
-and can be called without RQ. While a handler runs, a
+and can be called without RQ; it runs up to ``concurrency`` handlers at once
+(:mod:`redis_lease.pool`). While handlers run, a
 :class:`~redis_lease.keeper.LeaseKeeper` thread renews the process's leases
 (conditional on their tokens) and beats the shard job's heartbeat; a lease that
-cannot be renewed is marked lost.
+cannot be renewed is marked lost, which stops its handler.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import os
+import queue
 import signal
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
@@ -23,7 +28,7 @@ from typing import Any
 import redis
 from rq import get_current_job
 
-from . import dispatch
+from . import capacity, dispatch
 from .connection import describe, eviction_danger, redis_errors, resilient
 from .errors import (
     ConditionFailed,
@@ -37,10 +42,11 @@ from .errors import (
     Throttled,
 )
 from .guards import Condition, Write
-from .jobs import Job, load_job
+from .jobs import Job, check_concurrency, load_job
 from .keeper import ActiveLease, LeaseKeeper
-from .lease import CommitOutcome, CommitRequest, Item
+from .lease import CommitRequest, FailRequest, ReleaseRequest, SettleRequest
 from .limits import DEFAULT_PREFIX
+from .pool import Finished, Pool, make_pool
 from .store import LeaseStore
 
 log = logging.getLogger("redis_lease.worker")
@@ -49,6 +55,13 @@ __all__ = ["ActiveLease", "LeaseKeeper", "Outcome", "ShardReport", "process_shar
 
 #: Seconds before an item released for want of a provider slot is due again.
 SLOT_RETRY_DELAY = 1.0
+#: The longest the shard loop waits for a handler before it looks at the stop request again.
+_STOP_POLL = 0.05
+#: A settlement to send and the report's counter its success adds to; None: nothing to send.
+_Settlement = tuple[SettleRequest, str] | None
+#: The environment variable through which ``redis-lease worker --concurrency N`` reaches
+#: its job processes; it overrides the jobs' ``concurrency`` option.
+CONCURRENCY_ENV = "REDIS_LEASE_CONCURRENCY"
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,10 @@ class ShardReport:
     errors: list[str] = field(default_factory=list)
     #: Items left to their lease expiry after an error while settling them.
     abandoned: int = 0
+    #: Handlers run (ended, whatever their outcome).
+    handled: int = 0
+    #: The summed wall time of those handlers, in seconds.
+    handler_seconds: float = 0.0
 
 
 def work_shard(
@@ -88,75 +105,187 @@ def work_shard(
     budget: float,
     stop: threading.Event,
     keeper: LeaseKeeper,
+    concurrency: int | None = None,
 ) -> ShardReport:
     """Claims and handles the shard's due items until drained, stopped or out of budget.
 
-    Commits are sent together, in one round trip, at the end of each batch or
-    once the oldest waits ``commit_interval`` seconds; until then their leases
-    are kept renewed. On a stop request the current item is finished, the
-    waiting commits are sent, and the claimed items not yet started are
-    released, so that they are claimable at once.
+    Up to ``concurrency`` handlers (default: the job's option) run at once:
+    plain handlers on threads, ``async def`` handlers on one event loop. More
+    items are claimed (``batch_size`` at most per claim) while fewer than
+    ``concurrency`` are running or waiting. Commits are sent together, in one
+    round trip, when nothing is left to start or once the oldest waits
+    ``commit_interval`` seconds; until then their leases are kept renewed. On a
+    stop request the running handlers are finished, the waiting commits sent,
+    and the claimed items not yet started released, so that they are
+    claimable at once.
     """
     if job.handle_item is None:
         raise LeaseError(f"job {job.name!r} has no handler; decorate one with @job.handler")
+    size = job.options.concurrency if concurrency is None else check_concurrency(concurrency)
     report = ShardReport()
-    ttl, ends = job.options.lease_ttl, time.monotonic() + budget
-    pending = _PendingCommits(store, keeper, report, job.options.commit_interval)
-    while not stop.is_set() and time.monotonic() < ends:
-        try:
-            leases = store.claim_next(
-                run_id, worker, shard=shard, limit=job.options.batch_size, ttl=ttl
-            )
-        except RunClosed:
-            report.closed = True
-            return report
-        if not leases:
-            report.drained = True
-            return report
-        batch = [ActiveLease(store, lease, ttl) for lease in leases]
-        for active in batch:
-            keeper.hold(active)
-        for index, active in enumerate(batch):
-            if stop.is_set() or time.monotonic() >= ends:
-                pending.flush()
-                report.stopped = stop.is_set()
-                _release(store, keeper, batch[index:], report)
-                return report
-            pending.flush_due()  # a finished item's commit does not wait on a slow handler
-            request = _handle(store, job, active, report) if not active.lost else None
-            if request is None:  # handled (failed, released) or its lease was lost while waiting
-                keeper.drop(active)
-            else:
-                pending.add(active, request)
-        pending.flush()
-    report.stopped = stop.is_set()
+    pool = make_pool(job.handle_item, size)
+    shard_loop = _ShardLoop(store, job, run_id, shard, worker, keeper, pool, size, report)
+    try:
+        shard_loop.run(stop, time.monotonic() + budget)
+    finally:
+        pool.close()
+        shard_loop.settle_finished()  # handlers that ended while the loop was leaving
+        shard_loop.pending.flush()
     return report
 
 
+class _ShardLoop:
+    """The claim, start, settle loop of one pass over a shard."""
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        job: Job,
+        run_id: str,
+        shard: int,
+        worker: str,
+        keeper: LeaseKeeper,
+        pool: Pool,
+        size: int,
+        report: ShardReport,
+    ) -> None:
+        self.store, self.job, self.run_id, self.shard = store, job, run_id, shard
+        self.worker, self.keeper, self.pool, self.size = worker, keeper, pool, size
+        self.report = report
+        self.pending = _PendingCommits(store, keeper, report, job.options.commit_interval)
+        self.waiting: deque[ActiveLease] = deque()
+        self.running = 0
+
+    def run(self, stop: threading.Event, ends: float) -> None:
+        """Works until drained, closed, stopped or ``ends`` (monotonic)."""
+        report, pending, waiting = self.report, self.pending, self.waiting
+        exhausted = False  # the last claim found nothing due
+        while not stop.is_set() and time.monotonic() < ends:
+            if not exhausted and self.running + len(waiting) < self.size:
+                try:
+                    exhausted = not self._claim()
+                except RunClosed:
+                    report.closed = True
+                    break
+            while waiting and self.running < self.size:
+                if stop.is_set() or time.monotonic() >= ends:
+                    break
+                pending.flush_due()  # a finished item's commit does not wait on a slow handler
+                self._start(waiting.popleft())
+            if not self.running and not waiting:
+                pending.flush()
+                if exhausted:
+                    report.drained = True
+                    return
+                continue
+            if self.running >= self.size or exhausted:
+                # Wait for a handler to end, waking to send due commits and to see a stop.
+                timeout = min(pending.due_in(), _STOP_POLL, max(0.0, ends - time.monotonic()))
+                if self._settle_next(timeout):
+                    exhausted = False
+            self.settle_finished()
+            pending.flush_due()
+        report.stopped = stop.is_set()
+        self._release_waiting()
+        while self.running:  # finish what has started
+            self._settle_next(min(pending.due_in(), _STOP_POLL))
+            pending.flush_due()
+
+    def _claim(self) -> bool:
+        """Claims up to ``batch_size`` items; True when some were due."""
+        ttl = self.job.options.lease_ttl
+        leases = self.store.claim_next(
+            self.run_id, self.worker, shard=self.shard, limit=self.job.options.batch_size, ttl=ttl
+        )
+        for lease in leases:
+            active = ActiveLease(self.store, lease, ttl)
+            self.keeper.hold(active)
+            self.waiting.append(active)
+        return bool(leases)
+
+    def _start(self, active: ActiveLease) -> None:
+        if active.lost:  # lost while waiting to start
+            self.keeper.drop(active)
+            return
+        self.running += 1
+        self.pool.start(active)
+        if self.size == 1:  # an inline handler has ended by now: settle it before going on
+            self.settle_finished()
+
+    def _settle_next(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds for a handler to end and settles it."""
+        try:
+            finished = (
+                self.pool.done.get(timeout=timeout) if timeout > 0 else self.pool.done.get_nowait()
+            )
+        except queue.Empty:
+            return False
+        self._settle(finished)
+        return True
+
+    def settle_finished(self) -> None:
+        """Settles every handler that has ended."""
+        while True:
+            try:
+                finished = self.pool.done.get_nowait()
+            except queue.Empty:
+                return
+            self._settle(finished)
+
+    def _settle(self, finished: Finished) -> None:
+        self.running -= 1
+        self.report.handled += 1
+        self.report.handler_seconds += finished.seconds
+        active = finished.active
+        settlement = _outcome(active, finished.answer, finished.error)
+        if settlement is None:  # the lease was lost: the item is another holder's
+            self.keeper.drop(active)
+            assert isinstance(finished.error, LeaseLost)
+            _stale(active, self.report, finished.error)
+        else:
+            self.pending.add(active, *settlement)
+
+    def _release_waiting(self) -> None:
+        """Gives back claimed items that were not started (claimable at once), with the
+        waiting settlements in one round trip."""
+        waiting, self.waiting = list(self.waiting), deque()
+        for active in waiting:
+            self.pending.waiting.append((active, ReleaseRequest(active.lease), "released"))
+        self.pending.flush()
+
+
 class _PendingCommits:
-    """Commits waiting to be sent together; their leases stay with the keeper meanwhile."""
+    """Settlements (commits, fails, releases) waiting to be sent together in one round trip;
+    their leases stay with the keeper meanwhile."""
 
     def __init__(
         self, store: LeaseStore, keeper: LeaseKeeper, report: ShardReport, interval: float
     ) -> None:
         self.store, self.keeper, self.report, self.interval = store, keeper, report, interval
-        self.waiting: list[tuple[ActiveLease, CommitRequest]] = []
+        #: (lease, request, the report's counter its success adds to)
+        self.waiting: list[tuple[ActiveLease, SettleRequest, str]] = []
         self.oldest = 0.0
 
-    def add(self, active: ActiveLease, request: CommitRequest) -> None:
-        """Queues a commit; sends the queue when its oldest has waited long enough."""
+    def add(self, active: ActiveLease, request: SettleRequest, counter: str) -> None:
+        """Queues a settlement; sends the queue when its oldest has waited long enough."""
         if not self.waiting:
             self.oldest = time.monotonic()
-        self.waiting.append((active, request))
+        self.waiting.append((active, request, counter))
         self.flush_due()
 
+    def due_in(self) -> float:
+        """Seconds until the waiting settlements are due (infinite when none wait)."""
+        if not self.waiting:
+            return math.inf
+        return max(0.0, self.oldest + self.interval - time.monotonic())
+
     def flush_due(self) -> None:
-        """Sends the waiting commits once the oldest has waited ``interval`` seconds."""
+        """Sends the waiting settlements once the oldest has waited ``interval`` seconds."""
         if self.waiting and time.monotonic() - self.oldest >= self.interval:
             self.flush()
 
     def flush(self) -> None:
-        """Sends every waiting commit in one round trip and settles each answer.
+        """Sends every waiting settlement in one round trip and settles each answer.
 
         When the round trip fails (Redis gone past the retries) the items are
         left to their lease expiry; the job goes on.
@@ -165,64 +294,56 @@ class _PendingCommits:
             return
         waiting, self.waiting = self.waiting, []
         try:
-            answers: list[CommitOutcome | LeaseError] = self.store.commit_many(
-                [request for _, request in waiting]
-            )
+            answers = self.store.settle_many([request for _, request, _ in waiting])
         except LeaseError as error:
             answers = [error] * len(waiting)
-        for (active, _request), answer in zip(waiting, answers, strict=True):
+        for (active, request, counter), answer in zip(waiting, answers, strict=True):
             self.keeper.drop(active)
-            self._settle_answer(active, answer)
+            self._settle_answer(active, request, counter, answer)
 
-    def _settle_answer(self, active: ActiveLease, answer: CommitOutcome | LeaseError) -> None:
+    def _settle_answer(
+        self, active: ActiveLease, request: SettleRequest, counter: str, answer: Any
+    ) -> None:
         report = self.report
+        commit = isinstance(request, CommitRequest)
         if isinstance(answer, LeaseLost):
             _stale(active, report, answer)
-        elif isinstance(answer, InvalidInput):  # e.g. a result that is not JSON: no retry mends it
+        elif commit and isinstance(answer, InvalidInput):  # e.g. a result that is not JSON
             if _settle(self.store.fail, active, report, f"permanent: {answer}", permanent=True):
                 report.failed += 1
-        elif isinstance(answer, ConditionFailed):
+        elif commit and isinstance(answer, ConditionFailed):
             # What the handler read changed before the commit: back at once, read again.
             if _settle(self.store.release, active, report):
                 report.released += 1
         elif isinstance(answer, LeaseError):
-            _abandon(active, report, "commit", answer)
+            action = type(request).__name__.removesuffix("Request").lower()
+            _abandon(active, report, action, answer)
         else:
-            report.committed += 1
+            setattr(report, counter, getattr(report, counter) + 1)
 
 
-def _handle(
-    store: LeaseStore, job: Job, active: ActiveLease, report: ShardReport
-) -> CommitRequest | None:
-    """Runs the handler; returns the commit to send, or None when the item was settled."""
-    assert job.handle_item is not None
-    lease = active.lease
-    try:
-        answer = job.handle_item(Item(lease.item_id, lease.payload), active)
-    except PermanentError as error:
-        if _settle(store.fail, active, report, f"permanent: {error}", permanent=True):
-            report.failed += 1
+def _outcome(active: ActiveLease, answer: Any, error: BaseException | None) -> _Settlement:
+    """What a handler's answer or error asks for: a settlement and its counter, or None
+    when the lease was lost (the item is another holder's: nothing to write)."""
+    if error is None:
+        if isinstance(answer, Outcome):
+            request = CommitRequest(
+                active.lease, answer.result, answer.conditions, answer.writes, answer.label
+            )
+            return request, "committed"
+        return CommitRequest(active.lease, answer), "committed"
+    if not isinstance(error, (Exception, asyncio.CancelledError)):
+        raise error  # KeyboardInterrupt, SystemExit: not the item's doing
+    if isinstance(error, LeaseLost):
         return None
-    except LeaseLost as error:
-        _stale(active, report, error)
-        return None
-    except Throttled as error:  # not the item's fault: back later, attempt not counted
-        if _settle(store.release, active, report, delay=error.delay_ms / 1000):
-            report.throttled += 1
-        return None
-    except SlotTimeout:
-        if _settle(store.release, active, report, delay=SLOT_RETRY_DELAY):
-            report.throttled += 1
-        return None
-    except Exception as error:  # the handler is user code: any failure is a failed attempt
-        if _settle(store.fail, active, report, f"{type(error).__name__}: {error}"):
-            report.failed += 1
-        return None
-    if isinstance(answer, Outcome):
-        return CommitRequest(
-            active.lease, answer.result, answer.conditions, answer.writes, answer.label
-        )
-    return CommitRequest(active.lease, answer)
+    if isinstance(error, PermanentError):
+        return FailRequest(active.lease, f"permanent: {error}", permanent=True), "failed"
+    if isinstance(error, Throttled):  # not the item's fault: back later, attempt not counted
+        return ReleaseRequest(active.lease, error.delay_ms / 1000), "throttled"
+    if isinstance(error, SlotTimeout):
+        return ReleaseRequest(active.lease, SLOT_RETRY_DELAY), "throttled"
+    # The handler is user code: any other failure is a failed attempt.
+    return FailRequest(active.lease, f"{type(error).__name__}: {error}"), "failed"
 
 
 def _settle(
@@ -267,16 +388,6 @@ def _abandon(active: ActiveLease, report: ShardReport, action: str, error: Excep
     )
 
 
-def _release(
-    store: LeaseStore, keeper: LeaseKeeper, batch: list[ActiveLease], report: ShardReport
-) -> None:
-    """Gives back claimed items that were not started (claimable at once)."""
-    for active in batch:
-        keeper.drop(active)
-        if _settle(store.release, active, report):
-            report.released += 1
-
-
 def worker_name(rq_job_id: str) -> str:
     """A lease owner name: host, process and RQ job."""
     host = "".join(c if c.isalnum() or c in "-._" else "-" for c in socket.gethostname())
@@ -303,16 +414,18 @@ def process_shard(
     _log_danger(store)
     stop = threading.Event()
     beat_key = store.keys.run_beat(run_id, rq_job.id)
+    name = rq_job.worker_name
     keeper = LeaseKeeper(
         store,
         job.options.lease_ttl,
         beat_key=beat_key,
-        stop_check=lambda: _worker_stopping(store, rq_job.worker_name),
+        stop_flag=(f"rq:worker:{name}", "shutdown_requested_date") if name else None,
     )
     keeper.on_stop_requested = stop.set
     keeper.beat()
     restore = _drain_on_sigterm(stop)
     keeper.start()
+    started = time.monotonic()
     try:
         report = work_shard(
             store,
@@ -323,7 +436,9 @@ def process_shard(
             budget=job.options.shard_budget,
             stop=stop,
             keeper=keeper,
+            concurrency=concurrency_override(),
         )
+        _record_pass(store, run_id, report, time.monotonic() - started)
         if not report.drained and not report.closed:
             dispatch.enqueue_shard(
                 store, job_path, job.options.queue, run_id, shard, job.options.shard_budget
@@ -344,19 +459,37 @@ def process_shard(
         "abandoned": report.abandoned,
         "stopped": report.stopped,
         "drained": report.drained,
+        "handled": report.handled,
+        "handler_seconds": round(report.handler_seconds, 6),
     }
 
 
+def _record_pass(store: LeaseStore, run_id: str, report: ShardReport, busy: float) -> None:
+    """Adds the pass's handler count and times to the run's measured capacity (best effort).
+
+    A pass that handled nothing is not recorded: its idle time would drag the rate down.
+    """
+    if not report.handled:
+        return
+    try:
+        capacity.record_pass(store, run_id, report.handled, report.handler_seconds, busy)
+    except RedisLeaseError as error:
+        log.warning("could not record the pass of run %r: %s", run_id, error)
+
+
 def _forget_job(store: LeaseStore, run_id: str, rq_id: str, beat_key: str) -> None:
-    """Removes the job's heartbeat and its entry among the run's jobs.
+    """Removes the job's heartbeat and its entries among the run's jobs (one round trip).
 
     Best effort: when Redis is gone, the heartbeat expires by itself and the
     tick forgets the entry of a job that is not live.
     """
     try:
         with redis_errors(store.url, run_id=run_id):
-            store.client.delete(beat_key)
-            store.client.hdel(store.keys.run_jobs(run_id), rq_id)
+            pipe = store.client.pipeline(transaction=False)
+            pipe.delete(beat_key)
+            pipe.hdel(store.keys.run_jobs(run_id), rq_id)
+            pipe.hdel(store.keys.run_jobs_missing(run_id), rq_id)
+            pipe.execute()
     except RedisLeaseError as error:
         log.warning("could not remove the heartbeat of job %s of run %r: %s", rq_id, run_id, error)
 
@@ -377,12 +510,18 @@ def _log_danger(store: LeaseStore) -> None:
         log.error("danger: Redis at %s: %s", store.url, danger)
 
 
-def _worker_stopping(store: LeaseStore, name: str | None) -> bool:
-    """True when the RQ worker running this job recorded a warm shutdown request."""
-    if not name:
-        return False
-    with redis_errors(store.url):
-        return bool(store.client.hget(f"rq:worker:{name}", "shutdown_requested_date"))
+def concurrency_override() -> int | None:
+    """The worker's ``--concurrency`` (from :data:`CONCURRENCY_ENV`), or None when not given."""
+    raw = os.environ.get(CONCURRENCY_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInput(
+            f"{CONCURRENCY_ENV}={raw!r} is not a whole number; give --concurrency N"
+        ) from None
+    return check_concurrency(value)
 
 
 def _drain_on_sigterm(stop: threading.Event) -> Callable[[], None]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -11,6 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redis_lease import LeaseStore
+from redis_lease.lease import read_items
 from redis_lease.metrics import LeaseCollector
 
 
@@ -60,6 +60,18 @@ def dump_key(client: redis.Redis, key: str) -> Any:
     return (kind, None)
 
 
+def stable_dump(client: redis.Redis, key: Any) -> Any:
+    """A key's content as raw bytes, equal whenever the content is: DUMP, except that a hash
+    or a set is read as sorted fields or members (a DUMP of a hash table follows its bucket
+    order, which a read may change while the table is being rehashed)."""
+    kind = client.type(key)
+    if kind == b"hash":
+        return (kind, sorted(client.hgetall(key).items()))  # type: ignore[union-attr]
+    if kind == b"set":
+        return (kind, sorted(client.smembers(key)))  # type: ignore[arg-type]
+    return client.dump(key)
+
+
 def keys_under(client: redis.Redis, prefix: str) -> list[str]:
     """Every key name under ``prefix:``, sorted."""
     return sorted(text(k) for k in client.scan_iter(match=f"{prefix}:*", count=1000))
@@ -72,7 +84,7 @@ def snapshot(client: redis.Redis, prefix: str) -> dict[str, Any]:
 
 def records(client: redis.Redis, items_key: str) -> dict[str, dict[str, Any]]:
     """The decoded item records of one shard's items hash."""
-    return {text(k): json.loads(v) for k, v in client.hgetall(items_key).items()}
+    return read_items(client.hgetall(items_key))
 
 
 def scrape(store: LeaseStore) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -29,6 +29,7 @@ from redis_lease.capacity import (
 )
 from redis_lease.cli import app
 from redis_lease.errors import InvalidInput, NotFound
+from redis_lease.jobs import JobOptions
 from redis_lease.limits import DEFAULT_RETENTION_DAYS
 from redis_lease.runs import Runs
 
@@ -337,3 +338,11 @@ def test_from_run_takes_the_measured_rates(real_store: LeaseStore, redis_url: st
     fresh = runner.invoke(app, [*base, "--window", "1m", "--slo", "1m", "--from-run", "fresh"])
     assert fresh.exit_code == 2, fresh.output
     assert "has no recorded worker passes: give --per-worker" in fresh.stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("spare_nodes", -1), ("spare_nodes", 1001), ("workers_per_node", 0)]
+)
+def test_headroom_options_out_of_bounds_are_refused(field: str, value: int) -> None:
+    with pytest.raises(InvalidInput, match=field):
+        JobOptions(**{field: value})

@@ -1,7 +1,8 @@
 """A short seeded chaos run: faults mixed at random over real processes, each run checked.
 
 The seeds are fixed (``CHAOS_SEED``, ``CHAOS_ITERATIONS`` change them), so a
-failure here reproduces with ``make chaos N=1 SEED=<seed>``; the long soak and
+failure here reproduces with ``make chaos N=1 SEED=<seed>`` (at concurrency 16:
+``python -m tests.faults.chaos --concurrency 16 -n 1 --seed <seed>``); the long soak and
 its figures are in docs/testing.md.
 """
 
@@ -23,13 +24,19 @@ ITERATIONS = int(os.environ.get("CHAOS_ITERATIONS", "30"))
 ITEMS = 48
 
 
-def test_a_short_chaos_run_finds_no_violation(tmp_path: Path, prefix: str) -> None:
+@pytest.mark.parametrize("concurrency", [1, 16], ids=["c1", "c16"])
+def test_a_short_chaos_run_finds_no_violation(
+    tmp_path: Path, prefix: str, concurrency: int
+) -> None:
     require_faketime()  # two workers run on clocks hours off
-    with chaos_cluster(tmp_path, prefix, ITEMS, workers=4, skew=True) as cluster:
+    with chaos_cluster(
+        tmp_path, prefix, ITEMS, workers=4, skew=True, concurrency=concurrency
+    ) as cluster:
         chaos = Chaos(cluster)
         outcomes = [chaos.iteration(seed) for seed in range(FIRST_SEED, FIRST_SEED + ITERATIONS)]
     failures = [
-        f"seed {o.seed} (make chaos N=1 SEED={o.seed}): {o.violation}"
+        f"seed {o.seed} (python -m tests.faults.chaos -n 1 --seed {o.seed} "
+        f"--concurrency {concurrency}): {o.violation}"
         for o in outcomes
         if o.violation
     ]

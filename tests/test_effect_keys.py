@@ -149,18 +149,20 @@ def test_an_old_key_that_holds_another_effect_is_not_taken(store: LeaseStore) ->
     assert provider.calls == [idempotency_key(RUN, ITEM, EFFECT)]
 
 
-def test_the_ledger_is_read_in_one_round_trip(
+def test_an_effect_costs_two_round_trips(
     store: LeaseStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The intent is recorded by the call that reads the ledger: no read of its own."""
     lease = claim(store)
-    reads: list[str] = []
-    for command in ("hget", "hmget", "hgetall", "pipeline"):
+    store.client.script_load(store.scripts["record_effect"].script)  # a first call loads it
+    sent: list[str] = []
+    for command in ("hget", "hmget", "hgetall", "pipeline", "evalsha", "eval"):
         original = getattr(store.client, command)
 
         def spy(*args: Any, _name: str = command, _original: Any = original, **kw: Any) -> Any:
-            reads.append(_name)
+            sent.append(_name)
             return _original(*args, **kw)
 
         monkeypatch.setattr(store.client, command, spy)
     apply_effect(store, lease, EFFECT, Provider().call)
-    assert reads == ["hmget"]
+    assert sent == ["evalsha", "evalsha"]

@@ -32,6 +32,12 @@ from tests.faults.recorder import Op
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(params=[1, 16], ids=["c1", "c16"])
+def concurrency(request: pytest.FixtureRequest) -> int:
+    """Handlers each worker runs at once: the faults meet one at a time, and 16."""
+    return int(request.param)
+
+
 def done(c: Cluster, run_id: str) -> Callable[[], bool]:
     """A check: at least a quarter of the run's items are done."""
     return lambda: c.store.status(run_id).counts["done"] >= c.config.items // 4
@@ -84,13 +90,18 @@ def committed(ops: list[Op]) -> dict[str, int]:
 
 
 @pytest.fixture
-def settings() -> dict[str, Any]:
-    """A run of about 2 s: 48 items, 2 shards, 1.5 s leases, a provider taking 80 ms."""
+def settings(concurrency: int) -> dict[str, Any]:
+    """A run of about 2 s: 48 items, 2 shards, 1.5 s leases, a provider taking 80 ms.
+
+    With several handlers per worker: 8 times the items and calls 4 times slower,
+    so that the faults still come mid-run (a run of about 4 s).
+    """
+    items, latency = (48 * 8, 0.08 * 4) if concurrency > 1 else (48, 0.08)
     return {
-        "items": 48,
+        "items": items,
         "shards": 2,
         "ttl": 1.5,
-        "provider": ProviderState(honour_keys=False, latency=0.08),
+        "provider": ProviderState(honour_keys=False, latency=latency),
         "honours_keys": False,
     }
 
@@ -98,14 +109,16 @@ def settings() -> dict[str, Any]:
 # -- the server paused -------------------------------------------------------------------
 
 
-def test_redis_paused_past_the_leases(tmp_path: Path, prefix: str, settings: Any) -> None:
+def test_redis_paused_past_the_leases(
+    tmp_path: Path, prefix: str, settings: Any, concurrency: int
+) -> None:
     """SIGSTOP redis-server for 2.5 s (leases last 1.5 s), then SIGCONT.
 
     Its clock runs on while it is stopped: every lease held then has expired when
     it answers again, and the writes queued meanwhile must be refused. Breaks if
     one is accepted (an expired write) or the run does not recover.
     """
-    with Cluster(tmp_path / "c", prefix, workers=2, **settings) as c:
+    with Cluster(tmp_path / "c", prefix, concurrency=concurrency, workers=2, **settings) as c:
         c.wait_ready()
         run_id = c.start_run()
         c.drive(run_id, until=done(c, run_id))
@@ -122,7 +135,7 @@ def test_redis_paused_past_the_leases(tmp_path: Path, prefix: str, settings: Any
 
 
 def test_redis_killed_with_aof_always_loses_nothing(
-    tmp_path: Path, prefix: str, settings: Any
+    tmp_path: Path, prefix: str, settings: Any, concurrency: int
 ) -> None:
     """SIGKILL redis-server mid-run (``appendfsync always``) and restart it from its AOF.
 
@@ -130,7 +143,7 @@ def test_redis_killed_with_aof_always_loses_nothing(
     missing after the restart. Breaks if one is (then a token repeats, which the
     checker also reports without a loss window).
     """
-    with Cluster(tmp_path / "c", prefix, workers=2, **settings) as c:
+    with Cluster(tmp_path / "c", prefix, concurrency=concurrency, workers=2, **settings) as c:
         c.wait_ready()
         run_id = c.start_run()
         c.drive(run_id, until=done(c, run_id))
@@ -147,7 +160,7 @@ def test_redis_killed_with_aof_always_loses_nothing(
 
 @pytest.mark.parametrize("crash", ["process-kill", "power-loss"])
 def test_redis_with_aof_everysec_loses_at_most_the_last_second(
-    tmp_path: Path, prefix: str, settings: Any, crash: str
+    tmp_path: Path, prefix: str, settings: Any, crash: str, concurrency: int
 ) -> None:
     """``appendfsync everysec``: a process kill, or a power loss that keeps the disk as
     it was a second before (the server's files are copied then and restored).
@@ -160,9 +173,12 @@ def test_redis_with_aof_everysec_loses_at_most_the_last_second(
     power loss something does vanish, and the checker without the window sees it.
     """
     config = {"appendfsync": "everysec"}
-    settings["provider"] = ProviderState(latency=0.08)  # keys honoured: a lost ledger entry
+    latency = settings["provider"].latency  # keys honoured: a lost ledger entry
+    settings["provider"] = ProviderState(latency=latency)
     settings["honours_keys"] = True  # leaves only them to stop a second payout
-    with Cluster(tmp_path / "c", prefix, workers=2, redis_config=config, **settings) as c:
+    with Cluster(
+        tmp_path / "c", prefix, concurrency=concurrency, workers=2, redis_config=config, **settings
+    ) as c:
         c.wait_ready()
         run_id = c.start_run()
         c.drive(run_id, until=done(c, run_id))
@@ -200,7 +216,7 @@ def test_redis_with_aof_everysec_loses_at_most_the_last_second(
 
 
 def test_redis_restarted_empty_recreates_the_run(
-    tmp_path: Path, prefix: str, settings: Any
+    tmp_path: Path, prefix: str, settings: Any, concurrency: int
 ) -> None:
     """The server restarts with no data mid-run; the tick re-creates the run and says so.
 
@@ -211,7 +227,9 @@ def test_redis_restarted_empty_recreates_the_run(
     """
     settings["provider"] = ProviderState(latency=0.08)  # keys honoured: the ledger is gone
     settings["honours_keys"] = True
-    with Cluster(tmp_path / "c", prefix, workers=2, schedule="* * * * *", **settings) as c:
+    with Cluster(
+        tmp_path / "c", prefix, concurrency=concurrency, workers=2, schedule="* * * * *", **settings
+    ) as c:
         c.wait_ready()
         run_id = c.start_run()
         c.drive(run_id, until=done(c, run_id))
@@ -239,7 +257,7 @@ def test_redis_restarted_empty_recreates_the_run(
 
 @pytest.mark.parametrize("times", ["once", "storm"])
 def test_scripts_flushed_while_workers_run(
-    tmp_path: Path, prefix: str, settings: Any, times: str
+    tmp_path: Path, prefix: str, settings: Any, times: str, concurrency: int
 ) -> None:
     """SCRIPT FLUSH once, or every ~50 ms for 3 s, while the workers claim and commit.
 
@@ -247,7 +265,7 @@ def test_scripts_flushed_while_workers_run(
     own ticks: what is under test is the workers' side. Breaks if a flush loses
     or wedges an item, or a reloaded script runs twice where once was meant.
     """
-    with Cluster(tmp_path / "c", prefix, workers=2, **settings) as c:
+    with Cluster(tmp_path / "c", prefix, concurrency=concurrency, workers=2, **settings) as c:
         c.wait_ready()
         run_id = c.start_run()
         c.drive(run_id, until=done(c, run_id))
@@ -281,7 +299,9 @@ def test_scripts_flushed_while_workers_run(
 # -- an evicting memory policy -----------------------------------------------------------
 
 
-def test_evicting_policy_never_ends_succeeded(tmp_path: Path, prefix: str) -> None:
+def test_evicting_policy_never_ends_succeeded(
+    tmp_path: Path, prefix: str, concurrency: int
+) -> None:
     """``allkeys-lru`` with a maxmemory under the use: the LRU keys go, here item records.
 
     The run is planned and the items then left idle 2 s while every other key
@@ -290,7 +310,7 @@ def test_evicting_policy_never_ends_succeeded(tmp_path: Path, prefix: str) -> No
     with the loss counted. Breaks if it ends succeeded.
     """
     settings = {"items": 24, "shards": 3, "ttl": 1.5, "payload_bytes": 1500}
-    with Cluster(tmp_path / "c", prefix, workers=0, **settings) as c:
+    with Cluster(tmp_path / "c", prefix, concurrency=concurrency, workers=0, **settings) as c:
         run_id = c.start_run()
         c.drive(run_id, until=lambda: Runs(c.store).info(run_id)["state"] == "running")
         c.drive(run_id, until=for_a_while(2.2))  # the item records age (LRU clock: 1 s)

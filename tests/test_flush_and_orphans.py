@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from redis_lease import Item, LeaseStore
-from redis_lease.dispatch import MISSING_GRACE_MS
+from redis_lease.dispatch import MISSING_GRACE_MS, purge_queue
 from redis_lease.locks import lock
 from redis_lease.runs import Runs
 from redis_lease.tick import tick_job
@@ -112,3 +112,6 @@ def test_a_shard_job_lost_off_its_queue_is_dispatched_again(
     assert len(after) == 2 and sent[1] in after  # the waiting job still counts as live
     assert store.client.hlen(missing_key) == 0  # the dead one is forgotten
     assert runs.info(run_id)["state"] == "running"
+    # purging the queue also deletes the job left in RQ's intermediate list
+    purge_queue(store.client, config.queue)
+    assert not store.client.exists(f"{queue_key}:intermediate", f"rq:job:{sent[0]}")

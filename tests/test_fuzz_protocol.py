@@ -36,7 +36,7 @@ import redis
 from hypothesis import event, given
 
 from redis_lease import Item, LeaseStore, limits
-from redis_lease.lease import ItemRecord, effect_record
+from redis_lease.lease import TEXT_SUFFIXES, ItemRecord, effect_record
 from redis_lease.replies import DECODERS
 from redis_lease.scripts import KEY_COUNTS
 from tests.fuzz_values import (
@@ -49,7 +49,7 @@ from tests.fuzz_values import (
     valid_ids,
     value_for,
 )
-from tests.helpers import wait_past
+from tests.helpers import stable_dump, wait_past
 from tests.test_hostile_protocol import RUN, Scene, call, check_consistent
 from tests.test_registry import documented_errors, header
 
@@ -86,9 +86,10 @@ class FuzzScene(Scene):
         ]  # fmt: skip
 
     def snapshot(self) -> dict[bytes, tuple[Any, int]]:
-        """DUMP and PTTL of every key that starts with the prefix (``<prefix>x`` keys too)."""
+        """Content (helpers.stable_dump) and PTTL of every key that starts with the prefix
+        (``<prefix>x`` keys too)."""
         keys = sorted(self.client.scan_iter(match=f"{self.store.prefix}*", count=1000))
-        return {k: (self.client.dump(k), self.client.pttl(k)) for k in keys}
+        return {k: (stable_dump(self.client, k), self.client.pttl(k)) for k in keys}
 
     def counters(self) -> dict[bytes, dict[bytes, bytes]]:
         """The fields of every ``...:counts`` hash under the prefix."""
@@ -232,10 +233,13 @@ def assert_readable(client: redis.Redis, shard_keys: list[Any]) -> None:
     """Every item record and effect record of a shard parses with the store's readers."""
     items = shard_keys[2]
     base = items[: -len(":items")]
-    records: dict[bytes, bytes] = client.hgetall(items)  # type: ignore[assignment]
-    for item_id, raw in records.items():
+    fields: dict[bytes, bytes] = client.hgetall(items)  # type: ignore[assignment]
+    for item_id, raw in fields.items():
+        if b"#" in item_id:
+            continue  # an item's payload, result or error text
+        texts = [fields.get(item_id + suffix.encode()) for suffix in TEXT_SUFFIXES.values()]
         try:
-            ItemRecord.from_record(RUN, item_id.decode(), 0, raw)
+            ItemRecord.from_record(RUN, item_id.decode(), 0, raw, *texts)
         except ValueError as error:
             raise AssertionError(
                 f"record {item_id!r} unreadable ({error}): {raw[:200]!r}"

@@ -7,6 +7,7 @@ the cap again one step per full window, never past the max.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -250,3 +252,55 @@ def test_slot_of_a_killed_holder_expires(
         granted_at = server_ms(real_store.client)
     assert granted_at >= expiry  # the second slot became free when the dead one expired
     assert gate.state().in_use == 0
+
+
+def test_cap_holds_across_the_tasks_of_one_event_loop(real_store: LeaseStore) -> None:
+    """slot_async waits without blocking the loop: the other tasks go on; the cap holds."""
+    gate = ProviderGate(real_store, "bank", max_concurrency=3)
+    inside, peak, ticks = 0, 0, 0
+
+    async def caller() -> None:
+        nonlocal inside, peak
+        for _ in range(4):
+            async with gate.slot_async(wait=20):
+                inside += 1
+                peak = max(peak, inside)
+                await asyncio.sleep(0.01)  # the call's duration
+                inside -= 1
+
+    async def ticker(callers: asyncio.Future[Any]) -> None:
+        nonlocal ticks
+        while not callers.done():  # the loop stays free while callers wait for slots
+            ticks += 1
+            await asyncio.sleep(0.005)
+
+    async def main() -> None:
+        callers = asyncio.gather(*(caller() for _ in range(8)))
+        await asyncio.gather(callers, ticker(callers))
+
+    asyncio.run(main())
+    assert peak == 3
+    assert ticks >= 5
+    state = gate.state()
+    assert (state.in_use, state.counters["granted"], state.counters["successes"]) == (0, 32, 32)
+    assert state.counters["peak_in_use"] == 3
+
+
+def test_async_throttle_lowers_the_cap_and_times_out_without_a_slot(
+    real_store: LeaseStore,
+) -> None:
+    gate = ProviderGate(real_store, "bank", max_concurrency=4, min_concurrency=1)
+
+    async def main() -> None:
+        with pytest.raises(Throttled):
+            async with gate.slot_async(wait=5):
+                raise Throttled("429", retry_after=0)
+        async with gate.slot_async(wait=5), gate.slot_async(wait=5):
+            with pytest.raises(SlotTimeout):
+                async with gate.slot_async(wait=0.2):
+                    pass
+
+    asyncio.run(main())
+    state = gate.state()
+    # Halved to 2 (the third slot timed out), then a full window of 2 successes: 3.
+    assert (state.throttles, state.cap) == (1, 3)

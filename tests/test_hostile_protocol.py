@@ -22,8 +22,9 @@ import pytest
 import redis
 
 from redis_lease import Item, LeaseStore
+from redis_lease.lease import read_items
 from redis_lease.scripts import KEY_COUNTS
-from tests.helpers import text
+from tests.helpers import stable_dump, text
 from tests.test_registry import documented_errors
 
 RUN = "hostile"
@@ -91,6 +92,7 @@ class Scene:
             "claim_next": (self.shard, ["w2", "B2", 60000, 5]),
             "renew": (self.shard, [*holder, 60000]),
             "commit": ([*self.shard, self.guard], [*holder, '{"r":1}', cond, write, "ok"]),
+            "settle": (self.shard, ["renew", *holder, 60000, "", "commit", *holder, "{}", "ok"]),
             "fail": (self.shard, [*holder, "boom", "0", "0.5"]),
             "release": (self.shard, [*holder, 1000]),
             "reap": (self.shard, [100]),
@@ -106,9 +108,9 @@ class Scene:
         }
 
     def dump(self) -> dict[str, tuple[Any, int]]:
-        """DUMP and PTTL of every key under the store's prefix."""
+        """Content (helpers.stable_dump) and PTTL of every key under the store's prefix."""
         keys = sorted(text(k) for k in self.client.scan_iter(match=f"{self.store.prefix}:*"))
-        return {k: (self.client.dump(k), self.client.pttl(k)) for k in keys}
+        return {k: (stable_dump(self.client, k), self.client.pttl(k)) for k in keys}
 
 
 Mutation = Callable[[list[str], list[Any]], tuple[list[str], list[Any]]]
@@ -177,7 +179,7 @@ def mutations(name: str, arity: int) -> Iterator[Mutation]:
 def check_consistent(client: redis.Redis, shard_keys: list[str]) -> None:
     """Every record in exactly its state's index with a finite score; no orphan entries."""
     _meta, _counts, items, due, leases, held, dead = shard_keys
-    records = {text(k): json.loads(v) for k, v in client.hgetall(items).items()}
+    records = read_items(client.hgetall(items))
     index = {
         name: {text(m): s for m, s in client.zrange(key, 0, -1, withscores=True)}
         for name, key in (("pending", due), ("leased", leases), ("held", held), ("dead", dead))

@@ -46,7 +46,7 @@ def test_no_lease_is_granted_after_the_deadline_on_the_server_clock(store: Lease
     # A lease granted before the deadline may still commit; the commit is counted as late.
     assert store.commit(early, {"ok": 1}).repeated is False
     assert _counter(store, "r", "late_commits") == 1
-    assert json.loads(store.client.hget(store.keys.shard("r", 0)[2], "a"))["late"] is True
+    assert records(store.client, store.keys.shard("r", 0)[2])["a"]["late"] is True
 
 
 def test_set_deadline_moves_the_bar_and_zero_lifts_it(store: LeaseStore) -> None:
@@ -164,21 +164,26 @@ def test_noscript_inside_a_pipeline_reloads_and_sends_again(
     store.add("r", [Item("a"), Item("b")], shards=1)
     leases = [store.claim("r", i, "w") for i in ("a", "b")]
     store.client.script_flush()
-    original = Pipeline.load_scripts
-    skipped: list[int] = []
+    original = store.client.script_load
+    flushes: list[int] = []
 
-    def flushed_after_loading(self: Any) -> None:
-        if not skipped:  # the scripts vanish between the load and the run, once
-            skipped.append(1)
-            return
-        original(self)
+    def load_then_flush(script: Any) -> Any:
+        sha = original(script)
+        if not flushes:  # the scripts vanish between the reload and the resend, once
+            flushes.append(1)
+            store.client.script_flush()
+        return sha
 
-    monkeypatch.setattr(Pipeline, "load_scripts", flushed_after_loading)
+    def no_script_exists(self: Any) -> None:
+        raise AssertionError("a pipeline of scripts sent SCRIPT EXISTS")
+
+    monkeypatch.setattr(Pipeline, "load_scripts", no_script_exists)
+    monkeypatch.setattr(store.client, "script_load", load_then_flush)
     renewed = store.renew_many(leases, ttl=120)
-    assert skipped and all(lease is not None for lease in renewed)
+    assert flushes and all(lease is not None for lease in renewed)
     keys = store.keys.shard("r", 0)
     store.client.script_flush()
-    skipped.clear()
+    flushes.clear()
     [status] = store.scripts.many([Call("shard_status", keys, [])])
     assert status.counts["leased"] == 2
 

@@ -112,11 +112,12 @@ def test_add_items_flags_new_and_existing_and_sets_meta_once(sh: Shard) -> None:
     assert set(recs) == {"a", "b", "c"}
     assert recs["b"]["payload"] == '{"v":1}', "an existing item must be left alone"
     assert recs["c"]["payload"] == '{"v":2}'
-    for rec in recs.values():
+    due = sh.zset(sh.due_key)
+    assert set(due) == set(recs), "due at once, when added"
+    for item, rec in recs.items():
         assert rec["state"] == "pending"
-        assert before <= rec["added_at"] <= after
+        assert before <= due[item] <= after
         assert "token" not in rec and "attempts" not in rec
-    assert sh.zset(sh.due_key) == {i: float(recs[i]["added_at"]) for i in recs}
     for key in (sh.leases_key, sh.held_key, sh.dead_key):
         assert dump_key(sh.client, key) is None
     assert sh.counts() == {"pending": 3}
@@ -127,7 +128,7 @@ def test_add_items_flags_new_and_existing_and_sets_meta_once(sh: Shard) -> None:
         "backoff_base_ms": "1000",
         "backoff_cap_ms": "60000",
         "deadline_at": "0",
-        "created_at": str(recs["a"]["added_at"]),
+        "created_at": str(int(due["a"])),
     }
     assert int(text(sh.client.hget(sh.counts_key, "added"))) == 3, "added counts new items once"
 
@@ -260,9 +261,9 @@ def test_claim_next_takes_expired_leases_first_then_eligible_order_up_to_limit(
     sh.claim("m", ttl=30)
     first = sh.add("z")
     assert first == [1]
-    wait_past(sh.client, int(sh.record("z")["added_at"]))
+    wait_past(sh.client, int(sh.zset(sh.due_key)["z"]))
     sh.add("a")
-    assert sh.record("a")["added_at"] > sh.record("z")["added_at"]
+    assert sh.zset(sh.due_key)["a"] > sh.zset(sh.due_key)["z"]
     sh.expire("m")
 
     rows = sh.call("claim_next", "w2", "B", 60000, 2)
@@ -829,7 +830,8 @@ def test_shard_status_of_an_empty_shard(sh: Shard) -> None:
 
 def test_shard_status_reports_counts_first_due_and_oldest_lease(sh: Shard) -> None:
     sh.add("a", "b", "c")
-    wait_past(sh.client, int(sh.record("a")["added_at"]))
+    added_at = int(sh.zset(sh.due_key)["a"])
+    wait_past(sh.client, added_at)
     leased_at = sh.claim("b")[7]
     sh.claim("c", lease_id="L2")
     before = sh.snapshot()
@@ -837,7 +839,7 @@ def test_shard_status_reports_counts_first_due_and_oldest_lease(sh: Shard) -> No
     assert sh.snapshot() == before, "status only reads"
     pairs = dict(zip(counts[::2], map(int, counts[1::2]), strict=True))
     assert pairs == {"pending": 1, "leased": 2, "dead": 0, "claims": 2, "added": 3}
-    assert int(float(first_due)) == sh.record("a")["added_at"]
+    assert int(float(first_due)) == added_at
     assert int(float(first_held)) == leased_at
     assert now >= leased_at
     assert dict(zip(meta[::2], meta[1::2], strict=True)) == sh.meta()

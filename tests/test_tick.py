@@ -15,7 +15,7 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
@@ -25,7 +25,7 @@ from redis_lease import LeaseStore
 from redis_lease.capacity import record_pass
 from redis_lease.dispatch import live_jobs, queue
 from redis_lease.errors import InvalidInput, RunClosed
-from redis_lease.jobs import Job, JobOptions
+from redis_lease.jobs import Job
 from redis_lease.metrics import WORKERS_NEEDED, WORKERS_NEEDED_UNKNOWN
 from redis_lease.runs import PLAN_BATCH, Decision, Runs, to_ms
 from redis_lease.tick import tick
@@ -357,14 +357,6 @@ def test_burst_adds_shard_jobs_up_to_max_workers(
     assert_logged(runs, first + slow + later)
 
 
-@dataclass(frozen=True)
-class _SpareOptions(JobOptions):
-    """The job's options with capacity headroom (spare nodes of several workers)."""
-
-    spare_nodes: int = 1
-    workers_per_node: int = 2
-
-
 def test_tick_publishes_workers_needed_and_the_exporter_serves_it(
     real_store: LeaseStore, nightly: Configure, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -396,7 +388,7 @@ def test_tick_publishes_workers_needed_and_the_exporter_serves_it(
     assert samples[(WORKERS_NEEDED_UNKNOWN, (("job", "nightly"),))] == 0
 
     # With one spare node of two workers: 2 + 2.
-    monkeypatch.setattr(job, "options", _SpareOptions(**vars(job.options)))
+    monkeypatch.setattr(job, "options", replace(job.options, spare_nodes=1, workers_per_node=2))
     tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(minutes=31))
     assert scrape(real_store)[(WORKERS_NEEDED, (("job", "nightly"),))] == 4
 

@@ -88,8 +88,8 @@ end
 --   id    1 to id_length characters from A-Z a-z 0-9 _ - . : @ / + =
 --   id?   an id or '' (absent)
 --   text  UTF-8 text of at most the bound's highest number of bytes
---   json  UTF-8 JSON text (strict_json) of at most the bound's bytes, also as stored (escaped)
---         in a record
+--   json  UTF-8 JSON text (strict_json) of at most the bound's bytes, also as escaped inside a
+--         JSON string (the bound records of earlier versions needed; kept so the same texts pass)
 --   one   one of the words in `bound` (a table)
 local function check_value(kind, bound, raw)
   if type(raw) ~= 'string' then return nil, 'is missing' end
@@ -121,7 +121,7 @@ local function check_value(kind, bound, raw)
       if not pcall(cjson.decode, raw) or not strict_json(raw) then
         return nil, 'must be JSON text, at most ' .. LIMITS.bounds.json_depth[2] .. ' levels deep'
       end
-      local stored = #cjson.encode(raw) - 2  -- as it sits, escaped, in a record
+      local stored = #cjson.encode(raw) - 2  -- as escaped inside a JSON string
       if stored > most then return nil, 'is ' .. stored .. ' bytes as stored, over ' .. most end
     end
     return raw

@@ -8,44 +8,181 @@
 --                    deadline_at (ms, 0 = none), closed
 --   KEYS[2] counts   hash: done and the event counters (pending, leased, dead: ZCARD of due,
 --                    leases, dead); added, lost and late_commits keep a run's accounting
---   KEYS[3] items    hash: item id -> JSON record
+--   KEYS[3] items    hash: <item id> -> the record, packed as
+--                      state|token|attempts|lease id|owner|leased_at|expires_at|done_at|
+--                      outcome|late|payload
+--                    (times in ms; '' = none; the payload is the JSON text as given, last,
+--                    copied and never decoded here), and beside it <item id>#r -> result JSON,
+--                    <item id>#e -> error text ('#' is in no id).
+--                    A record written by an earlier version (a JSON object holding payload,
+--                    result and error) is read too and rewritten in this form when it changes.
 --   KEYS[4] due      zset: pending items by eligible-at (ms)
 --   KEYS[5] leases   zset: leased items by lease expiry (ms)
 --   KEYS[6] held     zset: leased items by lease start (ms)
 --   KEYS[7] dead     zset: dead items by time of death (ms)
+--
+-- Writes are staged and sent once per script (flush): one multi-member ZADD or ZREM per
+-- index, one HSET and one HDEL on items, one HINCRBY per counter. A script checks
+-- everything before flush, so a refused call writes nothing.
 -- @include "protocol.lua"
 local META, COUNTS, ITEMS, DUE, LEASES, HELD, DEAD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local INDEX = {pending = DUE, leased = LEASES, dead = DEAD}
 local SHARD_KEYS = {'meta', 'counts', 'items', 'due', 'leases', 'held', 'dead'}
+local RESULT, ERROR = '#r', '#e'
+local RECORD = '^(%l+)|(%d*)|(%d*)|([^|]*)|([^|]*)|(%d*)|(%d*)|(%d*)|([^|]*)|(%d*)|(.*)$'
 
-local function load(id)
-  local raw = rcall('HGET', ITEMS, id)
-  if not raw then return nil end
-  return cjson.decode(raw)
+-- -- staged writes ---------------------------------------------------------------------
+local staged_z = {}      -- index key -> {member -> score, or false to remove}
+local staged_h = {}      -- items field -> value, or false to delete
+local staged_n = {}      -- counter -> increment
+local cache = {}         -- item id -> record (false: none), as this call left it
+
+local function stage_z(key, member, score)
+  local t = staged_z[key]
+  if not t then t = {}; staged_z[key] = t end
+  t[member] = score
+end
+
+local function stage_h(field, value)
+  staged_h[field] = value
 end
 
 local function bump(counter, by)
-  rcall('HINCRBY', COUNTS, counter, by or 1)
+  staged_n[counter] = (staged_n[counter] or 0) + (by or 1)
 end
 
+-- Sends `list` as arguments of `cmd key ...`, a few thousand at a time (Lua's stack bound).
+local function multi(cmd, key, list)
+  for i = 1, #list, 4000 do
+    rcall(cmd, key, unpack(list, i, math.min(#list, i + 3999)))
+  end
+end
+
+local function flush()
+  for key, members in pairs(staged_z) do
+    local add, rem = {}, {}
+    for member, score in pairs(members) do
+      if score then add[#add + 1] = score; add[#add + 1] = member else rem[#rem + 1] = member end
+    end
+    if #rem > 0 then multi('ZREM', key, rem) end
+    if #add > 0 then multi('ZADD', key, add) end
+  end
+  local set, del = {}, {}
+  for field, value in pairs(staged_h) do
+    if value then set[#set + 1] = field; set[#set + 1] = value else del[#del + 1] = field end
+  end
+  if #del > 0 then multi('HDEL', ITEMS, del) end
+  if #set > 0 then multi('HSET', ITEMS, set) end
+  for counter, by in pairs(staged_n) do
+    if by ~= 0 then rcall('HINCRBY', COUNTS, counter, by) end
+  end
+  staged_z, staged_h, staged_n = {}, {}, {}
+end
+
+-- -- records ---------------------------------------------------------------------------
+local function decode(raw)
+  if raw:sub(1, 1) == '{' then  -- an earlier version's JSON record: its texts move out on put
+    local ok, rec = pcall(cjson.decode, raw)
+    if not ok or type(rec) ~= 'table' or type(rec.state) ~= 'string' then return nil end
+    rec.set_result, rec.set_error = rec.result or false, rec.error or false
+    return rec
+  end
+  local s, tok, att, lid, own, lat, exp, don, out, late, payload = raw:match(RECORD)
+  if not s then return nil end
+  return {state = s, token = tonumber(tok), attempts = tonumber(att),
+    lease_id = lid ~= '' and lid or nil, owner = own ~= '' and own or nil,
+    leased_at = tonumber(lat), expires_at = tonumber(exp), done_at = tonumber(don),
+    outcome = out ~= '' and out or nil,
+    late = late == '1' or nil, payload = payload ~= '' and payload or nil}
+end
+
+-- Numbers as text, each converted once per call: the items of a batch share their times.
+local number_texts = {}
+local function num(n)
+  if not n then return '' end
+  local s = number_texts[n]
+  if not s then s = tostring(n); number_texts[n] = s end
+  return s
+end
+
+local function encode(rec)
+  return table.concat({rec.state, num(rec.token), num(rec.attempts), rec.lease_id or '',
+    rec.owner or '', num(rec.leased_at), num(rec.expires_at), num(rec.done_at),
+    rec.outcome or '', rec.late and '1' or '', rec.payload or ''}, '|')
+end
+
+-- Reads the records of `ids` with one HMGET (and, with `texts`, each id's field `texts`,
+-- e.g. the result) into the cache. Returns the texts by id.
+local function prefetch(ids, texts)
+  local fields, texts_of = {}, {}
+  for _, id in ipairs(ids) do
+    if cache[id] == nil then
+      fields[#fields + 1] = id
+      if texts then fields[#fields + 1] = id .. texts end
+    end
+  end
+  if #fields == 0 then return texts_of end
+  local raws = {}
+  for i = 1, #fields, 4000 do
+    for _, raw in ipairs(rcall('HMGET', ITEMS, unpack(fields, i, math.min(#fields, i + 3999)))) do
+      raws[#raws + 1] = raw
+    end
+  end
+  local step = texts and 2 or 1
+  for i = 1, #fields, step do
+    local id, raw = fields[i], raws[i]
+    if cache[id] == nil then cache[id] = raw and decode(raw) or false end
+    if texts and raws[i + 1] then texts_of[id] = raws[i + 1] end
+  end
+  return texts_of
+end
+
+local function load(id)
+  if cache[id] == nil then prefetch({id}) end
+  return cache[id] or nil
+end
+
+-- One raw text of an item (payload, result or error), staged writes first.
+local function text_of(id, suffix)
+  local staged = staged_h[id .. suffix]
+  if staged ~= nil then return staged or nil end
+  return rcall('HGET', ITEMS, id .. suffix) or nil
+end
+
+-- -- the shard's settings, read once per call -------------------------------------------
+local meta_cache
+local function meta_of()
+  if not meta_cache then
+    local v = rcall('HMGET', META, 'closed', 'deadline_at', 'max_attempts', 'backoff_base_ms',
+      'backoff_cap_ms', 'run')
+    meta_cache = {closed = v[1], deadline_at = v[2], max_attempts = v[3], backoff_base_ms = v[4],
+      backoff_cap_ms = v[5], run = v[6]}
+  end
+  return meta_cache
+end
+
+local meta_numbers = {}
 local function meta_number(field)
-  local value = tonumber(rcall('HGET', META, field))
-  if finite(value) then return value end
-  return LIMITS.defaults[field] or 0
+  local value = meta_numbers[field]
+  if value then return value end
+  value = tonumber(meta_of()[field])
+  if not finite(value) then value = LIMITS.defaults[field] or 0 end
+  meta_numbers[field] = value
+  return value
 end
 
 local function run_name()
-  return rcall('HGET', META, 'run') or '?'
+  return meta_of().run or '?'
 end
 
 -- The bar on new leases: the shard is closed, or its deadline has passed (server clock).
 -- Returns nil, or the RUN_CLOSED error reply.
 local function barred(now)
-  local flags = rcall('HMGET', META, 'closed', 'deadline_at')
-  if flags[1] == '1' then
+  local meta = meta_of()
+  if meta.closed == '1' then
     return fail('RUN_CLOSED', 'run=' .. run_name() .. ' reason=closed deadline=0')
   end
-  local deadline = tonumber(flags[2]) or 0
+  local deadline = tonumber(meta.deadline_at) or 0
   if finite(deadline) and deadline > 0 and now >= deadline then
     return fail('RUN_CLOSED', 'run=' .. run_name() .. ' reason=deadline deadline=' .. deadline)
   end
@@ -55,7 +192,7 @@ end
 -- Lease expiry: the record's expires_at, written only by put() together with
 -- the leases index score, read only here.
 local function lease_expired(rec, now)
-  return rec.state == 'leased' and rec.expires_at <= now
+  return rec.state == 'leased' and (rec.expires_at or 0) <= now
 end
 
 -- The last attempt: an item that has been claimed max_attempts times.
@@ -63,29 +200,28 @@ local function out_of_attempts(rec)
   return (rec.attempts or 0) >= meta_number('max_attempts')
 end
 
--- Stores `rec` in `state`: the record with its new state first encoded and its
--- size checked (before any write), then the indexes moved and the record saved.
+-- Stages `rec` in `state`: the indexes moved, the record and its changed texts
+-- (rec.set_result, set_error: a text, or false to delete) saved.
 -- pending, leased and dead are counted by their indexes (ZCARD), done by the
 -- `done` counter. `score` is the index score: eligible-at for pending, time of
 -- death for dead, lease expiry for leased (the lease start is rec.leased_at).
--- Returns nil, or an INVALID error reply when nothing was written.
+-- Returns nil, or an INVALID error reply when nothing was staged.
 local function put(id, rec, state, score)
   local old = rec.state
   if state ~= 'done' and not finite(score) then return fail('INVALID', 'index score for ' .. id) end
   if state == 'leased' then rec.expires_at = score else rec.expires_at = nil end
   rec.state = state
-  local text = cjson.encode(rec)
-  if #text > LIMITS.bounds.record_bytes[2] then
-    rec.state = old
-    return fail('INVALID', 'item record ' .. id .. ' would be ' .. #text .. ' bytes, over '
-      .. LIMITS.bounds.record_bytes[2])
-  end
-  if INDEX[old] then rcall('ZREM', INDEX[old], id) end
-  if old == 'leased' then rcall('ZREM', HELD, id) end
+  if INDEX[old] and INDEX[old] ~= INDEX[state] then stage_z(INDEX[old], id, false) end
+  if old == 'leased' and state ~= 'leased' then stage_z(HELD, id, false) end
   if state == 'done' and old ~= 'done' then bump('done') end
-  if INDEX[state] then rcall('ZADD', INDEX[state], score, id) end
-  if state == 'leased' then rcall('ZADD', HELD, rec.leased_at, id) end
-  rcall('HSET', ITEMS, id, text)
+  if INDEX[state] then stage_z(INDEX[state], id, score) end
+  if state == 'leased' and (old ~= 'leased' or rec.regranted) then stage_z(HELD, id, rec.leased_at) end
+  rec.regranted = nil
+  if rec.set_result ~= nil then stage_h(id .. RESULT, rec.set_result ~= '' and rec.set_result) end
+  if rec.set_error ~= nil then stage_h(id .. ERROR, rec.set_error ~= '' and rec.set_error) end
+  rec.set_result, rec.set_error = nil, nil
+  stage_h(id, encode(rec))
+  cache[id] = rec
   return nil
 end
 
@@ -105,8 +241,7 @@ local function expire_lease(id, rec, now)
     bump('expired')
     return false
   end
-  rec.error = 'lease expired on the last attempt'
-  rec.updated_at = now
+  rec.set_error = 'lease expired on the last attempt'
   if not put(id, rec, 'dead', now) then bump('expired') end
   return true
 end
@@ -139,21 +274,20 @@ end
 
 -- Grants a new lease on `rec` (pending and due, or leased with an expired lease).
 -- The caller has checked the bar and counts the claims it granted.
--- Returns the claim reply row; an expired lease on its last attempt goes dead
--- instead and the function returns nil; nil and an error reply when the record
--- cannot be stored (nothing of it was written).
+-- Returns the claim reply row (with the payload text, '' for none); an expired lease
+-- on its last attempt goes dead instead and the function returns nil.
 local function grant(id, rec, worker, lease_id, ttl, now)
   local takeover = rec.state == 'leased'
   if takeover then
     if expire_lease(id, rec, now) then return nil end
     bump('takeovers')
+    rec.regranted = true
   end
   rec.token = (rec.token or 0) + 1
   rec.lease_id = lease_id
   rec.owner = worker
   rec.attempts = (rec.attempts or 0) + 1
   rec.leased_at = now
-  rec.updated_at = now
   local err = put(id, rec, 'leased', now + ttl)
   if err then return nil, err end
   return {id, rec.token, lease_id, rec.expires_at, rec.attempts, rec.payload or '', takeover and 1 or 0, now}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import date, datetime
 from typing import Annotated
@@ -10,12 +11,13 @@ import typer
 
 from ..connection import as_text, client_from_url
 from ..errors import InvalidInput
-from ..jobs import load_job, parse_duration
+from ..jobs import check_concurrency, load_job, parse_duration
 from ..output import error_line, print_json, print_table
 from ..runs import Runs
 from ..tick import TickResult
 from ..tick import tick as run_tick
 from ..validation import check_id
+from ..worker import CONCURRENCY_ENV
 from .app import JsonOpt, RunArg, Settings, app, open_store
 
 JobArg = Annotated[str, typer.Argument(help="A job's import path, package.module:attr.")]
@@ -114,26 +116,34 @@ def worker(
     ] = False,
     name: Annotated[str | None, typer.Option("--name", help="The RQ worker's name.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Log every RQ job.")] = False,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--concurrency",
+            help="Handlers each shard job runs at once (overrides the jobs' concurrency).",
+        ),
+    ] = None,
 ) -> None:
     """Start an RQ worker set up for redis-lease shard jobs (JSON serializer).
 
     Plain RQ works too: rq worker -u URL --serializer rq.serializers.JSONSerializer
     --job-class redis_lease.dispatch.JsonJob redis-lease
     """
-    from rq import SimpleWorker, Worker
     from rq.serializers import JSONSerializer
 
-    from ..dispatch import JsonJob, queue
+    from ..dispatch import JsonJob, LeaseWorker, SimpleLeaseWorker, queue
 
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     names = queues or ["redis-lease"]
     for queue_name in names:
         check_id(queue_name, "queue")
+    if concurrency is not None:  # read by the shard jobs, forked or not
+        os.environ[CONCURRENCY_ENV] = str(check_concurrency(concurrency))
     client = client_from_url(settings.url)
     store = open_store(ctx)
     with store.errors():
         store.client.ping()
-    worker_class = SimpleWorker if simple else Worker
+    worker_class = SimpleLeaseWorker if simple else LeaseWorker
     rq_worker = worker_class(
         [queue(client, n) for n in names],
         connection=client,

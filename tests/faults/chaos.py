@@ -15,7 +15,8 @@ storm. Faults that lose data on purpose (``everysec``, a restart without data,
 eviction) have their own tests in ``tests/test_faults_redis.py``.
 
 Run it with ``make chaos N=200 SEED=1`` (or ``python -m tests.faults.chaos``);
-a failing seed reproduces with ``make chaos N=1 SEED=<seed>``.
+a failing seed reproduces with ``make chaos N=1 SEED=<seed>``. With
+``--concurrency 16`` every worker runs 16 handlers at once.
 """
 
 from __future__ import annotations
@@ -282,12 +283,16 @@ class Chaos:
         return outcome
 
 
-def chaos_cluster(directory: Path, prefix: str, items: int, workers: int, skew: bool) -> Cluster:
-    """The cluster every iteration runs on (``skew``: two workers on skewed clocks)."""
+def chaos_cluster(
+    directory: Path, prefix: str, items: int, workers: int, skew: bool, concurrency: int = 1
+) -> Cluster:
+    """The cluster every iteration runs on (``skew``: two workers on skewed clocks;
+    ``concurrency``: handlers per worker at once)."""
     return Cluster(
         directory,
         prefix,
         workers=workers,
+        concurrency=concurrency,
         clocks=SKEWED_CLOCKS if skew else (),
         # The provider honours idempotency keys, as the promise needs: a holder paused
         # past its lease with its request on the way sends it late, and only the key
@@ -301,16 +306,19 @@ def chaos_cluster(directory: Path, prefix: str, items: int, workers: int, skew: 
     )
 
 
-def run(seed: int, iterations: int, items: int, workers: int, out: Path) -> int:
+def run(
+    seed: int, iterations: int, items: int, workers: int, out: Path, concurrency: int = 1
+) -> int:
     """Runs ``iterations`` seeds from ``seed``; prints each and a summary; 1 on a violation."""
     skew = faketime_library() is not None
     prefix = f"chaos-{uuid.uuid4().hex[:8]}"
     began = time.monotonic()
     outcomes: list[Outcome] = []
-    with chaos_cluster(out, prefix, items, workers, skew) as cluster:
+    with chaos_cluster(out, prefix, items, workers, skew, concurrency) as cluster:
         chaos = Chaos(cluster)
         print(
-            f"chaos: seeds {seed}..{seed + iterations - 1}, {items} items, {workers} workers, "
+            f"chaos: seeds {seed}..{seed + iterations - 1}, {items} items, {workers} workers "
+            f"of concurrency {concurrency}, "
             f"clock skew {'on ' + str(SKEWED_CLOCKS) if skew else 'off (libfaketime missing)'}",
             flush=True,
         )
@@ -348,15 +356,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", "-n", type=int, default=20)
     parser.add_argument("--items", type=int, default=48)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=1, help="handlers per worker at once")
     parser.add_argument("--dir", type=Path, default=None, help="keep the files here")
     args = parser.parse_args(argv)
     # SIGTERM ends the run like Ctrl-C: the cluster's processes and files go with it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
-        return run(args.seed, args.iterations, args.items, args.workers, args.dir)
+        return run(args.seed, args.iterations, args.items, args.workers, args.dir, args.concurrency)
     with tempfile.TemporaryDirectory(prefix="chaos-") as scratch:
-        return run(args.seed, args.iterations, args.items, args.workers, Path(scratch))
+        return run(
+            args.seed, args.iterations, args.items, args.workers, Path(scratch), args.concurrency
+        )
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@ A :class:`Cluster` owns everything one fault test (or a chaos run) needs:
 - a :class:`~tests.faults.proxy.Proxy` in front of it, through which every worker
   talks to Redis (the test's own :attr:`Cluster.store` goes direct);
 - the loopback payment provider (:class:`~redis_lease.demo.provider.ProviderServer`);
-- N ``redis-lease worker --simple`` processes running the effects job of
-  :mod:`tests.effect_jobs`, each recording its script calls into the history
-  directory, optionally on a clock skewed by libfaketime.
+- N ``redis-lease worker --simple`` processes (``--concurrency`` handlers each)
+  running the effects job of :mod:`tests.effect_jobs`, each recording its script
+  calls into the history directory, optionally on a clock skewed by libfaketime.
 
 Every fault method is small, acts at once and appends ``(seconds since start,
 kind, detail)`` to :attr:`Cluster.faults`. :meth:`Cluster.drive` ticks from the
@@ -114,6 +114,7 @@ class Cluster:
         redis_config: ``redis-server`` options over ``appendonly yes``,
             ``appendfsync always``.
         provider: the provider's state (default: one that honours idempotency keys).
+        concurrency: handlers each worker's shard job runs at once (``worker --concurrency``).
         settings: fields of :class:`~tests.effect_jobs.EffectConfig` (items, ttl, ...).
     """
 
@@ -126,9 +127,11 @@ class Cluster:
         clocks: Sequence[str] = (),
         redis_config: Mapping[str, str] | None = None,
         provider: ProviderState | None = None,
+        concurrency: int = 1,
         **settings: Any,
     ) -> None:
         self.directory, self.prefix = directory, prefix
+        self.concurrency = concurrency
         self.started = time.monotonic()
         #: (seconds since start, kind, detail) of every fault injected.
         self.faults: list[tuple[float, str, str]] = []
@@ -205,6 +208,8 @@ class Cluster:
                 PYTHONPATH=os.pathsep.join([str(FAKETIME_SITE), env.get("PYTHONPATH", "")]),
             )
         args = [*effect_jobs.WORKER_COMMAND, "--url", self.proxy.url, "worker", "--simple"]
+        if self.concurrency > 1:
+            args += ["--concurrency", str(self.concurrency)]
         with log.open("ab") as out:
             return subprocess.Popen(
                 [*args, "--queue", self.config.queue],

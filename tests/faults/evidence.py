@@ -8,7 +8,6 @@ of it after a run. :mod:`tests.faults.checker` judges it.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 from redis_lease import LeaseStore
 from redis_lease.connection import as_text
 from redis_lease.errors import NotFound
+from redis_lease.lease import read_items
 from redis_lease.runs import Runs
 from tests.faults.recorder import Op, read_lines, read_ops
 
@@ -91,10 +91,10 @@ def collect(
     marks: dict[str, set[int]] = defaultdict(set)
     client = store.client
     for shard in range(count):
-        for item, raw in client.hscan_iter(store.keys.shard(run_id, shard)[2], count=500):
-            rec = json.loads(raw)
+        fields = dict(client.hscan_iter(store.keys.shard(run_id, shard)[2], count=500))
+        for item, rec in read_items(fields).items():
             done_at = rec.get("done_at")
-            records[as_text(item)] = Record(
+            records[item] = Record(
                 rec["state"], int(rec.get("token", 0)), int(done_at) if done_at else None
             )
         for member in client.smembers(marks_key(store.prefix, run_id, shard)):

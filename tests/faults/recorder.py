@@ -6,8 +6,11 @@ writes are refusal counters; a call the client sent again after a reset may
 also end so when its first send had landed) or ``info`` (no reply: a reset or a
 timeout, so it may or may not have run). A process killed between ``invoke``
 and its end leaves the operation open, which the checker reads as ``info``.
-Each line carries the process, the key prefix, run, shard, item, token and
-lease id the call names, the worker's clock (``wall_ms``) and, when the reply
+A ``settle`` call (many items of a shard) is logged as one operation per item, named
+by the item's own operation (commit, fail, release, renew) and ended with the item's own
+reply row, so the checker sees per-item histories. A call sent again after NOSCRIPT is
+one operation (it did not run). Each line carries the process, the key prefix, run,
+shard, item, token and lease id the call names, the worker's clock (``wall_ms``) and, when the reply
 has one, the server's clock (``server_ms``).
 
 A process installs a recorder with :func:`install` (the fault job does it at
@@ -33,12 +36,14 @@ from typing import Any
 import redis
 
 from redis_lease import scripts
-from redis_lease.replies import Committed, EffectRecorded, Failed, Grant, Renewed
+from redis_lease.replies import Committed, EffectRecorded, Failed, Grant, Released, Renewed
 
 INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
 #: Scripts that take an item, a token and a lease id as ARGV[1..3].
 HOLDER_CALLS = ("renew", "commit", "fail", "release", "record_effect")
 _TAG = re.compile(r"\{(.*)#(\d+)\}")
+#: Arguments per item of a settle call (operation, item, token, lease id, detail, option).
+SETTLE_GROUP = 6
 
 
 def _text(value: Any) -> str:
@@ -91,6 +96,8 @@ def describe_reply(reply: Any) -> dict[str, Any]:
         return {"grants": [_grant(g) for g in reply], "server_ms": now}
     if isinstance(reply, Committed):
         return {"repeated": reply.repeated, "token": reply.token, "server_ms": reply.done_at_ms}
+    if isinstance(reply, Released):
+        return {"server_ms": reply.now_ms}
     if isinstance(reply, Renewed):
         return {"expires_ms": reply.expires_at_ms, "server_ms": reply.now_ms}
     if isinstance(reply, Failed):
@@ -119,27 +126,42 @@ class Recorder:
         with self._lock:
             os.write(self._fd, line.encode())
 
-    def sent(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> int:
-        """Logs the invoke; the ticket is the operation's number in this process."""
-        op = next(self._ids)
-        fields = {"process": self.process, "op": op, "type": INVOKE}
-        fields.update(describe_call(name, keys, args))
-        self._write({**fields, "wall_ms": int(time.time() * 1000)})
-        return op
+    def sent(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[bool, list[int]]:
+        """Logs the invoke; the ticket is the operations' numbers in this process: one, or
+        one per item of a batch (``settle``: each item's operation is its own)."""
+        calls = [(name, args)]
+        if name == "settle":
+            calls = [
+                (_text(args[i]), [args[i + 1], args[i + 2], args[i + 3], args[i + 4], args[i + 5]])
+                for i in range(0, len(args) - len(args) % SETTLE_GROUP, SETTLE_GROUP)
+            ]
+        ops = []
+        for op_name, op_args in calls:
+            op = next(self._ids)
+            fields = {"process": self.process, "op": op, "type": INVOKE}
+            fields.update(describe_call(op_name, keys, op_args))
+            self._write({**fields, "wall_ms": int(time.time() * 1000)})
+            ops.append(op)
+        return name == "settle", ops
 
-    def answered(self, ticket: int, reply: Any) -> None:
-        """Logs ``ok`` with the reply, or ``fail`` with the error reply."""
-        base = {"process": self.process, "op": ticket, "wall_ms": int(time.time() * 1000)}
-        if isinstance(reply, redis.ResponseError):
-            self._write({**base, "type": FAIL, "error": str(reply)[:500]})
-        else:
-            self._write({**base, "type": OK, **describe_reply(reply)})
+    def answered(self, ticket: tuple[bool, list[int]], reply: Any) -> None:
+        """Logs ``ok`` with the reply, or ``fail`` with the error reply (per item of a batch:
+        its own row, or the error that refused the whole call)."""
+        batch, ops = ticket
+        rows = reply if batch and isinstance(reply, list) else [reply] * len(ops)
+        for op, row in zip(ops, rows, strict=True):
+            base = {"process": self.process, "op": op, "wall_ms": int(time.time() * 1000)}
+            if isinstance(row, redis.ResponseError):
+                self._write({**base, "type": FAIL, "error": str(row)[:500]})
+            else:
+                self._write({**base, "type": OK, **describe_reply(row)})
 
-    def unanswered(self, ticket: int, error: BaseException) -> None:
+    def unanswered(self, ticket: tuple[bool, list[int]], error: BaseException) -> None:
         """Logs ``info``: the call may or may not have run."""
         detail = f"{type(error).__name__}: {error}"[:500]
-        base = {"process": self.process, "op": ticket, "wall_ms": int(time.time() * 1000)}
-        self._write({**base, "type": INFO, "error": detail})
+        for op in ticket[1]:
+            base = {"process": self.process, "op": op, "wall_ms": int(time.time() * 1000)}
+            self._write({**base, "type": INFO, "error": detail})
 
     def close(self) -> None:
         """Closes the file."""

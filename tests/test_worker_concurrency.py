@@ -1,0 +1,432 @@
+"""Concurrency inside a worker: N handlers of a shard job at once, each under its own lease.
+
+Real ``redis-lease worker --concurrency 16`` processes on a real Redis run 2,000
+items with a sleepy handler, thread and ``async def`` both: every item is
+committed exactly once (checked through the store and the effect ledger's
+counts), the number of handlers in flight never exceeds N, and SIGTERM mid-run
+loses nothing. In process: a lost lease cancels an async handler's task and
+raises LeaseLost in a thread handler at ``check()``, ``effect`` and ``renew``.
+
+Worker processes import :data:`threads_job` and :data:`async_job` from this
+module by path; ``CONC_QUEUE`` names their RQ queue and ``CONC_DELAY`` the
+handler's sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from redis_lease import LeaseStore
+from redis_lease.capacity import measured
+from redis_lease.dispatch import enqueue_shard
+from redis_lease.errors import InvalidInput, LeaseLost
+from redis_lease.jobs import Job, JobOptions
+from redis_lease.lease import Item
+from redis_lease.runs import Runs
+from redis_lease.worker import ActiveLease, LeaseKeeper, ShardReport, work_shard
+from tests.fleet_helpers import Processes, all_records, purge_queue, text, wait_for
+
+pytestmark = pytest.mark.slow
+
+THREADS_PATH = f"{__name__}:threads_job"
+ASYNC_PATH = f"{__name__}:async_job"
+ITEMS = 2000
+SHARDS = 2
+N = 16
+DELAY = float(os.environ.get("CONC_DELAY", "0.01"))
+
+#: Counts a handler in (ARGV[1] = 1) or out (-1); keeps the highest count seen.
+IN_FLIGHT = """
+local n = redis.call('INCRBY', KEYS[1], ARGV[1])
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+return n
+"""
+
+
+def _job(name: str) -> Job:
+    return Job(
+        name,
+        shards=SHARDS,
+        lease_ttl=10,
+        batch_size=20,
+        shard_budget=120,
+        max_attempts=5,
+        deadline="10m",
+        schedule="0 0 29 2 *",  # 29 February only: nothing falls due by itself
+        queue=os.environ.get("CONC_QUEUE", "rltest-concurrency"),
+    )
+
+
+threads_job = _job("conc-threads")
+async_job = _job("conc-async")
+
+
+def effects_key(prefix: str) -> str:
+    """The hash of provider calls per idempotency key (the test's fake provider)."""
+    return f"{prefix}:conc:effects"
+
+
+def started_key(prefix: str) -> str:
+    """The hash of handler starts per item id."""
+    return f"{prefix}:conc:started"
+
+
+def flight_keys(prefix: str, pid: int) -> list[str]:
+    """The in-flight count and its highest value of one worker process."""
+    return [f"{prefix}:conc:flight:{pid}", f"{prefix}:conc:flight-max:{pid}"]
+
+
+@threads_job.planner
+@async_job.planner
+def plan(business_date: date) -> Iterator[Item]:
+    """``ITEMS`` items."""
+    for n in range(ITEMS):
+        yield Item(f"item-{n:04d}", {"n": n})
+
+
+@threads_job.handler
+def handle_in_thread(item: Item, lease: ActiveLease) -> dict[str, Any]:
+    """Counts itself in flight, applies its effect, sleeps, answers with its token."""
+    client, prefix = lease.store.client, lease.store.prefix
+    flight = flight_keys(prefix, os.getpid())
+    client.hincrby(started_key(prefix), item.id, 1)
+    client.eval(IN_FLIGHT, 2, *flight, 1)
+    try:
+        lease.effect(
+            "pay", lambda key: client.hincrby(effects_key(prefix), key, 1), honours_keys=True
+        )
+        time.sleep(DELAY)
+    finally:
+        client.eval(IN_FLIGHT, 2, *flight, -1)
+    return {"pid": os.getpid(), "token": lease.token}
+
+
+@async_job.handler
+async def handle_async(item: Item, lease: ActiveLease) -> dict[str, Any]:
+    """The same as an ``async def`` handler: its effect through ``effect_async``."""
+    client, prefix = lease.store.client, lease.store.prefix
+    flight = flight_keys(prefix, os.getpid())
+    await asyncio.to_thread(client.hincrby, started_key(prefix), item.id, 1)
+    await asyncio.to_thread(client.eval, IN_FLIGHT, 2, *flight, 1)
+    try:
+
+        async def pay(key: str) -> int:
+            return int(await asyncio.to_thread(client.hincrby, effects_key(prefix), key, 1))
+
+        await lease.effect_async("pay", pay, honours_keys=True)
+        await asyncio.sleep(DELAY)
+    finally:
+        await asyncio.to_thread(client.eval, IN_FLIGHT, 2, *flight, -1)
+    return {"pid": os.getpid(), "token": lease.token}
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    """The test's processes; every one is killed at teardown."""
+    processes = Processes(tmp_path)
+    yield processes
+    processes.kill_all()
+
+
+@pytest.fixture
+def queue_name(real_store: LeaseStore) -> Iterator[str]:
+    """An RQ queue of this test's own, deleted with its jobs afterwards."""
+    name = f"{real_store.prefix}-q"
+    yield name
+    purge_queue(real_store.client, name)
+
+
+def planned_run(store: LeaseStore, job: Job, path: str, queue: str) -> str:
+    """Creates and plans the job's run and enqueues one shard job per shard."""
+    runs = Runs(store)
+    run_id, _ = runs.ensure(job, date(2031, 7, 1), runs.server_now())
+    assert runs.plan(job, run_id) == ITEMS
+    for shard in range(SHARDS):
+        enqueue_shard(store, path, queue, run_id, shard, job.options.shard_budget)
+    return run_id
+
+
+def worker_args(url: str, queue: str, *, simple: bool) -> list[str]:
+    """A burst ``redis-lease worker --concurrency N`` command line."""
+    args = ["-m", "redis_lease", "--url", url, "worker", "--queue", queue, "--burst"]
+    args += ["--concurrency", str(N)]
+    return [*args, "--simple"] if simple else args
+
+
+def assert_each_done_once(store: LeaseStore, run_id: str) -> None:
+    """Every item done by one commit under its last token, its effect applied once."""
+    status = store.status(run_id)
+    assert status.counts == {"pending": 0, "leased": 0, "done": ITEMS, "dead": 0}
+    assert status.events["commits"] == ITEMS
+    records = list(all_records(store, run_id))
+    assert len(records) == ITEMS
+    for record in records:
+        assert record.result["token"] == record.token, record
+    calls = store.client.hgetall(effects_key(store.prefix))
+    assert len(calls) == ITEMS, "one effect key per item"
+    assert {int(v) for v in calls.values()} == {1}, "each effect sent once"
+    ledger = [record for _, record in store.effects(run_id)]
+    assert len(ledger) == ITEMS
+    assert {r["state"] for r in ledger} == {"applied"}
+
+
+def max_in_flight(store: LeaseStore) -> dict[int, int]:
+    """The highest number of handlers in flight at once, per worker process."""
+    found = {}
+    for key in store.client.scan_iter(match=f"{store.prefix}:conc:flight-max:*"):
+        found[int(text(key).rsplit(":", 1)[1])] = int(store.client.get(key) or 0)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("path", "simple"),
+    [(THREADS_PATH, False), (ASYNC_PATH, True)],
+    ids=["threads-forking-worker", "async-simple-worker"],
+)
+def test_concurrency_16_commits_each_item_exactly_once(
+    real_store: LeaseStore,
+    redis_url: str,
+    queue_name: str,
+    procs: Processes,
+    path: str,
+    simple: bool,
+) -> None:
+    store = real_store
+    job = threads_job if path == THREADS_PATH else async_job
+    run_id = planned_run(store, job, path, queue_name)
+    worker = procs.start(
+        [sys.executable, *worker_args(redis_url, queue_name, simple=simple)],
+        {"CONC_QUEUE": queue_name},
+        "worker",
+    )
+    assert worker.wait(timeout=240) == 0, procs.log("worker")
+    assert_each_done_once(store, run_id)
+    peaks = max_in_flight(store)
+    assert peaks, "the handlers counted themselves"
+    assert max(peaks.values()) <= N, peaks
+    assert max(peaks.values()) > N // 2, f"handlers ran {N} at once: {peaks}"
+    # Each shard pass recorded its handlers for the capacity planner (--from-run).
+    got = measured(store, run_id)
+    assert got is not None
+    assert got.handled >= ITEMS
+    assert got.handler_duration >= DELAY
+    assert got.concurrency > 1, "the recorded handler time overlapped"
+    if not simple:  # the forked work horses ran the handlers, under the worker's flag
+        assert worker.pid not in peaks
+
+
+def test_sigterm_mid_run_loses_nothing(
+    real_store: LeaseStore, redis_url: str, queue_name: str, procs: Processes
+) -> None:
+    store = real_store
+    run_id = planned_run(store, threads_job, THREADS_PATH, queue_name)
+    env = {"CONC_QUEUE": queue_name, "CONC_DELAY": "0.05"}
+    args = [sys.executable, *worker_args(redis_url, queue_name, simple=True)]
+    first = procs.start(args, env, "first")
+
+    def some_done() -> bool:
+        return store.status(run_id).counts.get("done", 0) >= 200
+
+    wait_for(some_done, 120, "the first worker to finish 200 items")
+    os.kill(first.pid, signal.SIGTERM)
+    assert first.wait(timeout=60) == 0, procs.log("first")
+    status = store.status(run_id)
+    assert status.counts["leased"] == 0, "every claimed item was committed or given back"
+    started = {text(k) for k in store.client.hkeys(started_key(store.prefix))}
+    done = {r.item_id for r in all_records(store, run_id) if r.state == "done"}
+    assert started == done, "every handler started was finished and committed"
+    assert len(done) < ITEMS, "the stop came mid-run"
+
+    second = procs.start(args, {"CONC_QUEUE": queue_name}, "second")
+    for shard in range(SHARDS):  # the first worker's shard jobs ended stopped: work them again
+        enqueue_shard(store, THREADS_PATH, queue_name, run_id, shard, 120)
+    assert second.wait(timeout=240) == 0, procs.log("second")
+    assert_each_done_once(store, run_id)
+    assert store.status(run_id).events.get("takeovers", 0) == 0, "nothing waited for expiry"
+
+
+# -- a lost lease stops the work (in process, real Redis, a started keeper) -----------
+
+
+def _lost_lease_run(store: LeaseStore, job: Job) -> tuple[ShardReport, str]:
+    """Works one item of a fresh run while the test takes its lease away."""
+    run_id = "lost:2031-07-02"
+    store.add(run_id, [Item("only", {"n": 1})], shards=1)
+    keeper = LeaseKeeper(store, job.options.lease_ttl)
+    keeper.start()
+    try:
+        report = work_shard(
+            store,
+            job,
+            run_id,
+            0,
+            worker="w",
+            budget=30,
+            stop=threading.Event(),
+            keeper=keeper,
+        )
+    finally:
+        keeper.close()
+    return report, run_id
+
+
+def _take_away(held: list[ActiveLease], running: threading.Event) -> threading.Thread:
+    """Once the handler runs, gives its item back behind its back (its lease is lost).
+
+    Due again only in a minute, so that the pass over the shard ends with it.
+    """
+
+    def take() -> None:
+        assert running.wait(10), "the handler never started"
+        held[0].store.release(held[0].lease, delay=60)
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("waits_in", ["handler", "provider-call"])
+def test_lost_lease_cancels_an_async_handlers_task(real_store: LeaseStore, waits_in: str) -> None:
+    """The task is cancelled at the keeper's next tick, also inside an async provider call."""
+    job = Job("lost-async", shards=1, lease_ttl=0.6, commit_interval=0)
+    held: list[ActiveLease] = []
+    running, cancelled = threading.Event(), threading.Event()
+    reached: list[str] = []
+
+    async def slow(where: str) -> str:
+        running.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        reached.append(where)
+        return where
+
+    @job.handler
+    async def handle(item: Item, lease: ActiveLease) -> str:
+        held.append(lease)
+        if waits_in == "handler":
+            return await slow("after the sleep")
+        return str(await lease.effect_async("pay", slow, honours_keys=True))
+
+    taker = _take_away(held, running)
+    started = time.monotonic()
+    report, run_id = _lost_lease_run(real_store, job)
+    taker.join()
+    assert cancelled.is_set() and not reached
+    assert time.monotonic() - started < 10, "cancelled at the keeper's next tick, not at 30 s"
+    assert (report.stale, report.committed, report.handled) == (1, 0, 1)
+    assert real_store.item(run_id, "only").state == "pending"
+    if waits_in == "provider-call":  # sent, outcome unknown: reconciled by the next holder
+        [(_, record)] = list(real_store.effects(run_id))
+        assert record["state"] == "intended"
+
+
+@pytest.mark.parametrize("call", ["check", "effect", "renew"])
+def test_lost_lease_raises_lease_lost_in_a_thread_handler(
+    real_store: LeaseStore, call: str
+) -> None:
+    job = Job("lost-thread", shards=1, lease_ttl=0.6, commit_interval=0, concurrency=4)
+    held: list[ActiveLease] = []
+    running = threading.Event()
+    sent: list[str] = []
+    raised: list[LeaseLost] = []
+
+    @job.handler
+    def handle(item: Item, lease: ActiveLease) -> str:
+        held.append(lease)
+        running.set()
+        assert lease.wait_lost(10), "the keeper saw the lease lost"
+        try:
+            if call == "check":
+                lease.check()
+            elif call == "effect":
+                lease.effect("pay", sent.append, honours_keys=True)
+            else:
+                lease.renew()
+        except LeaseLost as error:
+            raised.append(error)
+            raise
+        return "not reached"
+
+    taker = _take_away(held, running)
+    report, run_id = _lost_lease_run(real_store, job)
+    taker.join()
+    assert len(raised) == 1 and raised[0].item_id == "only"
+    assert sent == [], "no provider call under a lost lease"
+    assert (report.stale, report.committed, report.handled) == (1, 0, 1)
+    assert real_store.item(run_id, "only").state == "pending"
+
+
+# -- the option and the flag ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, -1, 257, 2.5, True])
+def test_concurrency_out_of_bounds_is_refused(value: Any) -> None:
+    with pytest.raises(InvalidInput, match="concurrency must be a whole number from 1 to 256"):
+        JobOptions(concurrency=value)
+
+
+def test_worker_concurrency_flag_is_checked(redis_url: str) -> None:
+    args = [sys.executable, "-m", "redis_lease", "--url", redis_url, "worker"]
+    done = subprocess.run([*args, "--concurrency", "0"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "concurrency must be a whole number from 1 to 256" in done.stderr
+
+
+def test_effect_async_awaits_what_a_plain_callable_returns(real_store: LeaseStore) -> None:
+    """``call`` and ``lookup`` may be lambdas returning coroutines; an 'intended' record is
+    reconciled by the async lookup, not sent again."""
+    job = Job("effect-async", shards=1, lease_ttl=30, commit_interval=0)
+    sent: list[str] = []
+
+    async def provider(key: str) -> dict[str, str]:
+        await asyncio.sleep(0)
+        sent.append(key)
+        return {"id": f"ref-{len(sent)}"}
+
+    async def lookup(key: str) -> dict[str, str] | None:
+        await asyncio.sleep(0)
+        return {"id": "found"} if key.endswith("|again") else None
+
+    @job.handler
+    async def handle(item: Item, lease: ActiveLease) -> dict[str, Any]:
+        first = await lease.effect_async("pay", lambda key: provider(key))
+        # An earlier attempt of 'again' recorded its intent: the lookup finds it applied.
+        real_store.record_effect(
+            lease.lease, f"{lease.run_id}|{item.id}|again", "again", "intended"
+        )
+        second = await lease.effect_async("again", provider, lookup=lambda key: lookup(key))
+        return {"first": first, "second": second}
+
+    run_id = "effect-async:2031-07-03"
+    real_store.add(run_id, [Item("only")], shards=1)
+    report = work_shard(
+        real_store,
+        job,
+        run_id,
+        0,
+        worker="w",
+        budget=30,
+        stop=threading.Event(),
+        keeper=LeaseKeeper(real_store, 30),
+    )
+    assert (report.committed, report.handled) == (1, 1), report
+    assert real_store.item(run_id, "only").result == {
+        "first": {"id": "ref-1"},
+        "second": {"id": "found"},
+    }
+    assert sent == [f"{run_id}|only|pay"], "the reconciled effect was not sent again"
