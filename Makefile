@@ -23,5 +23,6 @@ demo: setup   ## run the nightly demo end to end
 
 N ?= 20
 SEED ?= 1
-chaos: setup  ## seeded chaos over real processes: make chaos N=<iterations> SEED=<first seed>
-	.venv/bin/python -m tests.faults.chaos --iterations $(N) --seed $(SEED)
+CONCURRENCY ?= 1
+chaos: setup  ## seeded chaos over real processes: make chaos N=<iterations> SEED=<first seed> [CONCURRENCY=16]
+	.venv/bin/python -m tests.faults.chaos --iterations $(N) --seed $(SEED) --concurrency $(CONCURRENCY)

@@ -100,7 +100,10 @@ def redis_for(url: str | None, folder: Path) -> Iterator[tuple[str, str]]:
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder)]
     args += ["--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"]
     args += ["--logfile", str(folder / "redis.log")]
-    server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # A session of its own: Ctrl-C reaches the benchmark, which stops the server when done.
+    server = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     private = f"redis://127.0.0.1:{port}/0"
     try:
         client = redis.Redis.from_url(private, socket_connect_timeout=0.5)

@@ -19,6 +19,8 @@ import pytest
 import redis
 
 from redis_lease import LeaseStore
+from redis_lease.dispatch import purge_queue
+from tests.fleet_helpers import Processes
 from tests.redis_server import RedisServer
 
 LOCAL_URL = "redis://127.0.0.1:6379/0"
@@ -111,3 +113,19 @@ def private_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
     yield start
     for server in started:
         server.kill()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    """The test's processes; every one is killed at teardown."""
+    processes = Processes(tmp_path)
+    yield processes
+    processes.kill_all()
+
+
+@pytest.fixture
+def queue_name(real_store: LeaseStore) -> Iterator[str]:
+    """An RQ queue of this test's own, deleted with its jobs afterwards."""
+    name = f"{real_store.prefix}-q"
+    yield name
+    purge_queue(real_store.client, name)

@@ -13,11 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import burst
+from benchmarks.burst import parse_args, search
 from benchmarks.burst_jobs import PlannedFailure, Settings, fails, make_job
+from benchmarks.burst_model import Scenario, Trial, arrivals
+from benchmarks.burst_planner import Answer, measured_rate, planner_at_rate, planner_view
+from benchmarks.burst_report import plot, report, summary, table
 from redis_lease.lease import Item
 
-SCENARIO = burst.Scenario(
+SCENARIO = Scenario(
     eligible_full=12_000,
     window_full=300.0,
     slo_full=60.0,
@@ -28,12 +31,10 @@ SCENARIO = burst.Scenario(
 )
 
 
-def trial(
-    workers: int, peak: float, *, drained: bool = False, timed_out: bool = False
-) -> burst.Trial:
+def trial(workers: int, peak: float, *, drained: bool = False, timed_out: bool = False) -> Trial:
     """A trial whose age rises linearly to ``peak`` at 30 s and drops to 0 when done."""
     samples = [(t * 0.25, peak * t / 120) for t in range(121)] + [(30.5, 0.0)]
-    return burst.Trial(
+    return Trial(
         workers,
         drained,
         samples,
@@ -47,12 +48,10 @@ def trial(
     )
 
 
-def measure_from(
-    peaks: dict[int, float], calls: list[int], **kw: bool
-) -> Callable[[int], burst.Trial]:
+def measure_from(peaks: dict[int, float], calls: list[int], **kw: bool) -> Callable[[int], Trial]:
     """A stand-in for a fleet trial: the peak age for K comes from ``peaks``."""
 
-    def measure(workers: int) -> burst.Trial:
+    def measure(workers: int) -> Trial:
         calls.append(workers)
         return trial(workers, peaks[workers], **kw)
 
@@ -67,18 +66,18 @@ def test_the_scenario_scales_items_window_and_slo_but_keeps_the_rate() -> None:
 
 
 def test_items_become_eligible_evenly_over_the_window() -> None:
-    counts = [burst.arrivals(t / 10, 1200, 30.0) for t in range(0, 400)]
+    counts = [arrivals(t / 10, 1200, 30.0) for t in range(0, 400)]
     assert counts[0] == 0
-    assert burst.arrivals(15.0, 1200, 30.0) == 600
-    assert burst.arrivals(30.0, 1200, 30.0) == 1200
-    assert burst.arrivals(99.0, 1200, 30.0) == 1200
+    assert arrivals(15.0, 1200, 30.0) == 600
+    assert arrivals(30.0, 1200, 30.0) == 1200
+    assert arrivals(99.0, 1200, 30.0) == 1200
     assert all(b >= a for a, b in itertools.pairwise(counts))
-    assert burst.arrivals(-1.0, 1200, 30.0) == 0
+    assert arrivals(-1.0, 1200, 30.0) == 0
 
 
 def test_the_search_stops_at_the_smallest_count_that_holds() -> None:
     calls: list[int] = []
-    found, trials = burst.search(measure_from({1: 33.0, 2: 5.9, 3: 0.4, 4: 0.1}, calls), 6.0, 1, 4)
+    found, trials = search(measure_from({1: 33.0, 2: 5.9, 3: 0.4, 4: 0.1}, calls), 6.0, 1, 4)
     assert found == 2
     assert calls == [1, 2]
     assert [t.workers for t in trials] == [1, 2]
@@ -86,7 +85,7 @@ def test_the_search_stops_at_the_smallest_count_that_holds() -> None:
 
 def test_the_search_says_none_when_no_count_up_to_the_limit_holds() -> None:
     calls: list[int] = []
-    found, trials = burst.search(measure_from({1: 40.0, 2: 20.0, 3: 9.0}, calls), 6.0, 1, 3)
+    found, trials = search(measure_from({1: 40.0, 2: 20.0, 3: 9.0}, calls), 6.0, 1, 3)
     assert found is None
     assert calls == [1, 2, 3]
     assert not any(t.holds(6.0) for t in trials)
@@ -94,12 +93,10 @@ def test_the_search_says_none_when_no_count_up_to_the_limit_holds() -> None:
 
 def test_the_drained_search_measures_k_and_k_plus_one_and_goes_on_until_one_holds() -> None:
     calls: list[int] = []
-    found, _ = burst.search(
-        measure_from({2: 1.0, 3: 0.5}, calls, drained=True), 6.0, 2, 8, at_least=3
-    )
+    found, _ = search(measure_from({2: 1.0, 3: 0.5}, calls, drained=True), 6.0, 2, 8, at_least=3)
     assert (found, calls) == (2, [2, 3])
     calls.clear()
-    found, _ = burst.search(
+    found, _ = search(
         measure_from({2: 21.0, 3: 8.0, 4: 2.0, 5: 1.0}, calls, drained=True), 6.0, 2, 8, at_least=3
     )
     assert (found, calls) == (4, [2, 3, 4])
@@ -115,10 +112,10 @@ def test_a_trial_holds_only_when_it_finished_within_the_slo() -> None:
 
 
 def test_the_answer_agrees_within_one_worker() -> None:
-    assert burst.Answer("q", 3, 4).agrees
-    assert burst.Answer("q", 3, 2).agrees
-    assert not burst.Answer("q", 3, 5).agrees
-    missing = burst.Answer("q", 3, None)
+    assert Answer("q", 3, 4).agrees
+    assert Answer("q", 3, 2).agrees
+    assert not Answer("q", 3, 5).agrees
+    missing = Answer("q", 3, None)
     assert not missing.agrees and missing.to_dict()["difference"] is None
 
 
@@ -126,7 +123,7 @@ def test_the_table_has_a_row_per_trial_with_the_planners_peak() -> None:
     predicted = {"1": 33.21, "2": 1.63, "3": 0.05}
     stalled = trial(2, 20.0, drained=True)
     stalled.stalled_job_seconds = 15.04
-    text = burst.table([trial(1, 33.0), trial(2, 3.5), stalled], 6.0, predicted)
+    text = table([trial(1, 33.0), trial(2, 3.5), stalled], 6.0, predicted)
     lines = text.splitlines()
     assert len(lines) == 5
     assert lines[2].startswith("| search | 1 | 33.00 | 33.21 | 6 | no |")
@@ -138,7 +135,7 @@ def test_the_table_has_a_row_per_trial_with_the_planners_peak() -> None:
 
 
 def test_the_summary_names_a_disagreement() -> None:
-    text = burst.summary([burst.Answer("SLO", 2, 3), burst.Answer("spare", 3, None)])
+    text = summary([Answer("SLO", 2, 3), Answer("spare", 3, None)])
     assert text.splitlines() == [
         "SLO: planner 2, measured 3: agree within one worker",
         "spare: planner 3, measured none held: DISAGREE",
@@ -146,9 +143,9 @@ def test_the_summary_names_a_disagreement() -> None:
 
 
 def test_the_json_report_has_the_scenario_the_planner_the_trials_and_the_answers() -> None:
-    planner = burst.planner_view(SCENARIO)
-    answers = [burst.Answer("SLO", 2, 2), burst.Answer("spare", 3, 5)]
-    data = burst.report(
+    planner = planner_view(SCENARIO)
+    answers = [Answer("SLO", 2, 2), Answer("spare", 3, 5)]
+    data = report(
         SCENARIO,
         planner,
         [trial(1, 33.0), trial(2, 3.5)],
@@ -168,7 +165,7 @@ def test_the_json_report_has_the_scenario_the_planner_the_trials_and_the_answers
 
 
 def test_the_planner_view_asks_the_planner_the_scaled_questions() -> None:
-    view = burst.planner_view(SCENARIO)
+    view = planner_view(SCENARIO)
     assert view["plan"]["workers_for_slo"] == 2
     assert view["plan_one_spare"]["workers"] == view["plan"]["workers_for_slo"] + 1
     assert sorted(view["predicted_peak"]) == ["1", "2", "3", "4"]
@@ -176,15 +173,15 @@ def test_the_planner_view_asks_the_planner_the_scaled_questions() -> None:
 
 
 def test_the_measured_rate_comes_from_the_one_consumer_trial() -> None:
-    assert burst.measured_rate([trial(1, 33.0), trial(2, 3.0)]) == pytest.approx(1263 / 30.5)
-    assert burst.measured_rate([trial(2, 3.0)]) is None
-    assert burst.measured_rate([trial(1, 33.0, timed_out=True)]) is None
-    slower = burst.planner_at_rate(SCENARIO, 15.0)
+    assert measured_rate([trial(1, 33.0), trial(2, 3.0)]) == pytest.approx(1263 / 30.5)
+    assert measured_rate([trial(2, 3.0)]) is None
+    assert measured_rate([trial(1, 33.0, timed_out=True)]) is None
+    slower = planner_at_rate(SCENARIO, 15.0)
     assert slower["plan"]["workers_for_slo"] == 3
 
 
 def test_the_plot_is_a_png_with_both_panels(tmp_path: Path) -> None:
-    path = burst.plot(
+    path = plot(
         [trial(1, 33.0), trial(2, 3.5)],
         [trial(2, 20.0, drained=True), trial(3, 2.0, drained=True)],
         SCENARIO,
@@ -251,13 +248,13 @@ def test_bad_options_end_with_one_line_and_exit_2(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exited:
-        burst.parse_args(argv)
+        parse_args(argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_quick_halves_the_default_scale_and_durations_take_units() -> None:
-    assert burst.parse_args(["--quick"]).scale == 0.05
-    assert burst.parse_args([]).scale == 0.1
-    args = burst.parse_args(["--window", "5m", "--slo", "90s", "--scale", "0.2"])
+    assert parse_args(["--quick"]).scale == 0.05
+    assert parse_args([]).scale == 0.1
+    args = parse_args(["--window", "5m", "--slo", "90s", "--scale", "0.2"])
     assert (args.window, args.slo, args.scale) == (300.0, 90.0, 0.2)

@@ -24,7 +24,6 @@ from tests.fleet_helpers import (
     fleet_env,
     leased_by,
     pid_alive,
-    purge_queue,
     text,
     wait_for,
 )
@@ -32,14 +31,6 @@ from tests.fleet_helpers import (
 pytestmark = pytest.mark.slow
 
 BUSINESS_DATE = date(2031, 5, 17)
-
-
-@pytest.fixture
-def queue_name(real_store: LeaseStore) -> Iterator[str]:
-    """An RQ queue of this test's own, deleted with its jobs afterwards."""
-    name = f"{real_store.prefix}-q"
-    yield name
-    purge_queue(real_store.client, name)
 
 
 @pytest.fixture
@@ -55,14 +46,6 @@ def configure(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[dict[str, s
     yield apply
     monkeypatch.undo()
     importlib.reload(fleet_jobs)
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    """The test's processes; every one is killed at teardown."""
-    processes = Processes(tmp_path)
-    yield processes
-    processes.kill_all()
 
 
 def start_run(store: LeaseStore) -> str:

@@ -10,9 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import date
-from pathlib import Path
 
 import pytest
 
@@ -34,14 +32,6 @@ from tests.fleet_helpers import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    """The test's processes; every one is killed at teardown."""
-    processes = Processes(tmp_path)
-    yield processes
-    processes.kill_all()
 
 
 def jobs_on_queue(store: LeaseStore, queue_name: str) -> list[str]:

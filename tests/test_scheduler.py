@@ -13,7 +13,6 @@ import importlib
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -38,14 +37,6 @@ from tests.fleet_helpers import (
 pytestmark = pytest.mark.slow
 
 RQSCHEDULER = str(Path(sys.executable).parent / "rqscheduler")
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    """The test's processes; every one is killed at teardown."""
-    processes = Processes(tmp_path)
-    yield processes
-    processes.kill_all()
 
 
 def stop_gracefully(process: subprocess.Popen[bytes]) -> None:

@@ -16,7 +16,6 @@ import os
 import signal
 from collections.abc import Iterator
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,7 +33,6 @@ from tests.fleet_helpers import (
     leased_by,
     owner_pid,
     pid_alive,
-    purge_queue,
     text,
     wait_for,
 )
@@ -97,22 +95,6 @@ def handle(item: Item, lease: ActiveLease) -> dict[str, Any]:
         if client.blpop([gate_key(prefix)], timeout=GATE_SECONDS) is None:
             raise RuntimeError("the test never let the slow item go")
     return {"pid": os.getpid(), "token": lease.token}
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    """The test's processes; every one is killed at teardown."""
-    processes = Processes(tmp_path)
-    yield processes
-    processes.kill_all()
-
-
-@pytest.fixture
-def queue_name(real_store: LeaseStore) -> Iterator[str]:
-    """An RQ queue of this test's own, deleted with its jobs afterwards."""
-    name = f"{real_store.prefix}-q"
-    yield name
-    purge_queue(real_store.client, name)
 
 
 def handled(store: LeaseStore) -> set[str]:

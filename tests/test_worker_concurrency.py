@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,7 +35,7 @@ from redis_lease.jobs import Job, JobOptions
 from redis_lease.lease import Item
 from redis_lease.runs import Runs
 from redis_lease.worker import ActiveLease, LeaseKeeper, ShardReport, work_shard
-from tests.fleet_helpers import Processes, all_records, purge_queue, text, wait_for
+from tests.fleet_helpers import Processes, all_records, text, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -130,22 +129,6 @@ async def handle_async(item: Item, lease: ActiveLease) -> dict[str, Any]:
     finally:
         await asyncio.to_thread(client.eval, IN_FLIGHT, 2, *flight, -1)
     return {"pid": os.getpid(), "token": lease.token}
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    """The test's processes; every one is killed at teardown."""
-    processes = Processes(tmp_path)
-    yield processes
-    processes.kill_all()
-
-
-@pytest.fixture
-def queue_name(real_store: LeaseStore) -> Iterator[str]:
-    """An RQ queue of this test's own, deleted with its jobs afterwards."""
-    name = f"{real_store.prefix}-q"
-    yield name
-    purge_queue(real_store.client, name)
 
 
 def planned_run(store: LeaseStore, job: Job, path: str, queue: str) -> str:

@@ -78,14 +78,6 @@ def handle(item: Item, lease: ActiveLease) -> dict[str, Any]:
 # -- connections cut while workers run --------------------------------------------------
 
 
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    """The test's processes; every one is killed at teardown."""
-    processes = Processes(tmp_path)
-    yield processes
-    processes.kill_all()
-
-
 def rq_worker_args(url: str, queue: str) -> list[str]:
     """Plain RQ's worker (its connection has no retry policy of ours)."""
     return [
