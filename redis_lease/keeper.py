@@ -93,15 +93,27 @@ class ActiveLease:
         if event is not None:
             event.set()
         for callback in callbacks:
-            callback()
+            try:
+                callback()
+            except Exception:  # a callback's failure must not stop the keeper's renewals
+                log.exception("a lost-lease callback of item %r failed", self.item_id)
 
-    def on_lost(self, callback: Callable[[], object]) -> None:
-        """Calls ``callback`` (from the keeper's thread) when the lease is lost; now if it is."""
+    def on_lost(self, callback: Callable[[], object]) -> Callable[[], None]:
+        """Calls ``callback`` (from the keeper's thread) when the lease is lost; now if it is.
+
+        Returns a function that takes the callback back (when its work has ended).
+        """
         with _LOST_LOCK:
             if not self._lost:
                 self._on_lost.append(callback)
-                return
+                return lambda: self._forget(callback)
         callback()
+        return lambda: None
+
+    def _forget(self, callback: Callable[[], object]) -> None:
+        with _LOST_LOCK:
+            if callback in self._on_lost:
+                self._on_lost.remove(callback)
 
     def wait_lost(self, timeout: float) -> bool:
         """Waits up to ``timeout`` seconds for the lease to be lost; True if it was."""

@@ -138,7 +138,12 @@ class LoopPool:
         task = asyncio.current_task()
         assert task is not None
         loop = self.loop
-        active.on_lost(lambda: loop.call_soon_threadsafe(task.cancel))
+
+        def cancel() -> None:
+            if not task.done() and not loop.is_closed():
+                loop.call_soon_threadsafe(task.cancel)
+
+        forget = active.on_lost(cancel)
         started = time.perf_counter()
         try:
             answer = await self.handler(_item(active), active)
@@ -152,6 +157,7 @@ class LoopPool:
             finished = Finished(active, None, lost, time.perf_counter() - started)
         except BaseException as error:  # the handler is user code: any error is its answer
             finished = Finished(active, None, error, time.perf_counter() - started)
+        forget()  # a loss found later (its commit refused) has no task to cancel
         self.done.put(finished)
         with self._idle:
             self._running -= 1

@@ -201,7 +201,9 @@ def kill_before_reply(c: Cluster, run_id: str) -> tuple[str, int]:
     The worker waits at ``after_effect``; the proxy then holds back every reply to
     the workers 1 s; the worker goes on and commits; once the server shows the
     item done under its token, the worker is killed while the reply is held.
-    (Its lease, 3 s renewed every second, outlasts the delayed round trips.)
+    (Its lease, 6 s renewed every 2 s, outlasts the delayed round trips: the proxy
+    delays each chunk in turn, so a worker running 16 handlers, whose pipelines come
+    in several chunks, waits up to about 3 s for a reply.)
     """
     c.drive(run_id, until=lambda: (c.hooks / "after_effect.at").exists())
     index, stopped = c.wait_hook("after_effect")
@@ -213,7 +215,7 @@ def kill_before_reply(c: Cluster, run_id: str) -> tuple[str, int]:
         record = c.store.item(run_id, item)
         return record.state == "done" and record.token == token
 
-    wait_for(committed, 5, "the server to run the commit")
+    wait_for(committed, 10, "the server to run the commit")
     c.kill(index)
     c.delay(0.0)
     (sent,) = calls(c, stopped["pid"], "commit", item, token)
@@ -242,7 +244,7 @@ def test_killed_worker_is_recovered_without_second_effect(
     elif point != "before_reply":
         settings["pause_at"] = (point,)
     else:  # one item per batch: its commit is sent as soon as the handler returns
-        settings.update(pause_at=("after_effect",), batch_size=1, ttl=3.0)
+        settings.update(pause_at=("after_effect",), batch_size=1, ttl=6.0)
     with Cluster(tmp_path / "c", prefix, concurrency=concurrency, workers=2, **settings) as c:
         c.wait_ready()
         run_id = c.start_run()

@@ -413,3 +413,28 @@ def test_effect_async_awaits_what_a_plain_callable_returns(real_store: LeaseStor
         "second": {"id": "found"},
     }
     assert sent == [f"{run_id}|only|pay"], "the reconciled effect was not sent again"
+
+
+def test_a_commit_refused_after_the_event_loop_closed_is_counted_stale(
+    real_store: LeaseStore,
+) -> None:
+    """The pass's last commits go out after the async pool closed its loop: a refusal
+    then marks the lease lost, which must not try to cancel a task on the closed loop."""
+    store = real_store
+    store.add("r", [Item("a", 1), Item("b", 2)], shards=1)
+    job = Job("closed-loop", shards=1, lease_ttl=60, commit_interval=5.0, concurrency=1)
+    stop = threading.Event()
+
+    @job.handler
+    async def handle(item: Item, lease: ActiveLease) -> str:
+        # The lease ends behind the handler's back (as after an expiry and a takeover).
+        await asyncio.to_thread(store.release, lease.lease)
+        stop.set()  # budget end or SIGTERM: the loop leaves with this commit still waiting
+        # still running when the loop gives back the unstarted item b
+        await asyncio.to_thread(wait_for, lambda: store.item("r", "b").state == "pending", 10, "b")
+        return "ok"
+
+    keeper = LeaseKeeper(store, 60)  # not started: no renewal marks the lease lost first
+    report = work_shard(store, job, "r", 0, worker="w", budget=30, stop=stop, keeper=keeper)
+    assert (report.stale, report.committed, report.handled) == (1, 0, 1), report
+    assert store.item("r", "a").state == "pending"
