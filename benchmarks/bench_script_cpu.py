@@ -10,7 +10,12 @@ ratio, with the load average.
     git worktree add /tmp/ref <rev>      # or: git archive <rev> | tar -x -C /tmp/ref
     redis-server --port 6399 --save '' --appendonly no --daemonize yes
     python benchmarks/bench_script_cpu.py --url redis://127.0.0.1:6399/0 --ref /tmp/ref
+    python benchmarks/bench_script_cpu.py --url redis://127.0.0.1:6399/0 --ref /tmp/ref --batched
     python benchmarks/bench_script_cpu.py --url redis://127.0.0.1:6399/0 --records
+
+``--batched`` times what a fleet sends instead: ``claim_next`` of 20 items a call, then one
+``settle`` of each batch's 20 commits (result ``null``), as server CPU (``used_cpu_user`` +
+``used_cpu_sys``) per item, so the call's own cost is shared as in a fleet.
 
 ``--records`` times, in interleaved rounds, one read-change-write of N item records
 inside one script call (what a claim or a commit does to each item) in each form:
@@ -51,8 +56,14 @@ def reference_source(checkout: Path) -> Callable[[str], str]:
         def own(name: str) -> str:  # nested includes and LIMITS, as that revision builds them
             code = f"from redis_lease.scripts import source; print(source({name!r}), end='')"
             env = {**os.environ, "PYTHONPATH": str(checkout)}
+            # Run in the checkout: ``python -c`` puts the working directory first on sys.path.
             found = subprocess.run(
-                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+                [sys.executable, "-c", code],
+                env=env,
+                cwd=checkout,
+                capture_output=True,
+                text=True,
+                check=True,
             )
             return found.stdout
 
@@ -94,6 +105,33 @@ def measure(
         "claim": (claimed[1] - before[1]) / (claimed[0] - before[0]),
         "commit": (committed[1] - claimed[1]) / (committed[0] - claimed[0]),
     }
+
+
+def measure_batched(
+    client: redis.Redis, src: Callable[[str], str], n: int, batch: int = 20
+) -> dict[str, float]:
+    """Server CPU per item of claim_next (``batch`` a call) and of settle (one call a batch)."""
+    sha = {name: client.script_load(src(name)) for name in ("add_items", "claim_next", "settle")}
+    prefix = f"bench-cpu-{uuid.uuid4().hex[:8]}"
+    keys = [f"{prefix}:{{r#0}}:{name}" for name in KEY_NAMES]
+    for start in range(0, n, 500):
+        flat = [
+            part for i in range(start, min(n, start + 500)) for part in (f"item-{i:07d}", PAYLOAD)
+        ]
+        client.evalsha(sha["add_items"], 7, *keys, "r", 0, 5, 1000, 300000, 0, *flat)
+    before = _cpu_us(client)
+    batches = [
+        client.evalsha(sha["claim_next"], 7, *keys, "w", uuid.uuid4().hex, 600000, batch)
+        for _ in range(n // batch)
+    ]
+    claimed = _cpu_us(client)
+    for rows in batches:
+        flat = [part for r in rows for part in ("commit", r[0], int(r[1]), r[2], "null", "")]
+        client.evalsha(sha["settle"], 7, *keys, *flat)
+    settled = _cpu_us(client)
+    for key in client.scan_iter(match=f"{prefix}:*"):
+        client.delete(key)
+    return {"claim": (claimed - before) / n, "commit": (settled - claimed) / n}
 
 
 #: Each record form: how a script writes N new records, and how it changes each one.
@@ -197,6 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--url", required=True, help="a Redis nothing else uses")
     parser.add_argument("--ref", type=Path, help="a checkout of the reference")
     parser.add_argument("--records", action="store_true", help="compare the record forms")
+    parser.add_argument(
+        "--batched", action="store_true", help="claim_next of 20 and settle, CPU per item"
+    )
     parser.add_argument("--items", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
@@ -210,15 +251,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_start = os.getloadavg()[0]
     runs: dict[str, list[dict[str, float]]] = {"reference": [], "current": []}
     for _ in range(args.rounds):
-        runs["reference"].append(measure(client, ref_src, ref_deadline, args.items))
-        runs["current"].append(measure(client, source, True, args.items))
+        if args.batched:
+            runs["reference"].append(measure_batched(client, ref_src, args.items))
+            runs["current"].append(measure_batched(client, source, args.items))
+        else:
+            runs["reference"].append(measure(client, ref_src, ref_deadline, args.items))
+            runs["current"].append(measure(client, source, True, args.items))
     medians = {
         kind: {op: statistics.median(r[op] for r in rounds) for op in ("claim", "commit")}
         for kind, rounds in runs.items()
     }
-    print(
-        f"server usec per script call, median of {args.rounds} interleaved rounds of {args.items}"
+    unit = (
+        "server CPU usec per item (claim_next of 20, settle)"
+        if args.batched
+        else ("server usec per script call")
     )
+    print(f"{unit}, median of {args.rounds} interleaved rounds of {args.items}")
     for op in ("claim", "commit"):
         ref, cur = medians["reference"][op], medians["current"][op]
         print(f"{op:<7} reference {ref:6.1f} us   current {cur:6.1f} us   {cur / ref:.2f}x")

@@ -6,7 +6,8 @@
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
 -- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
 -- ARGV[1] worker name (id)
--- ARGV[2] lease id base: each lease id is <base>.<n> (id)
+-- ARGV[2] lease id base: each lease id is <base>.<n> (id, at most id_length - 6 characters,
+--   so that every lease id is an id)
 -- ARGV[3] lease TTL in ms (int, bound ttl_ms)
 -- ARGV[4] N, the most items to claim (int, bound batch)
 --
@@ -17,6 +18,25 @@
 -- Errors: INVALID <what>; RUN_CLOSED run=<id> reason=closed|deadline deadline=<ms>
 -- @include "shard.lua"
 
+-- `due` is the head of the due index (ranks 0 to #due - 1, read from -inf). When every one of
+-- them, and nothing else, is staged to leave it (no entry was dropped meanwhile), one
+-- ZREMRANGEBYRANK removes them instead of a ZREM of each.
+local function remove_due_head(due)
+  local staged = staged_z[DUE]
+  if not staged or #due == 0 then return end
+  local count = 0
+  for _, score in pairs(staged) do
+    if score ~= false then return end
+    count = count + 1
+  end
+  if count ~= #due then return end
+  for _, id in ipairs(due) do
+    if staged[id] ~= false then return end
+  end
+  rcall('ZREMRANGEBYRANK', DUE, 0, #due - 1)
+  staged_z[DUE] = nil
+end
+
 local function main()
   local bad = check_keys(7, false, SHARD_KEYS)
   if bad then return bad end
@@ -24,6 +44,10 @@ local function main()
   A, bad = check_args({{1, 'id'}, {2, 'id'}, {3, 'int', 'ttl_ms'}, {4, 'int', 'batch'}})
   if bad then return bad end
   local worker, base, ttl, limit = A[1], A[2], A[3], A[4]
+  local longest = LIMITS.bounds.id_length[2] - 6  -- '.' and up to 5 digits of the batch
+  if #base > longest then
+    return fail('INVALID', 'ARGV[2] must be at most ' .. longest .. ' characters: lease ids are <base>.<n>')
+  end
   local now = now_ms()
   bad = barred(now)
   if bad then return bad end
@@ -51,6 +75,7 @@ local function main()
   take(LEASES, expired)
   take(DUE, due)
   if #rows > 0 then bump('claims', #rows) end
+  remove_due_head(due)
   flush()
   return rows
 end

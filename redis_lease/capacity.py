@@ -381,10 +381,11 @@ def run_need(
 def retry_rate(events: dict[str, int], counts: dict[str, int]) -> float:
     """The share of ended attempts that did not finish their item.
 
-    Ended attempts are the claims less the leases still held; the attempts that
-    finished an item are the items done or dead. Capped at :data:`MAX_RETRY_RATE`.
+    Ended attempts are the claims less the leases still held and the items given
+    back unstarted (releases: a drain, throttling; no attempt counted); the attempts
+    that finished an item are the items done or dead. Capped at :data:`MAX_RETRY_RATE`.
     """
-    ended = events.get("claims", 0) - counts.get("leased", 0)
+    ended = events.get("claims", 0) - counts.get("leased", 0) - events.get("releases", 0)
     finished = counts.get("done", 0) + counts.get("dead", 0)
     if ended <= 0 or finished <= 0:
         return 0.0

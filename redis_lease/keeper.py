@@ -235,20 +235,20 @@ class LeaseKeeper(threading.Thread):
         self.beat_key = beat_key
         self.stop_flag = stop_flag
         self.on_stop_requested: Callable[[], None] = lambda: None
-        self._held: dict[str, ActiveLease] = {}
+        self._held: dict[tuple[str, str], ActiveLease] = {}  # by (run, item)
         self._lock = threading.Lock()
         self._done = threading.Event()
 
     def hold(self, active: ActiveLease) -> None:
         """Keeps ``active`` renewed until :meth:`drop`."""
         with self._lock:
-            self._held[active.item_id] = active
+            self._held[active.run_id, active.item_id] = active
 
     def drop(self, active: ActiveLease) -> None:
         """Stops renewing ``active`` (not a newer lease on the same item)."""
         with self._lock:
-            if self._held.get(active.item_id) is active:
-                del self._held[active.item_id]
+            if self._held.get((active.run_id, active.item_id)) is active:
+                del self._held[active.run_id, active.item_id]
 
     def beat(self) -> None:
         """Refreshes the heartbeat key now (lives three intervals)."""

@@ -466,15 +466,42 @@ class LeaseStore:
         with self.errors():
             replies = self.scripts.many(calls)
         answers: list[Any] = [None] * (len(groups) + len(alone))
+        refused_whole: list[int] = []  # groups of a call refused as a whole (INVALID)
         for call_index, reply in enumerate(replies[: len(replies) - len(commands)]):
             if call_index < len(members):
-                rows = reply if isinstance(reply, list) else [reply] * len(members[call_index])
-                for i, row in zip(members[call_index], rows, strict=True):
+                chunk = members[call_index]
+                if not isinstance(reply, list) and len(chunk) > 1:
+                    refused_whole += chunk  # one group's fault: each is sent again alone
+                    continue
+                rows = reply if isinstance(reply, list) else [reply]
+                for i, row in zip(chunk, rows, strict=True):
                     answers[i] = self._answer(row, groups[i][1])
             else:
                 lease = alone[call_index - len(members)][0]
                 answers[len(groups) + call_index - len(members)] = self._answer(reply, lease)
+        if refused_whole:  # nothing of those calls was written: each group alone says whose it is
+            for i, answer in zip(
+                refused_whole, self._settle_alone(groups, refused_whole), strict=True
+            ):
+                answers[i] = answer
         return answers + replies[len(replies) - len(commands) :]
+
+    def _settle_alone(
+        self, groups: Sequence[tuple[str, Lease, Any, Any]], indexes: list[int]
+    ) -> list[Any]:
+        """Sends each of the groups at ``indexes`` in a settle call of its own (one round
+        trip); returns their answers, a refusal only for the group it is about."""
+        calls: list[Call | Command] = []
+        for i in indexes:
+            op, lease, detail, option = groups[i]
+            flat = [op, lease.item_id, lease.token, lease.lease_id, detail, option]
+            calls.append(Call("settle", self.keys.shard(lease.run_id, lease.shard), flat))
+        with self.errors():
+            replies = self.scripts.many(calls)
+        return [
+            self._answer(reply[0] if isinstance(reply, list) else reply, groups[i][1])
+            for i, reply in zip(indexes, replies, strict=True)
+        ]
 
     def _answer(self, reply: Any, lease: Lease) -> Any:
         """A settle row or a reply, with an error reply as its LeaseError."""

@@ -13,6 +13,7 @@ and job is still ticked; :attr:`TickResult.failures` lists what failed.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -30,6 +31,8 @@ from .limits import DEFAULT_PREFIX
 from .locks import lock
 from .runs import Decision, Runs, to_ms
 from .store import LeaseStore
+
+log = logging.getLogger("redis_lease.tick")
 
 #: Seconds between completion-rate samples used to project a run's finish.
 RATE_WINDOW = 5.0
@@ -320,7 +323,10 @@ def _tick_run(
         final = runs.finalize(run_id, "no item left to work")
     else:
         work = _dispatch(store, runs, path, job, status, per_shard, now_ms, deadline_ms)
-        _publish_need(store, job, status, now_ms, deadline_ms)  # after: it never holds work up
+        try:  # after the dispatch, and never undoing it: a figure for autoscalers
+            _publish_need(store, job, status, now_ms, deadline_ms)
+        except RedisLeaseError as error:
+            log.warning("could not publish workers_needed of run %r: %s", run_id, error)
         return decisions + work
     return decisions + ([final] if final else [])
 

@@ -157,7 +157,21 @@ class _ShardLoop:
         self.running = 0
 
     def run(self, stop: threading.Event, ends: float) -> None:
-        """Works until drained, closed, stopped or ``ends`` (monotonic)."""
+        """Works until drained, closed, stopped or ``ends`` (monotonic).
+
+        However it leaves (an error included), the claimed items not started are
+        given back and the running handlers finished.
+        """
+        try:
+            self._work(stop, ends)
+        finally:
+            self.report.stopped = stop.is_set()
+            self._release_waiting()
+            while self.running:  # finish what has started
+                self._settle_next(min(self.pending.due_in(), _STOP_POLL))
+                self.pending.flush_due()
+
+    def _work(self, stop: threading.Event, ends: float) -> None:
         report, pending, waiting = self.report, self.pending, self.waiting
         exhausted = False  # the last claim found nothing due
         while not stop.is_set() and time.monotonic() < ends:
@@ -166,7 +180,7 @@ class _ShardLoop:
                     exhausted = not self._claim()
                 except RunClosed:
                     report.closed = True
-                    break
+                    return
             while waiting and self.running < self.size:
                 if stop.is_set() or time.monotonic() >= ends:
                     break
@@ -184,11 +198,6 @@ class _ShardLoop:
                 if self._settle_next(timeout):
                     exhausted = False
             self.settle_finished()
-            pending.flush_due()
-        report.stopped = stop.is_set()
-        self._release_waiting()
-        while self.running:  # finish what has started
-            self._settle_next(min(pending.due_in(), _STOP_POLL))
             pending.flush_due()
 
     def _claim(self) -> bool:

@@ -192,6 +192,8 @@ def test_retry_rate_is_the_share_of_ended_attempts_that_finished_nothing() -> No
     # 10 claims, 2 still held: 8 ended; 6 items done or dead: 2 of 8 finished nothing.
     assert retry_rate({"claims": 10}, {"leased": 2, "done": 5, "dead": 1}) == 0.25
     assert retry_rate({}, {"done": 0}) == 0.0
+    # 2 more claims given back unstarted (a drain): not attempts that finished nothing
+    assert retry_rate({"claims": 12, "releases": 2}, {"leased": 2, "done": 5, "dead": 1}) == 0.25
 
 
 # -- measured rates (recorded by workers) ---------------------------------------
@@ -329,6 +331,11 @@ def test_from_run_takes_the_measured_rates(real_store: LeaseStore, redis_url: st
     # Explicit figures win over measured ones.
     result = runner.invoke(app, [*args, "--retry-rate", "0"], env={"REDIS_LEASE_DEBUG": None})
     assert json.loads(result.stdout)["workers"] == plan(12_000, 60, 5.0, 60, concurrency=2).workers
+    # Another slot count: each slot at the measured handler pace (0.2 s: 5/s), not the
+    # measured worker rate spread thinner.
+    result = runner.invoke(app, [*args, "--concurrency", "4"], env={"REDIS_LEASE_DEBUG": None})
+    expected = plan(12_000, 60, 5.0, 60, retry_rate=0.2, concurrency=4).to_dict()
+    assert {k: json.loads(result.stdout)[k] for k in expected} == expected
 
     unmeasured = runner.invoke(
         app, [*base, "--window", "1m", "--slo", "1m", "--from-run", "nowhere"]

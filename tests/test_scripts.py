@@ -281,6 +281,18 @@ def test_claim_next_takes_expired_leases_first_then_eligible_order_up_to_limit(
     assert sh.counts() == {"leased": 3, "claims": 4, "expired": 1, "takeovers": 1}
 
 
+def test_claim_next_refuses_a_lease_id_base_whose_ids_would_be_too_long(sh: Shard) -> None:
+    """Every lease id claim_next grants is an id its holder can renew and commit with."""
+    sh.add("a")
+    before = sh.snapshot()
+    code, _ = sh.error("claim_next", "w", "b" * 195, 60000, 1)
+    assert code == "INVALID"
+    assert sh.snapshot() == before
+    (row,) = sh.call("claim_next", "w", "b" * 194, 60000, 1)
+    assert len(row[2]) <= 200
+    assert sh.call("renew", "a", row[1], row[2], 60000)[0] > 0
+
+
 def test_claim_next_skips_items_not_due_and_finished(sh: Shard) -> None:
     sh.add("later", "done", "due", base_ms=60000, cap_ms=60000)
     sh.claim("later")
@@ -306,6 +318,38 @@ def test_claim_next_sends_a_lease_expired_on_its_last_attempt_dead_and_fills_up(
     assert "expires_at" not in rec
     assert set(sh.zset(sh.dead_key)) == {"last"} and set(sh.zset(sh.leases_key)) == {"fresh"}
     assert sh.counts() == {"leased": 1, "dead": 1, "claims": 2, "expired": 1}
+
+
+def test_claim_next_removes_only_the_items_it_took_from_the_due_index(sh: Shard) -> None:
+    sh.add("a", "b", "c", "d", "e", base_ms=60000, cap_ms=60000)
+    sh.add("later")
+    sh.claim("later")
+    sh.call("fail", "later", 1, "L1", "retry me", "0", 0)  # due again in a minute
+    due = sh.zset(sh.due_key)
+    rows = sh.call("claim_next", "w", "B", 60000, 3)
+    assert [r[0] for r in rows] == ["a", "b", "c"]
+    assert sh.zset(sh.due_key) == {k: v for k, v in due.items() if k in ("d", "e", "later")}
+    assert set(sh.zset(sh.leases_key)) == set(sh.zset(sh.held_key)) == {"a", "b", "c"}
+    rows = sh.call("claim_next", "w", "C", 60000, 5)
+    assert [r[0] for r in rows] == ["d", "e"]
+    assert set(sh.zset(sh.due_key)) == {"later"}
+    assert sh.counts() == {"pending": 1, "leased": 5, "claims": 6, "failures": 1, "retries": 1}
+
+
+def test_claim_next_drops_orphans_and_stray_entries_among_the_due_items(sh: Shard) -> None:
+    sh.add("a", "b", "c", "d", "e")
+    sh.claim("c")
+    first = min(sh.zset(sh.due_key).values())
+    sh.client.zadd(sh.due_key, {"c": first - 1})  # a stray entry at the head: c is leased
+    sh.client.hdel(sh.items_key, "b")  # an orphan: its record vanished
+    rows = sh.call("claim_next", "w", "B", 60000, 2)  # the range read: c, a
+    assert [r[0] for r in rows] == ["a"]
+    assert set(sh.zset(sh.due_key)) == {"b", "d", "e"}, "the stray went, the rest stayed"
+    rows = sh.call("claim_next", "w", "C", 60000, 10)
+    assert [r[0] for r in rows] == ["d", "e"]
+    assert sh.zset(sh.due_key) == {}
+    assert set(sh.zset(sh.leases_key)) == set(sh.zset(sh.held_key)) == {"a", "c", "d", "e"}
+    assert sh.counts() == {"leased": 4, "claims": 4, "lost": 1}
 
 
 def test_claim_next_on_a_closed_shard_is_refused(sh: Shard) -> None:

@@ -152,3 +152,81 @@ def test_status_reads_no_script(store: LeaseStore, monkeypatch: pytest.MonkeyPat
     status = store.status("r")
     assert status.counts == {"pending": 5, "leased": 0, "done": 1, "dead": 0}
     assert status.events["commits"] == 1 and status.shards == 3
+
+
+@pytest.mark.parametrize(
+    ("group", "position", "reason"),
+    [
+        (["commit", "", 1, "", "null", ""], 2, "must be 1-200 characters"),
+        (["commit", "b c", 1, "", "null", ""], 2, "must be 1-200 characters"),
+        (["commit", "b" * 201, 1, "", "null", ""], 2, "must be 1-200 characters"),
+        (["commit", "b", "0", "", "null", ""], 3, "must be from 1 to 99999999999999, got 0"),
+        (["commit", "b", "1.5", "", "null", ""], 3, "must be a whole number, got 1.5"),
+        (["commit", "b", "+1", "", "null", ""], 3, "must be a whole number, got +1"),
+        (["commit", "b", "0x1", "", "null", ""], 3, "must be a whole number, got 0x1"),
+        (["commit", "b", "1" * 16, "", "null", ""], 3, "must be a whole number"),
+        (["commit", "b", "1" * 15, "", "null", ""], 3, "must be from 1 to 99999999999999"),
+        (["commit", "b", 1, "L 1", "null", ""], 4, "must be 1-200 characters"),
+        (["commit", "b", 1, "", "nul", ""], 5, "must be JSON text"),
+        (["commit", "b", 1, "", "NULL", ""], 5, "must be JSON text"),
+        (["commit", "b", 1, "", "01", ""], 5, "must be JSON text"),
+        (["commit", "b", 1, "", "null", "no label"], 6, "must be 1-200 characters"),
+        (["release", "b", 1, "", "-1", ""], 5, "must be from 0 to 86400000"),
+    ],
+)
+def test_settle_names_the_bad_argument_and_why_and_writes_nothing(
+    store: LeaseStore, group: list[object], position: int, reason: str
+) -> None:
+    store.add("r", [Item("a"), Item("b")])
+    a = store.claim("r", "a", "w")
+    keys = store.keys.shard("r", 0)
+    before = records(store.client, keys[2])
+    sha = store.client.script_load(store.scripts["settle"].script)
+    good = ["commit", "a", a.token, a.lease_id, "null", ""]
+    with pytest.raises(redis.ResponseError) as info:
+        store.client.evalsha(sha, 7, *keys, *good, *group)
+    assert str(info.value).startswith(f"INVALID ARGV[{6 + position}] {reason}"), str(info.value)
+    assert records(store.client, keys[2]) == before
+
+
+def test_a_result_text_repeated_in_a_batch_passes_each_time_and_a_bad_one_still_refuses(
+    store: LeaseStore,
+) -> None:
+    store.add("r", [Item(f"i{n}") for n in range(4)])
+    leases = [store.claim("r", f"i{n}", "w") for n in range(4)]
+    keys = store.keys.shard("r", 0)
+    sha = store.client.script_load(store.scripts["settle"].script)
+
+    def group(n: int, result: str) -> list[object]:
+        return ["commit", f"i{n}", leases[n].token, leases[n].lease_id, result, ""]
+
+    before = records(store.client, keys[2])
+    with pytest.raises(redis.ResponseError, match=r"^INVALID ARGV\[17\] must be JSON text"):
+        store.client.evalsha(sha, 7, *keys, *group(0, '{"a":1}'), *group(1, '{"a":1}'),
+                             *group(2, '{"a":01}'))  # fmt: skip
+    assert records(store.client, keys[2]) == before
+    rows = store.client.evalsha(
+        sha, 7, *keys, *group(0, '{"a":1}'), *group(1, '{"a":1}'), *group(2, "null"),
+        *group(3, "null"),
+    )  # fmt: skip
+    assert [(row[0], row[2]) for row in rows] == [
+        (b"committed", b'{"a":1}'),
+        (b"committed", b'{"a":1}'),
+        (b"committed", b"null"),
+        (b"committed", b"null"),
+    ]
+    assert [store.item("r", f"i{n}").result for n in range(4)] == [{"a": 1}, {"a": 1}, None, None]
+
+
+def test_a_call_refused_as_a_whole_is_charged_to_the_bad_group_only(store: LeaseStore) -> None:
+    """A group the script refuses (here a release delay below zero, which the Python
+    client never sends) fails its whole call; each group is then sent alone, so the
+    valid commit beside it is done and only the bad group gets InvalidInput."""
+    store.add("w", [Item("a"), Item("b")], shards=1)
+    by = {lease.item_id: lease for lease in store.claim_next("w", "w1", limit=2)}
+    groups = [("commit", by["a"], json.dumps("ok"), ""), ("release", by["b"], -5, "")]
+    committed, refused = store._settle(groups)
+    assert not isinstance(committed, Exception), committed
+    assert isinstance(refused, InvalidInput), refused
+    assert store.item("w", "a").state == "done"
+    assert store.item("w", "b").state == "leased"

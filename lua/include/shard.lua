@@ -105,10 +105,12 @@ local function num(n)
   return s
 end
 
+-- One concatenation (Lua joins the whole chain at once; no table to build).
 local function encode(rec)
-  return table.concat({rec.state, num(rec.token), num(rec.attempts), rec.lease_id or '',
-    rec.owner or '', num(rec.leased_at), num(rec.expires_at), num(rec.done_at),
-    rec.outcome or '', rec.late and '1' or '', rec.payload or ''}, '|')
+  return rec.state .. '|' .. num(rec.token) .. '|' .. num(rec.attempts) .. '|'
+    .. (rec.lease_id or '') .. '|' .. (rec.owner or '') .. '|' .. num(rec.leased_at) .. '|'
+    .. num(rec.expires_at) .. '|' .. num(rec.done_at) .. '|' .. (rec.outcome or '') .. '|'
+    .. (rec.late and '1' or '') .. '|' .. (rec.payload or '')
 end
 
 -- Reads the records of `ids` with one HMGET (and, with `texts`, each id's field `texts`,
@@ -122,10 +124,14 @@ local function prefetch(ids, texts)
     end
   end
   if #fields == 0 then return texts_of end
-  local raws = {}
-  for i = 1, #fields, 4000 do
-    for _, raw in ipairs(rcall('HMGET', ITEMS, unpack(fields, i, math.min(#fields, i + 3999)))) do
-      raws[#raws + 1] = raw
+  local raws
+  if #fields <= 4000 then
+    raws = rcall('HMGET', ITEMS, unpack(fields))
+  else
+    raws = {}
+    for i = 1, #fields, 4000 do
+      local part = rcall('HMGET', ITEMS, unpack(fields, i, math.min(#fields, i + 3999)))
+      for k = 1, #part do raws[i + k - 1] = part[k] end
     end
   end
   local step = texts and 2 or 1

@@ -97,6 +97,8 @@ def plan_capacity(
         rate = parse_rate(per_worker)
     elif handler is not None:
         rate = 1.0 / _seconds(handler, "handler duration")
+    elif measure is not None and concurrency:
+        rate = 1.0 / measure.handler_duration  # another slot count: each slot at the measured pace
     elif measure is not None:
         rate = measure.per_worker / slots  # the measured worker rate, split over its slots
     else:
