@@ -6,8 +6,8 @@
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
 -- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
 -- ARGV[1] worker name (id)
--- ARGV[2] lease id base: each lease id is <base>.<n> (id, at most id_length - 6 characters,
---   so that every lease id is an id)
+-- ARGV[2] lease id base: each lease id is <base>.<n> (id); at most id_length - 6 characters,
+--   so that every lease id granted is an id
 -- ARGV[3] lease TTL in ms (int, bound ttl_ms)
 -- ARGV[4] N, the most items to claim (int, bound batch)
 --

@@ -206,8 +206,11 @@ def test_every_argument_is_checked_as_its_header_says(name: str) -> None:
     }
     if rest and not tails and "local function check_groups(" in body:
         # Groups whose detail depends on their operation (settle): one pass, check_value per
-        # argument, the per-operation kinds in a table.
+        # argument (or an inline check that refuses with check_value's reason), the
+        # per-operation kinds in a table.
         used = set(re.findall(r"check_value\('(int|num|id\??|text|json)'", body))
+        # checks inlined for speed name their kind where they refuse: refuse(index, kind, ...)
+        used |= set(re.findall(r"refuse\([^,]+, '(int|num|id\??|text|json)'", body))
         used |= set(re.findall(r"\{'(int|num|id\??|text|json)'", body))
         for index, kinds in rest.items():
             assert set(kinds) <= used, f"{name}: ARGV[{index}...] kinds {kinds} vs checks {used}"
