@@ -11,10 +11,10 @@ from typing import Any
 
 import redis
 
-from . import guards, snapshots
+from . import guards, settlement, snapshots
 from .connection import as_text, client_from_url, warn_unless_noeviction
 from .connection import translate as translate_error
-from .errors import InvalidInput, LeaseError, LeaseLost, NotClaimable, NotFound, RedisUnavailable
+from .errors import InvalidInput, LeaseError, NotClaimable, NotFound, RedisUnavailable
 from .keys import Keys, shard_of
 from .lease import (
     TEXT_SUFFIXES,
@@ -41,18 +41,16 @@ from .limits import (
     DEFAULT_PREFIX,
     DEFAULT_SWEEP,
     DEFAULT_TTL,
-    ERROR_MAX_BYTES,
     SHARD_COUNT_MAX,
     SWEEP_MAX,
 )
-from .replies import Committed, Failed, Grant
+from .replies import Grant
 from .scripts import Call, Command, Scripts
 from .validation import (
     check_id,
     check_lease,
     check_positive,
     check_time_ms,
-    clip,
     delay_to_ms,
     encode_json,
     ttl_to_ms,
@@ -331,8 +329,7 @@ class LeaseStore:
     def renew(self, lease: Lease, ttl: float = DEFAULT_TTL) -> Lease:
         """Extends a lease from now; only its holder may. Raises LeaseLost."""
         ttl_ms = ttl_to_ms(ttl)
-        renewed = self._holder_script("renew", lease, [ttl_ms])
-        return _replace(lease, expires_at_ms=renewed.expires_at_ms)
+        return settlement.extended(lease, self._holder_script("renew", lease, [ttl_ms]))
 
     def renew_many(self, leases: Sequence[Lease], ttl: float = DEFAULT_TTL) -> list[Lease | None]:
         """Renews several leases in one round trip, one script call per shard; None where a
@@ -347,17 +344,9 @@ class LeaseStore:
         ttl_ms = ttl_to_ms(ttl)
         for lease in leases:
             check_lease(lease)
-        groups = [("renew", lease, ttl_ms, "") for lease in leases]
+        groups: list[settlement.Group] = [("renew", lease, ttl_ms, "") for lease in leases]
         answers = self._settle(groups, commands=commands)
-        renewed: list[Lease | None] = []
-        for lease, reply in zip(leases, answers, strict=False):
-            if isinstance(reply, LeaseError):
-                if not isinstance(reply, (LeaseLost, NotFound)):
-                    raise reply
-                renewed.append(None)
-            else:
-                renewed.append(_replace(lease, expires_at_ms=reply.expires_at_ms))
-        return renewed, answers[len(leases) :]
+        return settlement.renewed(leases, answers), answers[len(leases) :]
 
     def commit(
         self,
@@ -378,8 +367,9 @@ class LeaseStore:
             ConditionFailed: a condition did not hold; nothing was written and the lease is kept.
         """
         request = CommitRequest(lease, result, tuple(conditions), tuple(writes), outcome)
-        extra, args = self._commit_args(request)
-        return _commit_outcome(self._holder_script("commit", lease, args, extra_keys=extra))
+        extra, args = settlement.commit_args(request)
+        reply = self._holder_script("commit", lease, args, extra_keys=extra)
+        return settlement.commit_outcome(reply)
 
     def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitOutcome | LeaseError]:
         """Commits several items in one round trip, each fenced on its own.
@@ -401,39 +391,13 @@ class LeaseStore:
         release, or the LeaseError that refused it (LeaseLost, NotFound, ConditionFailed);
         a request that is not valid gets its InvalidInput and is not sent.
         """
-        outcomes: list[CommitOutcome | FailOutcome | LeaseError | None] = [None] * len(requests)
-        groups: list[tuple[str, Lease, Any, Any]] = []
-        grouped: list[int] = []
-        guarded: list[tuple[int, Lease, Call]] = []
-        for index, request in enumerate(requests):
-            try:
-                check_lease(request.lease)
-                if isinstance(request, CommitRequest) and (request.conditions or request.writes):
-                    guarded.append((index, request.lease, self._guarded_call(request)))
-                else:
-                    groups.append(_settle_group(request))
-                    grouped.append(index)
-            except InvalidInput as invalid:
-                outcomes[index] = invalid
-        replies = self._settle(groups, [(lease, call) for _, lease, call in guarded])
-        for index, reply in zip(grouped + [i for i, _, _ in guarded], replies, strict=True):
-            if isinstance(reply, Committed):
-                outcomes[index] = _commit_outcome(reply)
-            elif isinstance(reply, Failed):
-                outcomes[index] = FailOutcome(reply.state, reply.eligible_at_ms, reply.attempts)
-            elif isinstance(reply, LeaseError):
-                outcomes[index] = reply
-        return outcomes
-
-    def _guarded_call(self, request: CommitRequest) -> Call:
-        lease = request.lease
-        extra, args = self._commit_args(request)
-        keys = self.keys.shard(lease.run_id, lease.shard) + extra
-        return Call("commit", keys, [lease.item_id, lease.token, lease.lease_id, *args])
+        batch = settlement.encode(self.keys, requests)
+        replies = self._settle(batch.groups, batch.alone)
+        return settlement.outcomes(len(requests), batch, replies)
 
     def _settle(
         self,
-        groups: Sequence[tuple[str, Lease, Any, Any]],
+        groups: Sequence[settlement.Group],
         alone: Sequence[tuple[Lease, Call]] = (),
         commands: Sequence[Command] = (),
     ) -> list[Any]:
@@ -445,40 +409,15 @@ class LeaseStore:
         then per command its raw reply; raises when the server refused the user or went
         away (not one item's fault).
         """
-        by_shard: dict[tuple[str, int], list[int]] = {}
-        for index, (_, lease, _, _) in enumerate(groups):
-            by_shard.setdefault((lease.run_id, lease.shard), []).append(index)
-        calls: list[Call | Command] = []
-        members: list[list[int]] = []
-        for (run_id, shard), indexes in by_shard.items():
-            for start in range(0, len(indexes), BATCH_MAX):
-                chunk = indexes[start : start + BATCH_MAX]
-                flat: list[Any] = []
-                for i in chunk:
-                    op, lease, detail, option = groups[i]
-                    flat += [op, lease.item_id, lease.token, lease.lease_id, detail, option]
-                calls.append(Call("settle", self.keys.shard(run_id, shard), flat))
-                members.append(chunk)
-        calls.extend(call for _, call in alone)
-        calls.extend(commands)
+        settles, members = settlement.shard_calls(self.keys, groups)
+        calls: list[Call | Command] = [*settles, *(call for _, call in alone), *commands]
         if not calls:
             return []
         with self.errors():
             replies = self.scripts.many(calls)
-        answers: list[Any] = [None] * (len(groups) + len(alone))
-        refused_whole: list[int] = []  # groups of a call refused as a whole (INVALID)
-        for call_index, reply in enumerate(replies[: len(replies) - len(commands)]):
-            if call_index < len(members):
-                chunk = members[call_index]
-                if not isinstance(reply, list) and len(chunk) > 1:
-                    refused_whole += chunk  # one group's fault: each is sent again alone
-                    continue
-                rows = reply if isinstance(reply, list) else [reply]
-                for i, row in zip(chunk, rows, strict=True):
-                    answers[i] = self._answer(row, groups[i][1])
-            else:
-                lease = alone[call_index - len(members)][0]
-                answers[len(groups) + call_index - len(members)] = self._answer(reply, lease)
+        answers, refused_whole = settlement.read(
+            groups, members, alone, replies[: len(replies) - len(commands)], self._answer
+        )
         if refused_whole:  # nothing of those calls was written: each group alone says whose it is
             for i, answer in zip(
                 refused_whole, self._settle_alone(groups, refused_whole), strict=True
@@ -486,20 +425,13 @@ class LeaseStore:
                 answers[i] = answer
         return answers + replies[len(replies) - len(commands) :]
 
-    def _settle_alone(
-        self, groups: Sequence[tuple[str, Lease, Any, Any]], indexes: list[int]
-    ) -> list[Any]:
+    def _settle_alone(self, groups: Sequence[settlement.Group], indexes: list[int]) -> list[Any]:
         """Sends each of the groups at ``indexes`` in a settle call of its own (one round
         trip); returns their answers, a refusal only for the group it is about."""
-        calls: list[Call | Command] = []
-        for i in indexes:
-            op, lease, detail, option = groups[i]
-            flat = [op, lease.item_id, lease.token, lease.lease_id, detail, option]
-            calls.append(Call("settle", self.keys.shard(lease.run_id, lease.shard), flat))
         with self.errors():
-            replies = self.scripts.many(calls)
+            replies = self.scripts.many(settlement.alone_calls(self.keys, groups, indexes))
         return [
-            self._answer(reply[0] if isinstance(reply, list) else reply, groups[i][1])
+            self._answer(settlement.alone_row(reply), groups[i][1])
             for i, reply in zip(indexes, replies, strict=True)
         ]
 
@@ -512,18 +444,9 @@ class LeaseStore:
             raise error  # the server refused the user or went away: not one item's fault
         return error
 
-    def _commit_args(self, request: CommitRequest) -> tuple[list[str], list[Any]]:
-        """The guarded keys and the commit script's arguments after the holder's three."""
-        result_text = encode_json(request.result, "result")
-        label = check_id(request.outcome, "outcome") if request.outcome else ""
-        if not request.conditions and not request.writes:
-            return [], [result_text, "[]", "[]", label]
-        extra, conditions, writes = guards.encode(request.conditions, request.writes)
-        return extra, [result_text, conditions, writes, label]
-
     def fail(self, lease: Lease, error: str, *, permanent: bool = False) -> FailOutcome:
         """Reports a failed attempt: retried with backoff, or dead. Raises LeaseLost."""
-        text = _error_text(error)
+        text = settlement.error_text(error)
         failed = self._holder_script(
             "fail", lease, [text, "1" if permanent else "0", f"{random.random():.6f}"]
         )
@@ -665,43 +588,6 @@ class LeaseStore:
         """Every run id, oldest first."""
         with self.errors():
             return [as_text(r) for r in self.client.zrange(self.keys.runs, 0, -1)]
-
-
-def _error_text(error: str) -> str:
-    if not isinstance(error, str) or not error.strip():
-        raise InvalidInput("an error text is required; say what failed")
-    return clip(error, ERROR_MAX_BYTES)
-
-
-def _settle_group(request: SettleRequest) -> tuple[str, Lease, Any, Any]:
-    """A request as a settle group (operation, lease, detail, option); raises InvalidInput."""
-    if isinstance(request, CommitRequest):
-        result_text = encode_json(request.result, "result")
-        label = check_id(request.outcome, "outcome") if request.outcome else ""
-        return ("commit", request.lease, result_text, label)
-    if isinstance(request, FailRequest):
-        option = "permanent" if request.permanent else f"{random.random():.6f}"
-        return ("fail", request.lease, _error_text(request.error), option)
-    if isinstance(request, ReleaseRequest):
-        delay_ms = delay_to_ms(request.delay) if request.delay else 0
-        return ("release", request.lease, delay_ms, "")
-    raise InvalidInput(f"cannot settle a {type(request).__name__}; use CommitRequest, "
-                       "FailRequest or ReleaseRequest")  # fmt: skip
-
-
-def _commit_outcome(reply: Committed) -> CommitOutcome:
-    return CommitOutcome(
-        token=reply.token,
-        result=json.loads(reply.result) if reply.result else None,
-        done_at_ms=reply.done_at_ms,
-        repeated=reply.repeated,
-    )
-
-
-def _replace(lease: Lease, **changes: Any) -> Lease:
-    from dataclasses import replace
-
-    return replace(lease, **changes)
 
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""The pure parts of benchmarks/peers.py: medians, ratios, figures and the JSON report.
+"""The pure parts of benchmarks/peers.py and peers_report.py: medians, ratios, figures and the
+JSON report.
 
 Nothing here starts a worker or times anything: the rounds are made up.
 """
@@ -9,11 +10,11 @@ import json
 
 import pytest
 
-from benchmarks import peers
+from benchmarks import peers, peers_report
 
 
-def _round(items: int, seconds: float, cpu: float, commands: float) -> peers.Round:
-    return peers.Round(
+def _round(items: int, seconds: float, cpu: float, commands: float) -> peers_report.Round:
+    return peers_report.Round(
         items=items, seconds=seconds, cpu_seconds=cpu, commands=commands, startup_seconds=0.5
     )
 
@@ -24,21 +25,21 @@ def _figures(rate: float, us: float, commands: float) -> dict[str, dict[str, obj
         handler: [_round(1000, 1000 / rate, us * 1000 / 1e6, commands * 1000)]
         for handler in peers.HANDLERS
     }
-    return {handler: peers.summarize(rs, 1000) for handler, rs in rounds.items()}
+    return {handler: peers_report.summarize(rs, 1000) for handler, rs in rounds.items()}
 
 
 def test_median_of_odd_and_even_counts_and_of_none() -> None:
-    assert peers.median([3.0, 1.0, 2.0]) == 2.0
-    assert peers.median([4.0, 1.0, 2.0, 3.0]) == 2.5
-    assert peers.median([]) is None
+    assert peers_report.median([3.0, 1.0, 2.0]) == 2.0
+    assert peers_report.median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    assert peers_report.median([]) is None
 
 
 def test_ratio_is_ours_over_theirs_and_none_when_it_cannot_be_taken() -> None:
-    assert peers.ratio(9000.0, 3000.0) == 3.0
-    assert peers.ratio(1.0, 3.0) == 0.33
-    assert peers.ratio(None, 3.0) is None
-    assert peers.ratio(3.0, None) is None
-    assert peers.ratio(3.0, 0.0) is None
+    assert peers_report.ratio(9000.0, 3000.0) == 3.0
+    assert peers_report.ratio(1.0, 3.0) == 0.33
+    assert peers_report.ratio(None, 3.0) is None
+    assert peers_report.ratio(3.0, None) is None
+    assert peers_report.ratio(3.0, 0.0) is None
 
 
 def test_a_round_gives_rate_cpu_and_commands_per_item() -> None:
@@ -55,7 +56,7 @@ def test_summarize_takes_the_median_of_each_figure_separately() -> None:
         _round(1000, 0.5, 0.030, 12_000),  # 2000/s, 30 us, 12 commands
         _round(1000, 0.25, 0.070, 11_000),  # 4000/s, 70 us, 11 commands
     ]
-    figure = peers.summarize(rounds, 1000)
+    figure = peers_report.summarize(rounds, 1000)
     assert figure["items_per_s"] == 2000.0
     assert figure["server_us_per_item"] == 50.0
     assert figure["commands_per_item"] == 11.0
@@ -64,13 +65,13 @@ def test_summarize_takes_the_median_of_each_figure_separately() -> None:
 
 
 def test_summarize_of_no_rounds_has_no_figures() -> None:
-    figure = peers.summarize([], 500)
+    figure = peers_report.summarize([], 500)
     assert figure["items_per_s"] is None
     assert figure["rounds"] == []
 
 
 def test_the_report_marks_an_unavailable_peer_null_with_its_reason() -> None:
-    figures: peers.FigureMap = {
+    figures: peers_report.FigureMap = {
         "redis_lease": _figures(rate=8000, us=60, commands=11),
         "bullmq": None,
         "rq_simple": _figures(rate=500, us=300, commands=55),
@@ -78,7 +79,7 @@ def test_the_report_marks_an_unavailable_peer_null_with_its_reason() -> None:
         "celery": _figures(rate=1000, us=100, commands=9),
     }
     cycles = {"lease_cycles_per_s": 3000.0, "lock_cycles_per_s": 6000.0, "ratio": 0.5}
-    report = peers.build_report(
+    report = peers_report.build_report(
         figures,
         {"bullmq": "Node.js and npm are not installed: apt-get install nodejs npm"},
         cycles,
@@ -104,7 +105,7 @@ def test_a_handler_that_failed_has_no_ratio() -> None:
     ours = _figures(rate=8000, us=60, commands=11)
     theirs = _figures(rate=500, us=300, commands=55)
     theirs["20ms"] = None
-    ratios = peers.peer_ratios({"redis_lease": ours, "rq_simple": theirs})
+    ratios = peers_report.peer_ratios({"redis_lease": ours, "rq_simple": theirs})
     assert ratios["rq_simple"] is not None
     assert ratios["rq_simple"]["20ms"] == {
         "items_per_s": None,
@@ -115,13 +116,13 @@ def test_a_handler_that_failed_has_no_ratio() -> None:
 
 
 def test_the_table_shows_figures_ratios_and_the_unavailable_peer() -> None:
-    figures: peers.FigureMap = {
+    figures: peers_report.FigureMap = {
         "redis_lease": _figures(rate=8000, us=60, commands=11),
         "bullmq": None,
         "celery": _figures(rate=1000, us=100, commands=9),
     }
-    report = peers.build_report(figures, {"bullmq": "no node"}, None, {})
-    text = peers.table(report)
+    report = peers_report.build_report(figures, {"bullmq": "no node"}, None, {})
+    text = peers_report.table(report)
     assert "| bullmq | - | | unavailable: no node |" in text
     assert "| celery | noop | 1000 | 1,000 | 100.0 | 9.0 | 8.00x | 0.60x | 1.22x |" in text
 

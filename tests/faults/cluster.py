@@ -388,7 +388,9 @@ class Cluster:
 
     def squeeze(self, keys: int, policy: str = "allkeys-lru", samples: int = 5) -> None:
         """Sets an evicting ``policy`` and lowers maxmemory under the use, 2 KB at a time,
-        until the server has evicted ``keys`` keys; then sets it 1 MB above the use.
+        until the server has evicted ``keys`` keys; then sets it 64 MB above the use, so
+        that the workers started afterwards (16 handlers each, their connections and
+        buffers) evict nothing more: the loss stays the one this fault made.
 
         ``samples``: keys the server samples per eviction (64: about exact LRU on a
         small database).
@@ -405,7 +407,7 @@ class Cluster:
             used -= 2000
             assert used > 0, f"fewer than {keys} keys to evict"
             client.config_set("maxmemory", str(used))  # evicts down to it at once
-        client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) + 2**20))
+        client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) + 2**26))
         self.note("squeeze", f"{policy}: {evicted() - before} keys evicted")
 
     # -- runs -----------------------------------------------------------------------
