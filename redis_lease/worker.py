@@ -1,8 +1,7 @@
-"""Working one shard: claim in batches, run handlers under kept leases, commit or fail.
+"""The RQ job that works one shard: :func:`process_shard`.
 
-:func:`process_shard` is the RQ job function. :func:`work_shard` does the work
-and can be called without RQ; it runs up to ``concurrency`` handlers at once
-(:mod:`redis_lease.pool`). While handlers run, a
+It sets up what :func:`~redis_lease.shard_loop.work_shard` (the shard loop, which
+needs no RQ) works under, and records what the pass did. While handlers run, a
 :class:`~redis_lease.keeper.LeaseKeeper` thread renews the process's leases
 (conditional on their tokens) and beats the shard job's heartbeat; a lease that
 cannot be renewed is marked lost, which stops its handler.
@@ -10,18 +9,13 @@ cannot be renewed is marked lost, which stops its handler.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import math
 import os
-import queue
 import signal
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -30,371 +24,20 @@ from rq import get_current_job
 
 from . import capacity, dispatch
 from .connection import describe, eviction_danger, redis_errors, resilient
-from .errors import (
-    ConditionFailed,
-    InvalidInput,
-    LeaseError,
-    LeaseLost,
-    PermanentError,
-    RedisLeaseError,
-    RunClosed,
-    SlotTimeout,
-    Throttled,
-)
-from .guards import Condition, Write
-from .jobs import Job, check_concurrency, load_job
+from .errors import InvalidInput, LeaseError, RedisLeaseError
+from .jobs import check_concurrency, load_job
 from .keeper import ActiveLease, LeaseKeeper
-from .lease import CommitRequest, FailRequest, ReleaseRequest, SettleRequest
 from .limits import DEFAULT_PREFIX
-from .pool import Finished, Pool, make_pool
+from .shard_loop import Outcome, ShardReport, work_shard
 from .store import LeaseStore
 
 log = logging.getLogger("redis_lease.worker")
 
 __all__ = ["ActiveLease", "LeaseKeeper", "Outcome", "ShardReport", "process_shard", "work_shard"]
 
-#: Seconds before an item released for want of a provider slot is due again.
-SLOT_RETRY_DELAY = 1.0
-#: The longest the shard loop waits for a handler before it looks at the stop request again.
-_STOP_POLL = 0.05
-#: A settlement to send and the report's counter its success adds to; None: nothing to send.
-_Settlement = tuple[SettleRequest, str] | None
 #: The environment variable through which ``redis-lease worker --concurrency N`` reaches
 #: its job processes; it overrides the jobs' ``concurrency`` option.
 CONCURRENCY_ENV = "REDIS_LEASE_CONCURRENCY"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """A handler's answer with a label (counted as ``outcome_<label>``) or guarded writes."""
-
-    result: Any = None
-    conditions: tuple[Condition, ...] = ()
-    writes: tuple[Write, ...] = ()
-    label: str = ""
-
-
-@dataclass
-class ShardReport:
-    """What one pass over a shard did."""
-
-    committed: int = 0
-    failed: int = 0
-    stale: int = 0
-    released: int = 0
-    throttled: int = 0
-    stopped: bool = False
-    drained: bool = False
-    closed: bool = False
-    errors: list[str] = field(default_factory=list)
-    #: Items left to their lease expiry after an error while settling them.
-    abandoned: int = 0
-    #: Handlers run (ended, whatever their outcome).
-    handled: int = 0
-    #: The summed wall time of those handlers, in seconds.
-    handler_seconds: float = 0.0
-
-
-def work_shard(
-    store: LeaseStore,
-    job: Job,
-    run_id: str,
-    shard: int,
-    *,
-    worker: str,
-    budget: float,
-    stop: threading.Event,
-    keeper: LeaseKeeper,
-    concurrency: int | None = None,
-) -> ShardReport:
-    """Claims and handles the shard's due items until drained, stopped or out of budget.
-
-    Up to ``concurrency`` handlers (default: the job's option) run at once:
-    plain handlers on threads, ``async def`` handlers on one event loop. More
-    items are claimed (``batch_size`` at most per claim) while fewer than
-    ``concurrency`` are running or waiting. Commits are sent together, in one
-    round trip, when nothing is left to start or once the oldest waits
-    ``commit_interval`` seconds; until then their leases are kept renewed. On a
-    stop request the running handlers are finished, the waiting commits sent,
-    and the claimed items not yet started released, so that they are
-    claimable at once.
-    """
-    if job.handle_item is None:
-        raise LeaseError(f"job {job.name!r} has no handler; decorate one with @job.handler")
-    size = job.options.concurrency if concurrency is None else check_concurrency(concurrency)
-    report = ShardReport()
-    pool = make_pool(job.handle_item, size)
-    shard_loop = _ShardLoop(store, job, run_id, shard, worker, keeper, pool, size, report)
-    try:
-        shard_loop.run(stop, time.monotonic() + budget)
-    finally:
-        pool.close()
-        shard_loop.settle_finished()  # handlers that ended while the loop was leaving
-        shard_loop.pending.flush()
-    return report
-
-
-class _ShardLoop:
-    """The claim, start, settle loop of one pass over a shard."""
-
-    def __init__(
-        self,
-        store: LeaseStore,
-        job: Job,
-        run_id: str,
-        shard: int,
-        worker: str,
-        keeper: LeaseKeeper,
-        pool: Pool,
-        size: int,
-        report: ShardReport,
-    ) -> None:
-        self.store, self.job, self.run_id, self.shard = store, job, run_id, shard
-        self.worker, self.keeper, self.pool, self.size = worker, keeper, pool, size
-        self.report = report
-        self.pending = _PendingCommits(store, keeper, report, job.options.commit_interval)
-        self.waiting: deque[ActiveLease] = deque()
-        self.running = 0
-
-    def run(self, stop: threading.Event, ends: float) -> None:
-        """Works until drained, closed, stopped or ``ends`` (monotonic).
-
-        However it leaves (an error included), the claimed items not started are
-        given back and the running handlers finished.
-        """
-        try:
-            self._work(stop, ends)
-        finally:
-            self.report.stopped = stop.is_set()
-            self._release_waiting()
-            while self.running:  # finish what has started
-                self._settle_next(min(self.pending.due_in(), _STOP_POLL))
-                self.pending.flush_due()
-
-    def _work(self, stop: threading.Event, ends: float) -> None:
-        report, pending, waiting = self.report, self.pending, self.waiting
-        exhausted = False  # the last claim found nothing due
-        while not stop.is_set() and time.monotonic() < ends:
-            if not exhausted and self.running + len(waiting) < self.size:
-                try:
-                    exhausted = not self._claim()
-                except RunClosed:
-                    report.closed = True
-                    return
-            while waiting and self.running < self.size:
-                if stop.is_set() or time.monotonic() >= ends:
-                    break
-                pending.flush_due()  # a finished item's commit does not wait on a slow handler
-                self._start(waiting.popleft())
-            if not self.running and not waiting:
-                pending.flush()
-                if exhausted:
-                    report.drained = True
-                    return
-                continue
-            if self.running >= self.size or exhausted:
-                # Wait for a handler to end, waking to send due commits and to see a stop.
-                timeout = min(pending.due_in(), _STOP_POLL, max(0.0, ends - time.monotonic()))
-                if self._settle_next(timeout):
-                    exhausted = False
-            self.settle_finished()
-            pending.flush_due()
-
-    def _claim(self) -> bool:
-        """Claims up to ``batch_size`` items; True when some were due."""
-        ttl = self.job.options.lease_ttl
-        leases = self.store.claim_next(
-            self.run_id, self.worker, shard=self.shard, limit=self.job.options.batch_size, ttl=ttl
-        )
-        for lease in leases:
-            active = ActiveLease(self.store, lease, ttl)
-            self.keeper.hold(active)
-            self.waiting.append(active)
-        return bool(leases)
-
-    def _start(self, active: ActiveLease) -> None:
-        if active.lost:  # lost while waiting to start
-            self.keeper.drop(active)
-            return
-        self.running += 1
-        self.pool.start(active)
-        if self.size == 1:  # an inline handler has ended by now: settle it before going on
-            self.settle_finished()
-
-    def _settle_next(self, timeout: float) -> bool:
-        """Waits up to ``timeout`` seconds for a handler to end and settles it."""
-        try:
-            finished = (
-                self.pool.done.get(timeout=timeout) if timeout > 0 else self.pool.done.get_nowait()
-            )
-        except queue.Empty:
-            return False
-        self._settle(finished)
-        return True
-
-    def settle_finished(self) -> None:
-        """Settles every handler that has ended."""
-        while True:
-            try:
-                finished = self.pool.done.get_nowait()
-            except queue.Empty:
-                return
-            self._settle(finished)
-
-    def _settle(self, finished: Finished) -> None:
-        self.running -= 1
-        self.report.handled += 1
-        self.report.handler_seconds += finished.seconds
-        active = finished.active
-        settlement = _outcome(active, finished.answer, finished.error)
-        if settlement is None:  # the lease was lost: the item is another holder's
-            self.keeper.drop(active)
-            assert isinstance(finished.error, LeaseLost)
-            _stale(active, self.report, finished.error)
-        else:
-            self.pending.add(active, *settlement)
-
-    def _release_waiting(self) -> None:
-        """Gives back claimed items that were not started (claimable at once), with the
-        waiting settlements in one round trip."""
-        waiting, self.waiting = list(self.waiting), deque()
-        for active in waiting:
-            self.pending.waiting.append((active, ReleaseRequest(active.lease), "released"))
-        self.pending.flush()
-
-
-class _PendingCommits:
-    """Settlements (commits, fails, releases) waiting to be sent together in one round trip;
-    their leases stay with the keeper meanwhile."""
-
-    def __init__(
-        self, store: LeaseStore, keeper: LeaseKeeper, report: ShardReport, interval: float
-    ) -> None:
-        self.store, self.keeper, self.report, self.interval = store, keeper, report, interval
-        #: (lease, request, the report's counter its success adds to)
-        self.waiting: list[tuple[ActiveLease, SettleRequest, str]] = []
-        self.oldest = 0.0
-
-    def add(self, active: ActiveLease, request: SettleRequest, counter: str) -> None:
-        """Queues a settlement; sends the queue when its oldest has waited long enough."""
-        if not self.waiting:
-            self.oldest = time.monotonic()
-        self.waiting.append((active, request, counter))
-        self.flush_due()
-
-    def due_in(self) -> float:
-        """Seconds until the waiting settlements are due (infinite when none wait)."""
-        if not self.waiting:
-            return math.inf
-        return max(0.0, self.oldest + self.interval - time.monotonic())
-
-    def flush_due(self) -> None:
-        """Sends the waiting settlements once the oldest has waited ``interval`` seconds."""
-        if self.waiting and time.monotonic() - self.oldest >= self.interval:
-            self.flush()
-
-    def flush(self) -> None:
-        """Sends every waiting settlement in one round trip and settles each answer.
-
-        When the round trip fails (Redis gone past the retries) the items are
-        left to their lease expiry; the job goes on.
-        """
-        if not self.waiting:
-            return
-        waiting, self.waiting = self.waiting, []
-        try:
-            answers = self.store.settle_many([request for _, request, _ in waiting])
-        except LeaseError as error:
-            answers = [error] * len(waiting)
-        for (active, request, counter), answer in zip(waiting, answers, strict=True):
-            self.keeper.drop(active)
-            self._settle_answer(active, request, counter, answer)
-
-    def _settle_answer(
-        self, active: ActiveLease, request: SettleRequest, counter: str, answer: Any
-    ) -> None:
-        report = self.report
-        commit = isinstance(request, CommitRequest)
-        if isinstance(answer, LeaseLost):
-            _stale(active, report, answer)
-        elif commit and isinstance(answer, InvalidInput):  # e.g. a result that is not JSON
-            if _settle(self.store.fail, active, report, f"permanent: {answer}", permanent=True):
-                report.failed += 1
-        elif commit and isinstance(answer, ConditionFailed):
-            # What the handler read changed before the commit: back at once, read again.
-            if _settle(self.store.release, active, report):
-                report.released += 1
-        elif isinstance(answer, LeaseError):
-            action = type(request).__name__.removesuffix("Request").lower()
-            _abandon(active, report, action, answer)
-        else:
-            setattr(report, counter, getattr(report, counter) + 1)
-
-
-def _outcome(active: ActiveLease, answer: Any, error: BaseException | None) -> _Settlement:
-    """What a handler's answer or error asks for: a settlement and its counter, or None
-    when the lease was lost (the item is another holder's: nothing to write)."""
-    if error is None:
-        if isinstance(answer, Outcome):
-            request = CommitRequest(
-                active.lease, answer.result, answer.conditions, answer.writes, answer.label
-            )
-            return request, "committed"
-        return CommitRequest(active.lease, answer), "committed"
-    if not isinstance(error, (Exception, asyncio.CancelledError)):
-        raise error  # KeyboardInterrupt, SystemExit: not the item's doing
-    if isinstance(error, LeaseLost):
-        return None
-    if isinstance(error, PermanentError):
-        return FailRequest(active.lease, f"permanent: {error}", permanent=True), "failed"
-    if isinstance(error, Throttled):  # not the item's fault: back later, attempt not counted
-        return ReleaseRequest(active.lease, error.delay_ms / 1000), "throttled"
-    if isinstance(error, SlotTimeout):
-        return ReleaseRequest(active.lease, SLOT_RETRY_DELAY), "throttled"
-    # The handler is user code: any other failure is a failed attempt.
-    return FailRequest(active.lease, f"{type(error).__name__}: {error}"), "failed"
-
-
-def _settle(
-    call: Callable[..., Any], active: ActiveLease, report: ShardReport, *args: Any, **kw: Any
-) -> bool:
-    """Fails or releases the item; True when that was done.
-
-    A lease lost meanwhile is counted as stale. Any other error (Redis gone
-    past the retries, a refusal) is logged and the item left to its lease
-    expiry: the job goes on with the next item.
-    """
-    try:
-        call(active.lease, *args, **kw)
-    except LeaseLost as error:
-        _stale(active, report, error)
-        return False
-    except RedisLeaseError as error:
-        _abandon(active, report, getattr(call, "__name__", "settle"), error)
-        return False
-    return True
-
-
-def _stale(active: ActiveLease, report: ShardReport, error: LeaseLost) -> None:
-    """Counts a lease lost meanwhile: the item is another holder's now."""
-    active.mark_lost()
-    report.stale += 1
-    log.info("stale: %s", error)
-
-
-def _abandon(active: ActiveLease, report: ShardReport, action: str, error: Exception) -> None:
-    """Leaves an item to its lease expiry after ``action`` failed; logs it with the item."""
-    report.abandoned += 1
-    report.errors.append(f"{action} of item {active.item_id!r} failed: {error}")
-    log.warning(
-        "%s of item %r of run %r (token %s) failed, so it is left to its lease expiry: %s: %s",
-        action,
-        active.item_id,
-        active.run_id,
-        active.token,
-        type(error).__name__,
-        error,
-    )
 
 
 def worker_name(rq_job_id: str) -> str:
