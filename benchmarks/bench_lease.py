@@ -135,18 +135,18 @@ def pipelined_seconds(store: LeaseStore, run_id: str, ids: Sequence[str]) -> flo
     lua/commit.lua with raw EVALSHA in a non-transactional pipeline.
     """
     client = store.client
-    keys = store.keys.shard(run_id, store.shard_for(run_id, ids[0]))
+    keys = store.keys.logged(run_id, store.shard_for(run_id, ids[0]))  # with the attempt log
     claim_sha, commit_sha = store.scripts["claim"].sha, store.scripts["commit"].sha
     result = json.dumps(RESULT, separators=(",", ":"))
 
     def claim_args(name: str) -> list[Any]:
-        return [claim_sha, 7, *keys, name, "bench", uuid.uuid4().hex, int(TTL * 1000)]
+        return [claim_sha, len(keys), *keys, name, "bench", uuid.uuid4().hex, int(TTL * 1000)]
 
     start = time.perf_counter()
     row = client.evalsha(*claim_args(ids[0]))
     for index, name in enumerate(ids):
         pipe = client.pipeline(transaction=False)
-        pipe.evalsha(commit_sha, 7, *keys, name, int(row[1]), row[2], result, "[]", "[]")
+        pipe.evalsha(commit_sha, len(keys), *keys, name, int(row[1]), row[2], result, "[]", "[]")
         if index + 1 < len(ids):
             pipe.evalsha(*claim_args(ids[index + 1]))
         replies = pipe.execute()
@@ -300,8 +300,8 @@ def memory_usage_sum(client: redis.Redis, keys: Sequence[str]) -> int:
 
 
 def run_keys(keys: Keys, run_id: str, shards: int) -> list[str]:
-    """Every key of one run: its record and the seven keys of each shard."""
-    return [keys.run(run_id)] + [k for s in range(shards) for k in keys.shard(run_id, s)]
+    """Every key of one run: its record and the eight keys of each shard (the attempt log too)."""
+    return [keys.run(run_id)] + [k for s in range(shards) for k in keys.logged(run_id, s)]
 
 
 def measure_items(

@@ -76,6 +76,14 @@ def reference_source(checkout: Path) -> Callable[[str], str]:
     return expand
 
 
+def _keys(src: Callable[[str], str], prefix: str) -> tuple[list[str], list[str]]:
+    """The shard keys of a revision's claim, commit and settle calls (with the attempt log
+    when its scripts take one) and the trace id argument each holder call ends with."""
+    logged = "KEYS[8] attempts" in src("settle")
+    names = (*KEY_NAMES, "attempts") if logged else KEY_NAMES
+    return [f"{prefix}:{{r#0}}:{name}" for name in names], [uuid.uuid4().hex] if logged else []
+
+
 def _usec(client: redis.Redis) -> tuple[int, int]:
     stats = client.info("commandstats").get("cmdstat_evalsha", {})
     return int(stats.get("calls", 0)), int(stats.get("usec", 0))
@@ -87,17 +95,19 @@ def measure(
     """Server usec per claim call and per commit call over ``n`` items on a fresh shard."""
     sha = {name: client.script_load(src(name)) for name in ("add_items", "claim", "commit")}
     prefix = f"bench-cpu-{uuid.uuid4().hex[:8]}"
-    keys = [f"{prefix}:{{r#0}}:{name}" for name in KEY_NAMES]
+    keys, trace = _keys(src, prefix)
     ids = [f"i{i}" for i in range(n)]
     settings = ["r", 0, 5, 1000, 300000, *([0] if with_deadline else [])]
     for start in range(0, n, 500):
         flat = [part for item in ids[start : start + 500] for part in (item, PAYLOAD)]
-        client.evalsha(sha["add_items"], 7, *keys, *settings, *flat)
+        client.evalsha(sha["add_items"], 7, *keys[:7], *settings, *flat)
     before = _usec(client)
-    rows = [client.evalsha(sha["claim"], 7, *keys, i, "w", uuid.uuid4().hex, 600000) for i in ids]
+    k = len(keys)
+    rows = [client.evalsha(sha["claim"], k, *keys, i, "w", uuid.uuid4().hex, 600000) for i in ids]
     claimed = _usec(client)
     for row in rows:
-        client.evalsha(sha["commit"], 7, *keys, row[0], int(row[1]), row[2], RESULT, "[]", "[]", "")
+        args = (row[0], int(row[1]), row[2], RESULT, "[]", "[]", "", *trace)
+        client.evalsha(sha["commit"], k, *keys, *args)
     committed = _usec(client)
     for key in client.scan_iter(match=f"{prefix}:*"):
         client.delete(key)
@@ -113,21 +123,25 @@ def measure_batched(
     """Server CPU per item of claim_next (``batch`` a call) and of settle (one call a batch)."""
     sha = {name: client.script_load(src(name)) for name in ("add_items", "claim_next", "settle")}
     prefix = f"bench-cpu-{uuid.uuid4().hex[:8]}"
-    keys = [f"{prefix}:{{r#0}}:{name}" for name in KEY_NAMES]
+    keys, trace = _keys(src, prefix)
+    k = len(keys)
     for start in range(0, n, 500):
         flat = [
             part for i in range(start, min(n, start + 500)) for part in (f"item-{i:07d}", PAYLOAD)
         ]
-        client.evalsha(sha["add_items"], 7, *keys, "r", 0, 5, 1000, 300000, 0, *flat)
+        client.evalsha(sha["add_items"], 7, *keys[:7], "r", 0, 5, 1000, 300000, 0, *flat)
     before = _cpu_us(client)
     batches = [
-        client.evalsha(sha["claim_next"], 7, *keys, "w", uuid.uuid4().hex, 600000, batch)
+        client.evalsha(sha["claim_next"], k, *keys, "w", uuid.uuid4().hex, 600000, batch)
         for _ in range(n // batch)
     ]
     claimed = _cpu_us(client)
     for rows in batches:
-        flat = [part for r in rows for part in ("commit", r[0], int(r[1]), r[2], "null", "")]
-        client.evalsha(sha["settle"], 7, *keys, *flat)
+        traced = [uuid.uuid4().hex] if trace else []  # one a batch: the server cost is the same
+        flat = [
+            part for r in rows for part in ("commit", r[0], int(r[1]), r[2], "null", "", *traced)
+        ]
+        client.evalsha(sha["settle"], k, *keys, *flat)
     settled = _cpu_us(client)
     for key in client.scan_iter(match=f"{prefix}:*"):
         client.delete(key)

@@ -33,12 +33,18 @@ Peers (2 worker processes each):
 - ``celery``: Redis broker, ``acks_late=True``, no result backend, ``--pool threads
   --concurrency 16``, gossip, mingle and heartbeat off.
 
+``redis_lease_c32``: one more redis-lease run in the rotation, the 20 ms handler at
+concurrency 32 (2 processes), with its share of the ideal 2 x 32 / 20 ms and its
+items/s ratio against RQ SimpleWorker's 20 ms figure (the comparisons with BullMQ and
+Celery stay at concurrency 16).
+
 ``redis_lease_cycle_vs_lock``: one ``store.claim`` + ``store.commit`` cycle against
 one redis-py ``Lock`` acquire + release cycle, one connection, blocks interleaved.
 
 Usage::
 
-    python benchmarks/peers.py [--quick] [--json] [--peers redis_lease,bullmq,...] [--rounds N]
+    python benchmarks/peers.py [--quick] [--json] [--peers redis_lease,bullmq,...]
+                               [--handlers noop,1ms,20ms] [--rounds N]
 
 ``--quick`` takes a few minutes; the full mode runs more items and more rounds.
 Progress goes to stderr; ``--json`` prints one JSON object on stdout. BullMQ and
@@ -86,6 +92,7 @@ from benchmarks.peers_report import (  # noqa: E402
     FigureMap,
     Round,
     build_report,
+    concurrency_run,
     median,
     ratio,
     summarize,
@@ -104,6 +111,12 @@ PEERS = ("redis_lease", "bullmq", "rq_simple", "rq_fork", "celery")
 HANDLERS: dict[str, float] = {"noop": 0.0, "1ms": 1.0, "20ms": 20.0}
 WORKERS = 2
 CONCURRENCY = 16
+#: The extra redis-lease run: this handler at this concurrency, reported on its own.
+C32 = "redis_lease_c32"
+C32_CONCURRENCY = 32
+C32_HANDLER = "20ms"
+#: What --peers can name: the peers, and the extra redis-lease run.
+RUNS = (*PEERS, C32)
 SHARDS = 8
 BATCH = 20
 POLL_SECONDS = 0.01
@@ -118,12 +131,16 @@ ITEMS: dict[str, dict[str, dict[str, int]]] = {
     "quick": {
         "noop": dict(redis_lease=6000, bullmq=4000, rq_simple=1000, rq_fork=150, celery=1500),
         "1ms": dict(redis_lease=5000, bullmq=4000, rq_simple=600, rq_fork=150, celery=1500),
-        "20ms": dict(redis_lease=1500, bullmq=1500, rq_simple=150, rq_fork=80, celery=1500),
+        "20ms": dict(
+            redis_lease=1500, bullmq=1500, rq_simple=150, rq_fork=80, celery=1500, **{C32: 3000}
+        ),
     },
     "full": {
         "noop": dict(redis_lease=20000, bullmq=15000, rq_simple=3000, rq_fork=400, celery=6000),
         "1ms": dict(redis_lease=15000, bullmq=15000, rq_simple=2000, rq_fork=400, celery=6000),
-        "20ms": dict(redis_lease=6000, bullmq=6000, rq_simple=400, rq_fork=200, celery=4000),
+        "20ms": dict(
+            redis_lease=6000, bullmq=6000, rq_simple=400, rq_fork=200, celery=4000, **{C32: 12000}
+        ),
     },
 }
 #: redis-lease items when its handler cannot overlap sleeps (no concurrency support).
@@ -345,6 +362,7 @@ class Harness:
         """Enqueues ``items`` items for ``peer`` and sets up its 2 workers."""
         makers: dict[str, Callable[[float, int, str], Prepared]] = {
             "redis_lease": self.lease,
+            C32: lambda ms, n, lb: self.lease(ms, n, lb, C32_CONCURRENCY),
             "bullmq": self.bullmq,
             "rq_simple": lambda ms, n, lb: self.rq(ms, n, lb, "rq.SimpleWorker"),
             "rq_fork": lambda ms, n, lb: self.rq(ms, n, lb, "rq.Worker"),
@@ -352,10 +370,13 @@ class Harness:
         }
         return makers[peer](sleep_ms, items, label)
 
-    def lease(self, sleep_ms: float, items: int, label: str) -> Prepared:
-        """A planned redis-lease run worked by ``redis-lease worker --simple --burst``."""
+    def lease(
+        self, sleep_ms: float, items: int, label: str, concurrency: int = CONCURRENCY
+    ) -> Prepared:
+        """A planned redis-lease run worked by ``redis-lease worker --simple --burst``,
+        ``concurrency`` handlers at once per worker with a sleeping handler (no-op: one)."""
         queue = self.name("lease")
-        concurrency = CONCURRENCY if sleep_ms > 0 else 1
+        concurrency = concurrency if sleep_ms > 0 else 1
         job = peer_lease_jobs.make_job(queue, SHARDS, BATCH, sleep_ms, concurrency, items)
         store = LeaseStore(self.client, prefix=queue, url=self.url)
         runs = Runs(store)
@@ -655,55 +676,81 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--peers",
-        default=",".join(PEERS),
-        help=f"comma-separated peers to run (default: all of {','.join(PEERS)})",
+        default=",".join(RUNS),
+        help=f"comma-separated peers to run (default: all of {','.join(RUNS)})",
+    )
+    parser.add_argument(
+        "--handlers",
+        default=",".join(HANDLERS),
+        help=f"comma-separated handlers to run (default: all of {','.join(HANDLERS)})",
     )
     parser.add_argument("--rounds", type=int, default=None, help="rounds per handler")
     args = parser.parse_args(argv)
-    chosen = [p.strip() for p in args.peers.split(",") if p.strip()]
-    unknown = [p for p in chosen if p not in PEERS]
-    if unknown:
-        parser.error(f"unknown peer {unknown[0]!r}: pick from {', '.join(PEERS)}")
-    if not chosen:
-        parser.error(f"--peers names no peer: pick from {', '.join(PEERS)}")
-    args.peers = [p for p in PEERS if p in chosen]
+    args.peers = _pick(parser, "--peers", "peer", args.peers, RUNS)
+    args.handlers = _pick(parser, "--handlers", "handler", args.handlers, tuple(HANDLERS))
     if args.rounds is not None and not 1 <= args.rounds <= 50:
         parser.error("--rounds must be from 1 to 50")
     return args
 
 
+def _pick(
+    parser: argparse.ArgumentParser, flag: str, what: str, given: str, known: tuple[str, ...]
+) -> list[str]:
+    """The names of a comma-separated list, in the order of ``known``; an unknown one or
+    none at all is a usage error."""
+    chosen = [name.strip() for name in given.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in known]
+    if unknown:
+        parser.error(f"unknown {what} {unknown[0]!r}: pick from {', '.join(known)}")
+    if not chosen:
+        parser.error(f"{flag} names no {what}: pick from {', '.join(known)}")
+    return [name for name in known if name in chosen]
+
+
 def item_counts(mode: str, overlap: bool) -> dict[str, dict[str, int]]:
-    """Items per handler and peer in ``mode`` (quick or full)."""
+    """Items per handler and peer in ``mode`` (quick or full); the extra concurrency-32
+    run has a count for its one handler only."""
     counts = {handler: dict(row) for handler, row in ITEMS[mode].items()}
     if not overlap:
         for handler, n in SEQUENTIAL_LEASE_ITEMS[mode].items():
             counts[handler]["redis_lease"] = n
+        counts[C32_HANDLER][C32] = SEQUENTIAL_LEASE_ITEMS[mode][C32_HANDLER]
     return counts
 
 
 def measure_all(
-    harness: Harness, peers: list[str], counts: dict[str, dict[str, int]], rounds: int
+    harness: Harness,
+    peers: list[str],
+    counts: dict[str, dict[str, int]],
+    rounds: int,
+    handlers: list[str] | None = None,
 ) -> tuple[FigureMap, dict[str, str], dict[str, str]]:
-    """Warm-up, then per handler ``rounds`` rounds of every peer in turn.
+    """Warm-up, then per handler ``rounds`` rounds of every peer in turn (a peer with no
+    item count for a handler, like the concurrency-32 run, skips it).
 
     Returns the figures, the peers whose warm-up failed (with the reason) and the
     handlers that failed later (``peer/handler``: the reason).
     """
+    chosen = {h: HANDLERS[h] for h in handlers or HANDLERS}
     broken: dict[str, str] = {}
     failures: dict[str, str] = {}
     for peer in peers:
+        if peer == C32 and "redis_lease" in peers:  # the same no-op warm-up: done once
+            continue
         log(f"warm-up: {peer}, {WARMUP_ITEMS} no-op items (not reported)")
         try:
             harness.run(peer, 0.0, WARMUP_ITEMS, f"warm-up {peer}")
         except RuntimeError as error:
             broken[peer] = f"warm-up failed: {str(error).splitlines()[0]}"
             log(f"{peer}: {broken[peer]}")
-    measured: dict[str, dict[str, list[Round]]] = {p: {h: [] for h in HANDLERS} for p in peers}
+    measured: dict[str, dict[str, list[Round]]] = {
+        p: {h: [] for h in chosen if p in counts[h]} for p in peers
+    }
     errors: dict[str, dict[str, str]] = {p: {} for p in peers}
-    for handler, sleep_ms in HANDLERS.items():
+    for handler, sleep_ms in chosen.items():
         for number in range(1, rounds + 1):
             for peer in peers:
-                if peer in broken or handler in errors[peer]:
+                if peer in broken or handler in errors[peer] or peer not in counts[handler]:
                     continue
                 label = f"{handler} round {number} {peer}"
                 items = counts[handler][peer]
@@ -757,7 +804,7 @@ def main(argv: list[str] | None = None) -> int:
         harness = Harness(url, client, Path(temp), flag)
         log(f"{mode} mode on a {kind}; {rounds} rounds; peers {', '.join(runnable)}")
         log(f"redis-lease: JobOptions.concurrency {overlap}, worker --concurrency {flag}")
-        figures, broken, failures = measure_all(harness, runnable, counts, rounds)
+        figures, broken, failures = measure_all(harness, runnable, counts, rounds, args.handlers)
         unavailable.update(broken)
         log("claim + commit cycles against Lock acquire + release cycles")
         cycles = harness.cycles(mode)
@@ -765,7 +812,13 @@ def main(argv: list[str] | None = None) -> int:
         leftover = int(client.dbsize())
         info = machine(client)
         client.close()
-    peers: FigureMap = {p: figures.get(p) for p in args.peers}
+    peers: FigureMap = {p: figures.get(p) for p in args.peers if p in PEERS}
+    c32 = None
+    if C32 in args.peers and C32_HANDLER in args.handlers:
+        ideal = WORKERS * C32_CONCURRENCY / (HANDLERS[C32_HANDLER] / 1000)
+        c32 = concurrency_run(
+            figures.get(C32), C32_HANDLER, C32_CONCURRENCY, ideal, figures.get("rq_simple")
+        )
     context = {
         "mode": mode,
         "redis": kind,
@@ -774,7 +827,7 @@ def main(argv: list[str] | None = None) -> int:
         "workers_per_peer": WORKERS,
         "concurrency": CONCURRENCY,
         "rounds": rounds,
-        "handlers_ms": HANDLERS,
+        "handlers_ms": {h: HANDLERS[h] for h in args.handlers},
         "items": counts,
         "redis_lease_overlaps_sleeps": overlap,
         "redis_lease_worker_concurrency_flag": flag,
@@ -782,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
         "leftover_keys": leftover,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    report = build_report(peers, unavailable, cycles, context)
+    report = build_report(peers, unavailable, cycles, context, c32)
     if args.json:
         print(json.dumps(report))
     else:
@@ -793,6 +846,11 @@ def main(argv: list[str] | None = None) -> int:
             f"Lock {c['lock_cycles_per_s']:,.0f}/s: {c['ratio']}x; "
             f"load average {report['load_average']}"
         )
+        if c32 and c32["figure"]:
+            print(
+                f"redis_lease at concurrency {c32['concurrency']}, {c32['handler']}: "
+                f"{c32['of_ideal']:.1%} of the ideal {c32['ideal_items_per_s']:,.0f}/s"
+            )
     return 0
 
 

@@ -117,18 +117,43 @@ def peer_ratios(peers: FigureMap) -> dict[str, dict[str, dict[str, float | None]
     return out
 
 
+def concurrency_run(
+    figures: dict[str, dict[str, Any] | None] | None,
+    handler: str,
+    concurrency: int,
+    ideal: float,
+    rq_simple: dict[str, dict[str, Any] | None] | None,
+) -> dict[str, Any]:
+    """An extra redis-lease run at another concurrency, with one handler: its figure, its
+    share of the ideal items/s, and its items/s against RQ SimpleWorker's (same handler)."""
+    figure = (figures or {}).get(handler)
+    theirs = (rq_simple or {}).get(handler)
+    rate = None if figure is None else figure.get("items_per_s")
+    return {
+        "handler": handler,
+        "concurrency": concurrency,
+        "figure": figure,
+        "ideal_items_per_s": ideal,
+        "of_ideal": None if rate is None or not ideal else round(rate / ideal, 3),
+        "items_per_s_vs_rq_simple": ratio(rate, None if theirs is None else theirs["items_per_s"]),
+    }
+
+
 def build_report(
     peers: FigureMap,
     unavailable: dict[str, str],
     cycles: dict[str, Any] | None,
     context: dict[str, Any],
+    c32: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The one JSON object: context, figures per peer, ratios, the lock baseline."""
+    """The one JSON object: context, figures per peer, ratios, the lock baseline, and the
+    extra concurrency-32 run (``redis_lease_c32``, None when it was not run)."""
     return {
         **context,
         "peers": peers,
         "unavailable": unavailable,
         "ratios": peer_ratios(peers),
+        "redis_lease_c32": c32,
         "redis_lease_cycle_vs_lock": cycles,
     }
 
@@ -155,4 +180,13 @@ def table(report: dict[str, Any]) -> str:
                 f"| {name} | {handler} | {fig['items']} | {fig['items_per_s']:,.0f} "
                 f"| {fig['server_us_per_item']} | {fig['commands_per_item']} | {shown} |"
             )
+    extra = report.get("redis_lease_c32")
+    if extra and extra["figure"]:
+        fig, vs_rq = extra["figure"], extra["items_per_s_vs_rq_simple"]
+        shown = "" if vs_rq is None else f"{vs_rq:.2f}x rq_simple"
+        rows.append(
+            f"| redis_lease at concurrency {extra['concurrency']} | {extra['handler']} "
+            f"| {fig['items']} | {fig['items_per_s']:,.0f} | {fig['server_us_per_item']} "
+            f"| {fig['commands_per_item']} | {shown} | | |"
+        )
     return "\n".join(rows)

@@ -4,7 +4,9 @@ Runs :func:`redis_lease.worker.work_shard` over a one-shard run of ``--items``
 items on a private ``redis-server`` (or ``--url``), with a kept lease renewed
 by a started :class:`~redis_lease.keeper.LeaseKeeper`, and a handler that does
 nothing (``--delay 0``) or sleeps (``--delay 0.001``; ``--async`` for an
-``async def`` handler). With ``--profile`` it prints pyinstrument's tree.
+``async def`` handler). With a sleeping handler it also prints the share of the
+ideal ``concurrency / delay`` items/s (every slot busy all the time). With
+``--profile`` it prints pyinstrument's tree.
 
 ``--burst-exit`` instead times a ``redis-lease worker --burst --simple``
 process from its last item done to its exit; ``--keeper`` times the lease
@@ -14,6 +16,7 @@ Usage::
 
     .venv/bin/python benchmarks/profile_worker.py --items 4000 --delay 0 [--profile]
     .venv/bin/python benchmarks/profile_worker.py --items 2000 --delay 0.001 --concurrency 16
+    .venv/bin/python benchmarks/profile_worker.py --items 2000 --delay 0.02 --concurrency 16 --async
     .venv/bin/python benchmarks/profile_worker.py --burst-exit
     .venv/bin/python benchmarks/profile_worker.py --keeper
 """
@@ -195,10 +198,13 @@ def main(argv: list[str] | None = None) -> int:
             rates.append(args.items / seconds)
             assert report.committed == args.items, report
         rates.sort()
+        median = rates[len(rates) // 2]
+        # Every slot busy all the time: concurrency / delay items/s.
+        ideal = f"; {median * args.delay / args.concurrency:.1%} of the ideal" if args.delay else ""
         print(
-            f"items/s median {rates[len(rates) // 2]:.0f} of {[round(r) for r in rates]} "
+            f"items/s median {median:.0f} of {[round(r) for r in rates]} "
             f"(items {args.items}, delay {args.delay}, concurrency {args.concurrency}, "
-            f"async {args.use_async}); load {os.getloadavg()[0]:.2f}"
+            f"async {args.use_async}){ideal}; load {os.getloadavg()[0]:.2f}"
         )
     return 0
 

@@ -1,9 +1,10 @@
 -- claim: lease one named item that is pending and due, or leased with an
--- expired lease (a takeover). The token goes up by one on every claim. No
--- lease is granted once the shard is closed or its deadline has passed.
+-- expired lease (a takeover, logged as the end of the expired attempt). The token goes
+-- up by one on every claim. No lease is granted once the shard is closed or its deadline
+-- has passed.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
 -- ARGV[1] item id (id)
 -- ARGV[2] worker name (id)
 -- ARGV[3] new lease id (id)
@@ -17,7 +18,7 @@
 -- @include "shard.lua"
 
 local function main()
-  local bad = check_keys(7, false, SHARD_KEYS)
+  local bad = check_logged_keys(false)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'id'}, {3, 'id'}, {4, 'int', 'ttl_ms'}})

@@ -4,7 +4,7 @@
 -- one read of meta, one HMGET of the records and one multi-member write per index.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
 -- ARGV[1] worker name (id)
 -- ARGV[2] lease id base: each lease id is <base>.<n> (id); at most id_length - 6 characters,
 --   so that every lease id granted is an id
@@ -12,6 +12,7 @@
 -- ARGV[4] N, the most items to claim (int, bound batch)
 --
 -- Counters: lost (index entries whose record vanished, dropped).
+-- Log: takeover for each expired lease taken over, dead for one that expired on its last attempt.
 -- Returns: an array of claim rows, each
 --   {item id, token, lease id, expires_at ms, attempt, payload, takeover 0|1, now ms}
 --   (payload: the JSON text as added, '' when it was null); empty when nothing is due.
@@ -38,7 +39,7 @@ local function remove_due_head(due)
 end
 
 local function main()
-  local bad = check_keys(7, false, SHARD_KEYS)
+  local bad = check_logged_keys(false)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'id'}, {3, 'int', 'ttl_ms'}, {4, 'int', 'batch'}})

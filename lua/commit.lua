@@ -5,8 +5,8 @@
 -- counted in late_commits.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
--- KEYS[8...] guarded keys, referred to by number from 1 in ARGV[5] and ARGV[6]
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
+-- KEYS[9...] guarded keys, referred to by number from 1 in ARGV[5] and ARGV[6]
 --   (their rules: include/guards.lua)
 -- ARGV[1] item id (id)
 -- ARGV[2] token (int, bound token)
@@ -15,8 +15,11 @@
 -- ARGV[5] conditions, a JSON array, '[]' for none (text, bound json_bytes)
 -- ARGV[6] writes, a JSON array, '[]' for none (text, bound json_bytes)
 -- ARGV[7] optional outcome label, counted as outcome_<label> (id?)
+-- ARGV[8] optional trace id of the attempt, logged (id?), default ''
 --
 -- Counters: commits, outcome_<label>, late_commits, stale_commits (refused).
+-- Log: committed (not a repeated commit), or a refusal (LEASE_LOST); a failed condition
+--   logs nothing.
 -- Returns: {'committed' | 'repeated', token, result, done_at ms} (a repeated commit's
 --   result is '' when it was null). settle.lua commits many items of a shard in one call.
 -- Errors: INVALID <what>; NOT_FOUND item=<id>;
@@ -27,11 +30,11 @@
 -- @include "guards.lua"
 
 local function main()
-  local bad = check_keys(7, true, SHARD_KEYS)
+  local bad = check_logged_keys(true)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'int', 'token'}, {3, 'id?'}, {4, 'json', 'json_bytes'},
-    {5, 'text', 'json_bytes'}, {6, 'text', 'json_bytes'}, {7, 'id?', nil, ''}})
+    {5, 'text', 'json_bytes'}, {6, 'text', 'json_bytes'}, {7, 'id?', nil, ''}, {8, 'id?', nil, ''}})
   if bad then return bad end
   local id, token, lease_id, result = A[1], A[2], A[3], A[4]
   local conditions, why = decode_specs(A[5], 'guarded conditions')
@@ -50,7 +53,7 @@ local function main()
     if bad_type then return fail('INVALID', bad_type) end
     return nil
   end
-  local row, err = do_commit(id, token, lease_id, result, A[7], now_ms(), guarded)
+  local row, err = do_commit(id, token, lease_id, result, A[7], now_ms(), guarded, A[8])
   if row and row[1] == 'committed' then
     for _, w in ipairs(writes) do apply(w) end
   end

@@ -2,16 +2,17 @@
 -- when their last attempt expired. For a sweep that does not claim.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
 -- ARGV[1] N, the most leases to reap (int, bound sweep)
 --
 -- Counters: expired, lost (index entries whose record vanished, dropped).
+-- Log: expired for each lease moved to pending, dead for each moved to dead.
 -- Returns: {moved to pending, moved to dead, now ms}
 -- Errors: INVALID <what>
 -- @include "shard.lua"
 
 local function main()
-  local bad = check_keys(7, false, SHARD_KEYS)
+  local bad = check_logged_keys(false)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'int', 'sweep'}})
@@ -29,7 +30,7 @@ local function main()
       stage_z(HELD, id, false)
     elseif not lease_expired(rec, now) then
       stage_z(LEASES, id, rec.expires_at)  -- the record's expiry is the truth
-    elseif expire_lease(id, rec, now) then
+    elseif expire_lease(id, rec, now, 'expired') then
       to_dead = to_dead + 1
     else
       if not put(id, rec, 'pending', now) then to_pending = to_pending + 1 end

@@ -4,9 +4,9 @@
 -- (timeout, reset, 5xx after sending). An applied record is final.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
--- KEYS[8] effects: hash, idempotency key -> JSON record
--- KEYS[9] unknown effects: zset, idempotency key -> since (ms)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
+-- KEYS[9] effects: hash, idempotency key -> JSON record
+-- KEYS[10] unknown effects: zset, idempotency key -> since (ms)
 -- ARGV[1] item id (id)
 -- ARGV[2] token (int, bound token)
 -- ARGV[3] lease id, '' to check the token alone (id?)
@@ -19,28 +19,32 @@
 --   one is returned without the holder check: it is final)
 -- ARGV[9] an earlier key of the effect, '' for none (text, bound key_length): used instead
 --   of ARGV[4] when ARGV[4] has no record and it holds this item's effect of this name
+-- ARGV[10] optional trace id of the attempt, logged with a refusal (id?), default ''
 --
 -- Counters: effects_<state> (records now in each state), effects_reconciled
 -- (applied after an unknown or another token's intent).
+-- Log: a refusal (LEASE_LOST) only.
 -- Returns: {previous state ('' when new), the stored record (JSON), the key used}; when
 --   the record is already applied (or, with ARGV[8] '1', open) it is returned unchanged.
 -- Errors: INVALID <what>; NOT_FOUND item=<id>;
 --   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s> reason=<r> expires_at=<ms>
 -- @include "shard.lua"
 
-local EFFECTS, UNKNOWN = KEYS[8], KEYS[9]
+local EFFECTS, UNKNOWN = KEYS[9], KEYS[10]
 local FROM = {intended = {[''] = true, intended = true, unknown = true, failed = true},
   applied = {intended = true, unknown = true}, failed = {intended = true, unknown = true},
   unknown = {intended = true}}
 
 local function main()
-  local bad = check_keys(9, false, {'meta', 'counts', 'items', 'due', 'leases', 'held', 'dead', 'effects',
-    'effects_unknown'})
+  local bad = check_keys(10, false, {'meta', 'counts', 'items', 'due', 'leases', 'held', 'dead',
+    'attempts', 'effects', 'effects_unknown'})
+  if bad then return bad end
+  bad = check_logged_keys(true)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'int', 'token'}, {3, 'id?'}, {4, 'text', 'key_length'},
     {5, 'id'}, {6, 'one', {'intended', 'applied', 'failed', 'unknown'}}, {7, 'json', 'json_bytes'},
-    {8, 'one', {'1', '0', ''}, ''}, {9, 'text', 'key_length', ''}})
+    {8, 'one', {'1', '0', ''}, ''}, {9, 'text', 'key_length', ''}, {10, 'id?', nil, ''}})
   if bad then return bad end
   if A[4] == '' then return fail('INVALID', 'ARGV[4] must be an idempotency key') end
   local id, token, lease_id = A[1], A[2], A[3]
@@ -57,7 +61,7 @@ local function main()
   local rec = raw and cjson.decode(raw) or {item = id, name = name, state = ''}
   -- An applied record is final: read under ARGV[8] '1' without the fence, as a plain read would.
   if rec.state == 'applied' and A[8] == '1' then return {'applied', raw, key} end
-  local _, err = held(id, token, lease_id, now, 'stale_effects')
+  local _, err = held(id, token, lease_id, now, 'stale_effects', nil, A[10])
   flush()
   if err then return err end
   if rec.state == 'applied' then return {'applied', raw, key} end

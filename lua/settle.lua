@@ -3,8 +3,8 @@
 -- order (an item may appear more than once). One refusal refuses only its own entry.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
--- ARGV[1...] groups of operation: commit|fail|release|renew (id), item id (id), token (int, bound token), lease id or '' (id?), detail (text, bound json_bytes), option (text, bound text_bytes); at most batch groups
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
+-- ARGV[1...] groups of operation: commit|fail|release|renew (id), item id (id), token (int, bound token), lease id or '' (id?), detail (text, bound json_bytes), option (text, bound text_bytes), trace id of the attempt or '' (id?); at most batch groups
 --   Per operation (each group checked in one pass, every group before the first write):
 --     commit   detail: result (JSON text, bound json_bytes); option: outcome label (id) or ''
 --     fail     detail: error text (bound error_bytes); option: 'permanent', or the jitter
@@ -15,6 +15,7 @@
 --
 -- Counters: as commit, fail, release and renew (commits, outcome_<label>, late_commits,
 --   failures, retries, releases, renewals, stale_refused, stale_commits).
+-- Log: as commit, fail, release and renew, with each group's trace id.
 -- Returns: one row per group, in order:
 --   commit   {'committed' | 'repeated', token, result, done_at ms}
 --   fail     {'retry' | 'dead', eligible_at ms (0 when dead), attempts, now ms}
@@ -26,7 +27,8 @@
 -- @include "shard.lua"
 -- @include "holder.lua"
 
--- Each operation's kinds of detail and option (after the id, id, token, id? every group has).
+-- Each operation's kinds of detail and option (after the id, id, token, id? every group has;
+-- the trace id, an id?, ends every group).
 local KINDS = {
   commit = {{'json', 'json_bytes'}, {'id?'}},
   fail = {{'text', 'error_bytes'}, false},
@@ -45,17 +47,17 @@ end
 -- Checks the groups ARGV[1...] in one pass, the id, token and id? checks of check_value inline
 -- (a failing one asks check_value for its reason). A JSON text is checked once per call: the
 -- check depends on the text alone, and the results of a batch are often the same text.
--- Returns the checked values, six per group in a flat list, and the item ids; or nil and an
+-- Returns the checked values, seven per group in a flat list, and the item ids; or nil and an
 -- INVALID reply.
 local function check_groups()
-  if #ARGV % 6 ~= 0 then return nil, fail('INVALID', 'ARGV[1...] must come in groups of 6') end
-  if #ARGV / 6 > LIMITS.bounds.batch[2] then
+  if #ARGV % 7 ~= 0 then return nil, fail('INVALID', 'ARGV[1...] must come in groups of 7') end
+  if #ARGV / 7 > LIMITS.bounds.batch[2] then
     return nil, fail('INVALID', 'at most ' .. LIMITS.bounds.batch[2] .. ' per call')
   end
   local values, ids, json_ok = {}, {}, {}
-  for i = 1, #ARGV, 6 do
-    local op, id, raw_token, lease_id, detail, option =
-      ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+  for i = 1, #ARGV, 7 do
+    local op, id, raw_token, lease_id, detail, option, trace =
+      ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
     local kinds = KINDS[op]
     if not kinds then
       return nil, fail('INVALID', 'ARGV[' .. i .. '] must be one of commit, fail, release, renew')
@@ -67,6 +69,9 @@ local function check_groups()
     end
     if lease_id ~= '' and not (#lease_id <= ID_MOST and lease_id:find(ID)) then
       return refuse(i + 3, 'id?', nil, lease_id)
+    end
+    if trace ~= '' and not (#trace <= ID_MOST and trace:find(ID)) then
+      return refuse(i + 6, 'id?', nil, trace)
     end
     if op == 'release' and detail == '' then detail = '0' end
     local why
@@ -97,32 +102,33 @@ local function check_groups()
     end
     local n = #values
     values[n + 1], values[n + 2], values[n + 3] = op, id, token
-    values[n + 4], values[n + 5], values[n + 6] = lease_id, detail, option
+    values[n + 4], values[n + 5], values[n + 6], values[n + 7] = lease_id, detail, option, trace
     ids[#ids + 1] = id
   end
   return values, ids
 end
 
 local function main()
-  local bad = check_keys(7, false, SHARD_KEYS)
+  local bad = check_logged_keys(false)
   if bad then return bad end
   local values, ids = check_groups()
   if not values then return ids end
   local now = now_ms()
   prefetch(ids)
   local rows = {}
-  for b = 0, #values - 1, 6 do
-    local op, id, token, lease_id, detail, option =
-      values[b + 1], values[b + 2], values[b + 3], values[b + 4], values[b + 5], values[b + 6]
+  for b = 0, #values - 1, 7 do
+    local op, id, token, lease_id, detail, option, trace = values[b + 1], values[b + 2],
+      values[b + 3], values[b + 4], values[b + 5], values[b + 6], values[b + 7]
     local row, err
     if op == 'commit' then
-      row, err = do_commit(id, token, lease_id, detail, option, now)
+      row, err = do_commit(id, token, lease_id, detail, option, now, nil, trace)
     elseif op == 'fail' then
-      row, err = do_fail(id, token, lease_id, detail, option == 'permanent', tonumber(option) or 0, now)
+      local permanent = option == 'permanent'
+      row, err = do_fail(id, token, lease_id, detail, permanent, tonumber(option) or 0, now, trace)
     elseif op == 'release' then
-      row, err = do_release(id, token, lease_id, detail, now)
+      row, err = do_release(id, token, lease_id, detail, now, trace)
     else
-      row, err = do_renew(id, token, lease_id, detail, now)
+      row, err = do_renew(id, token, lease_id, detail, now, trace)
     end
     rows[#rows + 1] = row or {'refused', err.err}
   end

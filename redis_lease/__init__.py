@@ -23,22 +23,30 @@ from .errors import (
 )
 from .gate import ProviderGate
 from .guards import FieldEquals, KeyExists, KeyMissing, Write
+from .jobs import Job
+from .keeper import ActiveLease
 from .lease import (
+    Attempt,
     CommitOutcome,
     CommitRequest,
     FailOutcome,
     FailRequest,
     Item,
+    ItemError,
     ItemRecord,
     Lease,
     ReleaseRequest,
     RunStatus,
 )
+from .runs import Runs
+from .shard_loop import Outcome
 from .store import LeaseStore
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ActiveLease",
+    "Attempt",
     "CommitOutcome",
     "CommitRequest",
     "ConditionFailed",
@@ -50,7 +58,9 @@ __all__ = [
     "HandlerError",
     "InvalidInput",
     "Item",
+    "ItemError",
     "ItemRecord",
+    "Job",
     "KeyExists",
     "KeyMissing",
     "Lease",
@@ -60,6 +70,7 @@ __all__ = [
     "NeedsReconciliation",
     "NotClaimable",
     "NotFound",
+    "Outcome",
     "PermanentError",
     "PermissionDenied",
     "ProviderError",
@@ -69,6 +80,7 @@ __all__ = [
     "ReleaseRequest",
     "RunClosed",
     "RunStatus",
+    "Runs",
     "SlotTimeout",
     "TLSFailed",
     "Throttled",

@@ -65,6 +65,8 @@ _DENIED_COMMAND = re.compile(r"no permissions to run the '([^']+)' command", re.
 #: How the server words an ACL refusal, in a script or not (Redis 6 to 8).
 _DENIED = re.compile(r"no permissions to|can't run this command|can't access", re.IGNORECASE)
 _SCRIPT_SHA = re.compile(r"script: ([0-9a-f]{40})")
+#: How the server refuses a SELECT of a database it does not have.
+_NO_DATABASE = re.compile(r"DB index is out of range", re.IGNORECASE)
 
 
 class EvictionPolicyWarning(UserWarning):
@@ -343,9 +345,24 @@ def translate(
         )
     if isinstance(error, redis.ResponseError) and _reply_code(error) in SCRIPT_CODES:
         return from_reply(error, **context)
+    if isinstance(error, redis.ResponseError) and _NO_DATABASE.search(str(error)):
+        return _no_database(url, context)
     if isinstance(error, LeaseError):
         return error
     return LeaseError(f"unexpected reply from {_where(url)}: {error}", **context)
+
+
+def _no_database(url: str, context: dict[str, Any]) -> InvalidInput:
+    """The URL names a database the server does not have (its ``databases`` setting)."""
+    try:
+        database = urlsplit(url).path.strip("/") or "0"
+    except ValueError:
+        database = "?"
+    return InvalidInput(
+        f"{_where(url)} has no database {database} (the server's 'databases' setting bounds "
+        "them, 16 by default: 0-15); use one it has in --url, e.g. redis://HOST:6379/0",
+        **context,
+    )
 
 
 def _reply_code(error: BaseException) -> str:

@@ -7,16 +7,24 @@ items. Jobs use RQ's JSON serializer, never pickle.
 
 from __future__ import annotations
 
+import signal
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis
 from rq import Queue, SimpleWorker, Worker
+from rq.exceptions import NoSuchJobError
 from rq.job import Job as RQJob
 from rq.job import JobStatus
+from rq.job_lifecycle import call_exception_handlers
 from rq.serializers import JSONSerializer
+from rq.worker import BaseWorker
 
 from .connection import as_text
+from .errors import RedisLeaseError
+from .runs import record_job_failure
 from .store import LeaseStore
 
 #: Extra seconds RQ allows a shard job beyond its budget before it kills it.
@@ -63,12 +71,94 @@ class _PromptUnsubscribe:
             self.pubsub.close()
 
 
-class LeaseWorker(_PromptUnsubscribe, Worker):
-    """RQ's forking worker that exits promptly (see :class:`_PromptUnsubscribe`)."""
+class _Reporting(BaseWorker):
+    """Says what the worker does with shard jobs, one line each, and counts the failed ones.
+
+    Lines go to :attr:`say` (nothing is said when it is None): one per shard job
+    (its run, shard, items committed and failed, seconds; or its error) and one
+    when a stop signal arrives. They come from the worker's own process, after
+    each job, whether it ran in a forked work horse or in place.
+    """
+
+    say: Callable[[str], None] | None = None
+    #: Whether a failed shard job's traceback is logged (``worker --verbose``).
+    tracebacks = True
+    #: Shard jobs run, and those of them that failed (raised, or their work horse died).
+    shard_jobs = 0
+    failed_shard_jobs = 0
+    #: The last failed shard job's run, shard and error.
+    last_failure = ""
+
+    def execute_job(self, job: RQJob, queue: Queue) -> None:
+        """Runs the job as RQ does, then reports it when it is a shard job."""
+        started = time.monotonic()
+        super().execute_job(job, queue)
+        if job.func_name == SHARD_FUNC:
+            self._report(job, time.monotonic() - started)
+
+    def _report(self, job: RQJob, seconds: float) -> None:
+        args = list(job.args or ())
+        run_id, shard = (args[1], args[2]) if len(args) > 2 else ("?", "?")
+        where = f"run {run_id} shard {shard}"
+        self.shard_jobs += 1
+        try:
+            status = job.get_status(refresh=True)
+            result = job.return_value(refresh=True) if status == JobStatus.FINISHED else None
+        except (redis.RedisError, NoSuchJobError):
+            status, result = None, None
+        if isinstance(result, dict):
+            line = (
+                f"{where}: committed {result.get('committed', 0)}, failed "
+                f"{result.get('failed', 0)} in {seconds:.1f}s"
+            )
+            if result.get("stopped"):
+                line += " (stopped: unstarted items released)"
+        elif status == JobStatus.FINISHED:  # its result is not kept
+            line = f"{where}: finished in {seconds:.1f}s"
+        else:
+            self.failed_shard_jobs += 1
+            self.last_failure = f"{where}: {job_error(job, status)}"
+            line = f"{where}: job failed after {seconds:.1f}s: {job_error(job, status)}"
+        if self.say is not None:
+            self.say(line)
+
+    def handle_exception(self, job: RQJob, *exc_info: Any) -> None:
+        """Logs a job's traceback as RQ does, but not a shard job's when :attr:`tracebacks`
+        is off: its line says the error, and RQ keeps the traceback with the job."""
+        if self.tracebacks or job.func_name != SHARD_FUNC:
+            super().handle_exception(job, *exc_info)
+            return
+        call_exception_handlers(self._exc_handlers, job, *exc_info)
+
+    def request_stop(self, signum: int, frame: Any) -> None:
+        """Says that a stop signal arrived, then stops warmly as RQ does."""
+        if self.say is not None:
+            self.say(
+                f"worker {self.name}: {signal.Signals(signum).name}: finishing the current shard "
+                "job (its unstarted items are released), then stopping; again to stop at once"
+            )
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
 
-class SimpleLeaseWorker(_PromptUnsubscribe, SimpleWorker):
-    """RQ's in-process worker that exits promptly (see :class:`_PromptUnsubscribe`)."""
+def job_error(job: RQJob, status: Any = None) -> str:
+    """The last line of a failed RQ job's error (its exception), or its status."""
+    try:
+        result = job.latest_result()
+    except (redis.RedisError, NoSuchJobError):
+        result = None
+    text = getattr(result, "exc_string", None) or ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines:
+        return lines[-1]
+    return f"ended {status or 'without a status'}"
+
+
+class LeaseWorker(_PromptUnsubscribe, _Reporting, Worker):
+    """RQ's forking worker that reports shard jobs and exits promptly (see the mixins)."""
+
+
+class SimpleLeaseWorker(_PromptUnsubscribe, _Reporting, SimpleWorker):
+    """RQ's in-process worker that reports shard jobs and exits promptly (see the mixins)."""
 
 
 def queue(connection: redis.Redis, name: str) -> Queue:
@@ -111,7 +201,8 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
     :data:`MISSING_GRACE_MS` after it was first found so, then as dead: RQ
     itself would requeue it only minutes later. A worker drained between taking
     a job and starting it leaves it so; a job counted dead while it was only
-    slow to start costs a second job on its shard, which is harmless.
+    slow to start costs a second job on its shard, which is harmless. A failed job
+    still listed is counted on the run: its work horse died (see :func:`_count_failed`).
     """
     key, missing_key = store.keys.run_jobs(run_id), store.keys.run_jobs_missing(run_id)
     with store.errors(run_id):
@@ -134,6 +225,7 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
         dead: list[str] = []
         found_missing: list[str] = []
         found_again: list[str] = []
+        failed: list[tuple[str, RQJob]] = []
         for rq_id, rq_job, beat, waiting in zip(
             ids, jobs, answers[::2], answers[1::2], strict=True
         ):
@@ -154,6 +246,8 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
                     found_missing.append(rq_id)
             else:
                 dead.append(rq_id)
+                if status == JobStatus.FAILED and rq_job is not None:
+                    failed.append((rq_id, rq_job))
         pipe = store.client.pipeline(transaction=False)
         for rq_id in found_missing:
             pipe.hsetnx(missing_key, rq_id, now_ms)
@@ -163,7 +257,21 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
             pipe.hdel(missing_key, *found_again, *dead)
         if found_missing or found_again or dead:
             pipe.execute()
+    for rq_id, rq_job in failed:
+        _count_failed(store, run_id, known[rq_id], rq_job)
     return live
+
+
+def _count_failed(store: LeaseStore, run_id: str, shard: int, rq_job: RQJob) -> None:
+    """Counts a shard job RQ failed that never said so itself (its work horse died).
+
+    A shard job that raises counts itself and leaves the run's jobs before RQ
+    marks it failed, so a failed job still listed there ended without a word.
+    """
+    try:
+        record_job_failure(store, run_id, shard, f"work horse died: {job_error(rq_job)}")
+    except RedisLeaseError:  # the tick goes on; the next one does not see the job again
+        return
 
 
 def purge_queue(client: redis.Redis, name: str, extra_job_ids: tuple[str, ...] = ()) -> None:

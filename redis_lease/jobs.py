@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import re
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, time, timedelta
@@ -232,15 +234,36 @@ class Job:
         return {name: str(value) for name, value in asdict(self.options).items()}
 
 
+def with_cwd_on_path() -> str:
+    """Puts the working directory first on ``sys.path`` (once), as RQ does; returns it."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    return cwd
+
+
 def load_job(path: str) -> Job:
-    """Imports a job by its path ``package.module:attr``."""
+    """Imports a job by its path ``package.module:attr``.
+
+    The working directory is on the import path first, as ``rq worker`` and
+    ``python -m`` have it, so a module next to where the command runs imports.
+    """
     module_name, _, attr = path.partition(":")
     if not module_name or not attr or module_name.startswith("."):  # no relative imports
         raise InvalidInput(f"job path {path!r} must look like package.module:attr")
+    cwd = with_cwd_on_path()
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise InvalidInput(f"cannot import {module_name!r} for job {path!r}: {error}") from None
+        where = ""
+        if isinstance(error, ModuleNotFoundError) and module_name.startswith(error.name or "?"):
+            where = (
+                f" (searched the working directory {cwd} and the Python path; run from the "
+                "directory that holds the module, or set PYTHONPATH)"
+            )
+        raise InvalidInput(
+            f"cannot import {module_name!r} for job {path!r}: {error}{where}"
+        ) from None
     job = getattr(module, attr, None)
     if not isinstance(job, Job):
         raise InvalidInput(f"{path!r} is not a redis_lease.Job")

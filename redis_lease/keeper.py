@@ -76,6 +76,11 @@ class ActiveLease:
         return self.lease.item_id
 
     @property
+    def trace_id(self) -> str:
+        """The attempt's trace id, as the attempt log records it (see redis_lease.tracing)."""
+        return self.lease.trace_id
+
+    @property
     def lost(self) -> bool:
         """True once a renewal was refused: stop early; a commit will be refused anyway."""
         return self._lost

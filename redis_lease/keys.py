@@ -14,12 +14,14 @@ from .limits import DEFAULT_PREFIX
 
 #: The order in which every shard script receives its keys (see lua/include/shard.lua).
 SHARD_KEY_NAMES = ("meta", "counts", "items", "due", "leases", "held", "dead")
+#: The shard's attempt log (stream), the eighth key of the scripts that end attempts.
+ATTEMPTS_KEY_NAME = "attempts"
 
 
 @lru_cache(maxsize=4096)
 def _shard_keys(prefix: str, run_id: str, shard: int) -> tuple[str, ...]:
     tag = f"{prefix}:{{{run_id}#{shard}}}"
-    return tuple(f"{tag}:{name}" for name in SHARD_KEY_NAMES)
+    return tuple(f"{tag}:{name}" for name in (*SHARD_KEY_NAMES, ATTEMPTS_KEY_NAME))
 
 
 def shard_of(item_id: str, shards: int) -> int:
@@ -34,8 +36,16 @@ class Keys:
     prefix: str = DEFAULT_PREFIX
 
     def shard(self, run_id: str, shard: int) -> list[str]:
-        """The seven keys of one shard, in script order (a new list each call)."""
+        """The seven keys of one shard's state, in script order (a new list each call)."""
+        return list(_shard_keys(self.prefix, run_id, shard)[:-1])
+
+    def logged(self, run_id: str, shard: int) -> list[str]:
+        """The eight keys of the scripts that end attempts: the seven and the attempt log."""
         return list(_shard_keys(self.prefix, run_id, shard))
+
+    def attempts(self, run_id: str, shard: int) -> str:
+        """The shard's attempt log (stream, capped at limits.json's ``attempt_log``)."""
+        return _shard_keys(self.prefix, run_id, shard)[-1]
 
     def effects(self, run_id: str, shard: int) -> list[str]:
         """The shard's effect ledger (hash) and its unknown effects by age (sorted set)."""

@@ -21,7 +21,8 @@ class Lease:
     """The right to work on one item until ``expires_at_ms``, proven by ``token``.
 
     A lease built by :meth:`ref` (from a token given on a command line) has no
-    expiry or payload; the server checks the token either way.
+    expiry, payload or trace id; the server checks the token either way. ``trace_id``
+    names the attempt in the shard's attempt log (see :mod:`redis_lease.tracing`).
     """
 
     run_id: str
@@ -34,6 +35,7 @@ class Lease:
     payload: Any = None
     takeover: bool = False
     worker: str = ""
+    trace_id: str = ""
 
     @classmethod
     def ref(cls, run_id: str, item_id: str, shard: int, token: int, lease_id: str = "") -> Lease:
@@ -57,6 +59,7 @@ class Lease:
             "attempt": self.attempt,
             "payload": self.payload,
             "takeover": self.takeover,
+            "trace_id": self.trace_id,
         }
 
 
@@ -88,8 +91,55 @@ class Item:
 
 
 @dataclass(frozen=True)
+class ItemError:
+    """One of an item's last errors: its text, and the attempt, time and trace id it came
+    from (0, None and '' for an error an earlier version stored)."""
+
+    error: str
+    attempt: int = 0
+    at: datetime | None = None
+    trace_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error as JSON-ready data (``at`` in ISO 8601 UTC, or None)."""
+        return {
+            "error": self.error,
+            "attempt": self.attempt,
+            "at": self.at.isoformat(timespec="milliseconds") if self.at else None,
+            "trace_id": self.trace_id,
+        }
+
+
+def parse_errors(text: str | bytes | None) -> tuple[ItemError, ...]:
+    """The errors kept in ``<item id>#e``, oldest first: a JSON array of
+    ``{"error", "attempt", "at", "trace"}`` objects, or an earlier version's one text."""
+    if text is None:
+        return ()
+    raw = _text(text)
+    if raw.startswith("[{"):
+        try:
+            entries = json.loads(raw)
+        except ValueError:
+            entries = None
+        if isinstance(entries, list) and all(
+            isinstance(e, dict) and isinstance(e.get("error"), str) for e in entries
+        ):
+            return tuple(
+                ItemError(
+                    error=e["error"],
+                    attempt=int(e.get("attempt") or 0),
+                    at=from_ms(int(e["at"])) if e.get("at") else None,
+                    trace_id=str(e.get("trace") or ""),
+                )
+                for e in entries
+            )
+    return (ItemError(raw),)
+
+
+@dataclass(frozen=True)
 class ItemRecord:
-    """An item as stored, for inspection."""
+    """An item as stored, for inspection: ``error`` is its last error, ``errors`` its last
+    few (limits.ERROR_HISTORY), oldest first."""
 
     run_id: str
     item_id: str
@@ -103,6 +153,7 @@ class ItemRecord:
     expires_at_ms: int | None = None
     result: Any = None
     error: str | None = None
+    errors: tuple[ItemError, ...] = ()
 
     @classmethod
     def from_record(
@@ -114,11 +165,11 @@ class ItemRecord:
         result: bytes | str | None = None,
         error: bytes | str | None = None,
     ) -> ItemRecord:
-        """Decodes a stored record (which holds the payload) and its texts (result, error)."""
+        """Decodes a stored record (which holds the payload) and its texts (result, errors)."""
         rec = parse_record(raw)
         payload = rec.get("payload")
         result = rec.get("result", result)
-        error = rec.get("error", error)
+        errors = parse_errors(rec.get("error", error))
         return cls(
             run_id=run_id,
             item_id=item_id,
@@ -131,16 +182,19 @@ class ItemRecord:
             owner=rec.get("owner"),
             expires_at_ms=int(rec["expires_at"]) if rec.get("expires_at") else None,
             result=_loads(result),
-            error=_text(error) if error is not None else None,
+            error=errors[-1].error if errors else None,
+            errors=errors,
         )
 
 
 #: The fields of a packed item record, in order (see lua/include/shard.lua).
 RECORD_FIELDS = (
     "state", "token", "attempts", "lease_id", "owner", "leased_at", "expires_at", "done_at",
-    "outcome", "late", "payload",
+    "outcome", "late", "eligible_at", "payload",
 )  # fmt: skip
-_NUMBERS = frozenset(("token", "attempts", "leased_at", "expires_at", "done_at"))
+#: The fields of the packed records of earlier versions (no eligible_at).
+RECORD_FIELDS_11 = tuple(name for name in RECORD_FIELDS if name != "eligible_at")
+_NUMBERS = frozenset(("token", "attempts", "leased_at", "expires_at", "done_at", "eligible_at"))
 #: The suffixes of an item's texts beside its record in the items hash: result, error.
 TEXT_SUFFIXES = {"result": "#r", "error": "#e"}
 
@@ -159,10 +213,15 @@ def parse_record(raw: bytes | str) -> dict[str, Any]:
             raise ValueError(f"not an item record: {text[:80]!r}")
         return rec
     parts = text.split("|", len(RECORD_FIELDS) - 1)
-    if len(parts) != len(RECORD_FIELDS) or not parts[0].isalpha():
+    names: tuple[str, ...] = RECORD_FIELDS
+    # An 11-field record's payload is JSON text, which never begins with digits and a '|'.
+    if len(parts) != len(RECORD_FIELDS) or (parts[10] != "" and not parts[10].isdigit()):
+        names = RECORD_FIELDS_11
+        parts = text.split("|", len(names) - 1)
+    if len(parts) != len(names) or not parts[0].isalpha():
         raise ValueError(f"not an item record: {text[:80]!r}")
     packed: dict[str, Any] = {}
-    for name, value in zip(RECORD_FIELDS, parts, strict=True):
+    for name, value in zip(names, parts, strict=True):
         if value == "":
             continue
         packed[name] = int(value) if name in _NUMBERS else value
@@ -173,7 +232,8 @@ def parse_record(raw: bytes | str) -> dict[str, Any]:
 
 def read_items(fields: Mapping[Any, Any]) -> dict[str, dict[str, Any]]:
     """The records of an items hash (all of its fields, as HGETALL gives them), each a
-    :func:`parse_record` dict with its ``result`` and ``error`` texts."""
+    :func:`parse_record` dict with its ``result`` text, its last ``error`` text and its
+    ``errors`` (:func:`parse_errors`)."""
     texts = {_text(k): _text(v) for k, v in fields.items()}
     records: dict[str, dict[str, Any]] = {}
     for field_name, raw in texts.items():
@@ -183,6 +243,9 @@ def read_items(fields: Mapping[Any, Any]) -> dict[str, dict[str, Any]]:
         for name, suffix in TEXT_SUFFIXES.items():
             if name not in rec and field_name + suffix in texts:
                 rec[name] = texts[field_name + suffix]
+        if "error" in rec:
+            rec["errors"] = parse_errors(rec["error"])
+            rec["error"] = rec["errors"][-1].error
         records[field_name] = rec
     return records
 
@@ -193,6 +256,77 @@ def _text(value: Any) -> str:
 
 def _loads(text: str | bytes | None) -> Any:
     return json.loads(text) if text else None
+
+
+#: What ended an attempt, as the attempt log names it (see lua/include/shard.lua, KEYS[8]).
+ATTEMPT_EVENTS = ("committed", "retry", "dead", "released", "refused", "takeover", "expired")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One entry of a shard's attempt log: how one attempt on an item ended.
+
+    ``event`` is one of :data:`ATTEMPT_EVENTS`. For ``refused`` (a holder call refused
+    with LEASE_LOST) ``token`` is the token the caller sent, ``error`` the refusal's
+    detail, and ``attempt``, ``worker`` and the durations are unknown (0, '' and None).
+    ``queue_age_seconds`` is the wait from eligible to claimed, ``duration_seconds`` from
+    claimed to the entry (None when unknown).
+    """
+
+    at: datetime
+    item_id: str
+    attempt: int
+    token: int
+    event: str
+    queue_age_seconds: float | None
+    duration_seconds: float | None
+    worker: str
+    error: str | None
+    trace_id: str
+    label: str = ""
+    entry_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The attempt as JSON-ready data (``at`` in ISO 8601 UTC)."""
+        return {
+            "at": self.at.isoformat(timespec="milliseconds"),
+            "item": self.item_id,
+            "attempt": self.attempt,
+            "token": self.token,
+            "event": self.event,
+            "queue_age_seconds": self.queue_age_seconds,
+            "duration_seconds": self.duration_seconds,
+            "worker": self.worker,
+            "error": self.error,
+            "trace_id": self.trace_id,
+            "label": self.label,
+            "entry_id": self.entry_id,
+        }
+
+    @classmethod
+    def from_entry(cls, entry_id: bytes | str, fields: Mapping[Any, Any]) -> Attempt:
+        """Decodes one stream entry (its id, whose first part is the time in ms, and fields)."""
+        entry = _text(entry_id)
+        values = {_text(k): _text(v) for k, v in fields.items()}
+
+        def seconds(name: str) -> float | None:
+            value = values.get(name, "")
+            return int(value) / 1000 if value.isdigit() else None
+
+        return cls(
+            at=from_ms(int(entry.split("-", 1)[0])),
+            item_id=values.get("item", ""),
+            attempt=int(values.get("attempt") or 0),
+            token=int(values.get("token") or 0),
+            event=values.get("event", ""),
+            queue_age_seconds=seconds("queue_ms"),
+            duration_seconds=seconds("run_ms"),
+            worker=values.get("worker", ""),
+            error=values.get("error") or None,
+            trace_id=values.get("trace", ""),
+            label=values.get("label", ""),
+            entry_id=entry,
+        )
 
 
 #: The states an item is counted in; a run's items are the sum over them.

@@ -63,3 +63,5 @@ DEFAULT_BACKOFF_BASE: float = default("backoff_base_ms") / 1000
 DEFAULT_BACKOFF_CAP: float = default("backoff_cap_ms") / 1000
 DEFAULT_RETENTION_DAYS: int = default("retention_days")
 DEFAULT_SWEEP: int = default("sweep")
+ATTEMPT_LOG_CAP: int = default("attempt_log")
+ERROR_HISTORY: int = default("error_history")

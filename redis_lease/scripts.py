@@ -22,24 +22,25 @@ from redis.exceptions import NoScriptError
 from .limits import lua_dir, table
 from .replies import DECODERS
 
-#: Each script and the number of KEYS it takes (commit takes more: its guarded keys).
+#: Each script and the number of KEYS it takes (commit takes more: its guarded keys). The
+#: scripts that end attempts take the shard's attempt log as their eighth key.
 KEY_COUNTS: dict[str, int] = {
     "add_items": 7,
-    "claim": 7,
-    "claim_next": 7,
-    "renew": 7,
-    "commit": 7,
-    "settle": 7,
-    "fail": 7,
-    "release": 7,
-    "reap": 7,
+    "claim": 8,
+    "claim_next": 8,
+    "renew": 8,
+    "commit": 8,
+    "settle": 8,
+    "fail": 8,
+    "release": 8,
+    "reap": 8,
     "requeue": 7,
     "close_shard": 7,
     "shard_status": 7,
     "create_run": 1,
     "run_transition": 2,
     "release_lock": 1,
-    "record_effect": 9,
+    "record_effect": 10,
     "slot_acquire": 2,
     "slot_release": 2,
 }

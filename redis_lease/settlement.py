@@ -1,7 +1,7 @@
 """The settle protocol's encoding: requests as settle groups and calls, replies as outcomes.
 
-A settle group is six arguments of the ``settle`` script (operation, item id, token,
-lease id, detail, option); the groups of one shard go in one call, at most
+A settle group is seven arguments of the ``settle`` script (operation, item id, token,
+lease id, detail, option, the lease's trace id); the groups of one shard go in one call, at most
 limits.BATCH_MAX each. A commit with guarded writes goes in a ``commit`` call of its
 own. Nothing here talks to Redis: :class:`~redis_lease.store.LeaseStore` sends what
 this module builds and hands back what the server replied.
@@ -56,7 +56,7 @@ def encode(keys: Keys, requests: Sequence[SettleRequest]) -> Batch:
     batch = Batch()
     for index, request in enumerate(requests):
         try:
-            check_lease(request.lease)
+            check_holder(request.lease)
             if isinstance(request, CommitRequest) and (request.conditions or request.writes):
                 batch.alone.append((request.lease, guarded_call(keys, request)))
                 batch.alone_index.append(index)
@@ -88,18 +88,27 @@ def commit_args(request: CommitRequest) -> tuple[list[str], list[Any]]:
     """The guarded keys and the commit script's arguments after the holder's three."""
     result_text = encode_json(request.result, "result")
     label = check_id(request.outcome, "outcome") if request.outcome else ""
+    trace = request.lease.trace_id
     if not request.conditions and not request.writes:
-        return [], [result_text, "[]", "[]", label]
+        return [], [result_text, "[]", "[]", label, trace]
     extra, conditions, writes = guards.encode(request.conditions, request.writes)
-    return extra, [result_text, conditions, writes, label]
+    return extra, [result_text, conditions, writes, label, trace]
 
 
 def guarded_call(keys: Keys, request: CommitRequest) -> Call:
     """A commit with guarded writes as a ``commit`` call of its own."""
     lease = request.lease
     extra, args = commit_args(request)
-    shard_keys = keys.shard(lease.run_id, lease.shard) + extra
+    shard_keys = keys.logged(lease.run_id, lease.shard) + extra
     return Call("commit", shard_keys, [lease.item_id, lease.token, lease.lease_id, *args])
+
+
+def check_holder(lease: Lease) -> None:
+    """Raises InvalidInput unless the lease's ids, token and trace id are ones the protocol
+    accepts."""
+    check_lease(lease)
+    if lease.trace_id:
+        check_id(lease.trace_id, "trace id")
 
 
 def error_text(error: str) -> str:
@@ -111,7 +120,7 @@ def error_text(error: str) -> str:
 
 def _args(one: Group) -> list[Any]:
     op, lease, detail, option = one
-    return [op, lease.item_id, lease.token, lease.lease_id, detail, option]
+    return [op, lease.item_id, lease.token, lease.lease_id, detail, option, lease.trace_id]
 
 
 def shard_calls(keys: Keys, groups: Sequence[Group]) -> tuple[list[Call], list[list[int]]]:
@@ -128,7 +137,7 @@ def shard_calls(keys: Keys, groups: Sequence[Group]) -> tuple[list[Call], list[l
             flat: list[Any] = []
             for i in chunk:
                 flat += _args(groups[i])
-            calls.append(Call("settle", keys.shard(run_id, shard), flat))
+            calls.append(Call("settle", keys.logged(run_id, shard), flat))
             members.append(chunk)
     return calls, members
 
@@ -138,7 +147,7 @@ def alone_calls(keys: Keys, groups: Sequence[Group], indexes: Sequence[int]) -> 
     calls: list[Call] = []
     for i in indexes:
         lease = groups[i][1]
-        calls.append(Call("settle", keys.shard(lease.run_id, lease.shard), _args(groups[i])))
+        calls.append(Call("settle", keys.logged(lease.run_id, lease.shard), _args(groups[i])))
     return calls
 
 

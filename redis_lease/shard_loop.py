@@ -96,9 +96,12 @@ def work_shard(
     """Claims and handles the shard's due items until drained, stopped or out of budget.
 
     Up to ``concurrency`` handlers (default: the job's option) run at once:
-    plain handlers on threads, ``async def`` handlers on one event loop. More
-    items are claimed (``batch_size`` at most per claim) while fewer than
-    ``concurrency`` are running or waiting. Commits are sent together, in one
+    plain handlers on threads, ``async def`` handlers on one event loop. On
+    those, the next batch is claimed while a few claimed items still wait for a
+    slot (at most ``batch_size`` wait), and a slot whose handler ends starts
+    the next waiting item itself, so no slot waits on a claim or settle round
+    trip. One plain handler at a time runs inline and claims only when it is
+    idle. Commits are sent together, in one
     round trip, when nothing is left to start or once the oldest waits
     ``commit_interval`` seconds; until then their leases are kept renewed. On a
     stop request the running handlers are finished, the waiting commits sent,
@@ -109,10 +112,11 @@ def work_shard(
         raise LeaseError(f"job {job.name!r} has no handler; decorate one with @job.handler")
     size = job.options.concurrency if concurrency is None else check_concurrency(concurrency)
     report = ShardReport()
-    pool = make_pool(job.handle_item, size)
+    ends = time.monotonic() + budget
+    pool = make_pool(job.handle_item, size, lambda: not stop.is_set() and time.monotonic() < ends)
     shard_loop = _ShardLoop(store, job, run_id, shard, worker, keeper, pool, size, report)
     try:
-        shard_loop.run(stop, time.monotonic() + budget)
+        shard_loop.run(stop, ends)
     finally:
         pool.close()
         shard_loop.settle_finished()  # handlers that ended while the loop was leaving
@@ -139,8 +143,14 @@ class _ShardLoop:
         self.worker, self.keeper, self.pool, self.size = worker, keeper, pool, size
         self.report = report
         self.pending = _PendingCommits(store, keeper, report, job.options.commit_interval)
+        #: Claimed items not yet handed to the pool (the inline pool takes one at a time).
         self.waiting: deque[ActiveLease] = deque()
-        self.running = 0
+        #: Items handed to the pool whose handler has not ended: running or waiting for a slot.
+        self.in_pool = 0
+        #: The most claimed items kept waiting for a slot, and how few of them trigger the
+        #: next claim. Inline, nothing waits: the next claim comes when the handler is idle.
+        self.ahead = job.options.batch_size
+        self.low_water = max(1, self.ahead // 4) if pool.queues else 0
 
     def run(self, stop: threading.Event, ends: float) -> None:
         """Works until drained, closed, stopped or ``ends`` (monotonic).
@@ -153,32 +163,33 @@ class _ShardLoop:
         finally:
             self.report.stopped = stop.is_set()
             self._release_waiting()
-            while self.running:  # finish what has started
+            while self.in_pool:  # finish what has started
                 self._settle_next(min(self.pending.due_in(), _STOP_POLL))
                 self.pending.flush_due()
 
     def _work(self, stop: threading.Event, ends: float) -> None:
         report, pending, waiting = self.report, self.pending, self.waiting
         exhausted = False  # the last claim found nothing due
+        claim_below = self.size + self.low_water  # claimed items held, before the next claim
         while not stop.is_set() and time.monotonic() < ends:
-            if not exhausted and self.running + len(waiting) < self.size:
+            if not exhausted and self.in_pool + len(waiting) < claim_below:
                 try:
                     exhausted = not self._claim()
                 except RunClosed:
                     report.closed = True
                     return
-            while waiting and self.running < self.size:
+            while waiting and (self.pool.queues or self.in_pool < self.size):
                 if stop.is_set() or time.monotonic() >= ends:
                     break
                 pending.flush_due()  # a finished item's commit does not wait on a slow handler
                 self._start(waiting.popleft())
-            if not self.running and not waiting:
+            if not self.in_pool and not waiting:
                 pending.flush()
                 if exhausted:
                     report.drained = True
                     return
                 continue
-            if self.running >= self.size or exhausted:
+            if self.in_pool >= claim_below or exhausted:
                 # Wait for a handler to end, waking to send due commits and to see a stop.
                 timeout = min(pending.due_in(), _STOP_POLL, max(0.0, ends - time.monotonic()))
                 if self._settle_next(timeout):
@@ -187,10 +198,13 @@ class _ShardLoop:
             pending.flush_due()
 
     def _claim(self) -> bool:
-        """Claims up to ``batch_size`` items; True when some were due."""
+        """Claims up to ``batch_size`` items, no more than fill the slots with ``ahead``
+        waiting; True when some were due."""
         ttl = self.job.options.lease_ttl
+        held = self.in_pool + len(self.waiting)
+        limit = min(self.job.options.batch_size, self.size + self.ahead - held)
         leases = self.store.claim_next(
-            self.run_id, self.worker, shard=self.shard, limit=self.job.options.batch_size, ttl=ttl
+            self.run_id, self.worker, shard=self.shard, limit=limit, ttl=ttl
         )
         for lease in leases:
             active = ActiveLease(self.store, lease, ttl)
@@ -202,7 +216,7 @@ class _ShardLoop:
         if active.lost:  # lost while waiting to start
             self.keeper.drop(active)
             return
-        self.running += 1
+        self.in_pool += 1
         self.pool.start(active)
         if self.size == 1:  # an inline handler has ended by now: settle it before going on
             self.settle_finished()
@@ -228,7 +242,10 @@ class _ShardLoop:
             self._settle(finished)
 
     def _settle(self, finished: Finished) -> None:
-        self.running -= 1
+        self.in_pool -= 1
+        if not finished.started:  # lost while waiting for a slot
+            self.keeper.drop(finished.active)
+            return
         self.report.handled += 1
         self.report.handler_seconds += finished.seconds
         active = finished.active
@@ -243,7 +260,9 @@ class _ShardLoop:
     def _release_waiting(self) -> None:
         """Gives back claimed items that were not started (claimable at once), with the
         waiting settlements in one round trip."""
-        waiting, self.waiting = list(self.waiting), deque()
+        taken_back = self.pool.take_back()  # first: no slot starts one of them from now on
+        self.in_pool -= len(taken_back)
+        waiting, self.waiting = [*taken_back, *self.waiting], deque()
         for active in waiting:
             self.pending.waiting.append((active, ReleaseRequest(active.lease), "released"))
         self.pending.flush()

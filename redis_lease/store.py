@@ -11,13 +11,14 @@ from typing import Any
 
 import redis
 
-from . import guards, settlement, snapshots
+from . import attempt_log, guards, settlement, snapshots, tracing
 from .connection import as_text, client_from_url, warn_unless_noeviction
 from .connection import translate as translate_error
 from .errors import InvalidInput, LeaseError, NotClaimable, NotFound, RedisUnavailable
 from .keys import Keys, shard_of
 from .lease import (
     TEXT_SUFFIXES,
+    Attempt,
     CommitOutcome,
     CommitRequest,
     FailOutcome,
@@ -33,6 +34,7 @@ from .lease import (
 )
 from .limits import (
     ADD_BATCH_MAX,
+    ATTEMPT_LOG_CAP,
     ATTEMPTS_MAX,
     BATCH_MAX,
     DEFAULT_BACKOFF_BASE,
@@ -45,10 +47,9 @@ from .limits import (
     SWEEP_MAX,
 )
 from .replies import Grant
-from .scripts import Call, Command, Scripts
+from .scripts import KEY_COUNTS, Call, Command, Scripts
 from .validation import (
     check_id,
-    check_lease,
     check_positive,
     check_time_ms,
     delay_to_ms,
@@ -58,6 +59,8 @@ from .validation import (
 
 #: Items sent to Redis per add_items call (at most limits.ADD_BATCH_MAX).
 ADD_BATCH = min(500, ADD_BATCH_MAX)
+#: The scripts that take the shard's attempt log as their eighth key.
+_LOGGED = frozenset(name for name, count in KEY_COUNTS.items() if count >= 8)
 
 
 class LeaseStore:
@@ -119,7 +122,7 @@ class LeaseStore:
         token: int | None = None,
         extra_keys: Sequence[str] = (),
     ) -> Any:
-        keys = self.keys.shard(run_id, shard)
+        keys = (self.keys.logged if name in _LOGGED else self.keys.shard)(run_id, shard)
         if extra_keys:
             keys += extra_keys
         try:  # the hot path: a plain try rather than the errors() context manager
@@ -250,6 +253,26 @@ class LeaseStore:
                 *(rec.get(name) for name in TEXT_SUFFIXES),
             )
 
+    def attempts(
+        self, run_id: str, item_id: str | None = None, *, limit: int = 50
+    ) -> list[Attempt]:
+        """The attempt log, newest first: the run's latest ``limit`` entries over every shard,
+        or ``item_id``'s latest (read from its shard's log alone, never more than its cap).
+
+        Each shard keeps its last limits.ATTEMPT_LOG_CAP entries (about). Raises NotFound for
+        an unknown run, InvalidInput for a bad id or a limit outside 1 to the cap.
+        """
+        check_positive(limit, "limit", ATTEMPT_LOG_CAP)
+        if item_id is not None:
+            shard = self.shard_for(run_id, item_id)
+            with self.errors(run_id, item_id):
+                return attempt_log.item_attempts(
+                    self.client, self.keys.attempts(run_id, shard), item_id, limit
+                )
+        keys = [self.keys.attempts(run_id, shard) for shard in range(self.shard_count(run_id))]
+        with self.errors(run_id):
+            return attempt_log.latest(self.client, keys, limit)
+
     # -- leases ---------------------------------------------------------------
 
     def _lease(self, run_id: str, shard: int, worker: str, grant: Grant) -> Lease:
@@ -264,6 +287,7 @@ class LeaseStore:
             payload=json.loads(grant.payload) if grant.payload else None,
             takeover=grant.takeover,
             worker=worker,
+            trace_id=tracing.trace_id(),
         )
 
     def claim(self, run_id: str, item_id: str, worker: str, ttl: float = DEFAULT_TTL) -> Lease:
@@ -329,7 +353,8 @@ class LeaseStore:
     def renew(self, lease: Lease, ttl: float = DEFAULT_TTL) -> Lease:
         """Extends a lease from now; only its holder may. Raises LeaseLost."""
         ttl_ms = ttl_to_ms(ttl)
-        return settlement.extended(lease, self._holder_script("renew", lease, [ttl_ms]))
+        reply = self._holder_script("renew", lease, [ttl_ms, lease.trace_id])
+        return settlement.extended(lease, reply)
 
     def renew_many(self, leases: Sequence[Lease], ttl: float = DEFAULT_TTL) -> list[Lease | None]:
         """Renews several leases in one round trip, one script call per shard; None where a
@@ -343,7 +368,7 @@ class LeaseStore:
         read); returns the leases (None where lost) and the commands' raw replies."""
         ttl_ms = ttl_to_ms(ttl)
         for lease in leases:
-            check_lease(lease)
+            settlement.check_holder(lease)
         groups: list[settlement.Group] = [("renew", lease, ttl_ms, "") for lease in leases]
         answers = self._settle(groups, commands=commands)
         return settlement.renewed(leases, answers), answers[len(leases) :]
@@ -448,7 +473,9 @@ class LeaseStore:
         """Reports a failed attempt: retried with backoff, or dead. Raises LeaseLost."""
         text = settlement.error_text(error)
         failed = self._holder_script(
-            "fail", lease, [text, "1" if permanent else "0", f"{random.random():.6f}"]
+            "fail",
+            lease,
+            [text, "1" if permanent else "0", f"{random.random():.6f}", lease.trace_id],
         )
         return FailOutcome(
             state=failed.state, eligible_at_ms=failed.eligible_at_ms, attempts=failed.attempts
@@ -461,12 +488,12 @@ class LeaseStore:
         outside the protocol's bound (at most limits.DELAY_MAX_MS).
         """
         delay_ms = delay_to_ms(delay) if delay else 0
-        self._holder_script("release", lease, [delay_ms])
+        self._holder_script("release", lease, [delay_ms, lease.trace_id])
 
     def _holder_script(
         self, name: str, lease: Lease, args: Sequence[Any], extra_keys: Sequence[str] = ()
     ) -> Any:
-        check_lease(lease)
+        settlement.check_holder(lease)
         return self._run_script(
             name,
             lease.run_id,
@@ -506,7 +533,7 @@ class LeaseStore:
         return self._holder_script(
             "record_effect",
             lease,
-            [key, name, state, detail_text, fresh, earlier_key],
+            [key, name, state, detail_text, fresh, earlier_key, lease.trace_id],
             extra_keys=self.keys.effects(lease.run_id, lease.shard),
         )
 
@@ -591,6 +618,7 @@ class LeaseStore:
 
 
 __all__ = [
+    "Attempt",
     "CommitRequest",
     "FailRequest",
     "LeaseError",

@@ -24,12 +24,13 @@ from croniter import croniter
 from rq import get_current_job
 
 from . import capacity, dispatch
+from .backoff import FAILURE_STREAK_LIMIT, hold_dispatch
 from .errors import NotFound, RedisLeaseError, RedisUnavailable
 from .jobs import Job, load_job
 from .lease import RunStatus
 from .limits import DEFAULT_PREFIX
 from .locks import lock
-from .runs import Decision, Runs, to_ms
+from .runs import Decision, PlanProgress, Runs, job_failures, to_ms
 from .store import LeaseStore
 
 log = logging.getLogger("redis_lease.tick")
@@ -41,6 +42,8 @@ TICK_LOCK_SECONDS = 60
 UNKNOWN = "unknown"
 #: Decision kinds that mean some work failed: an error, a run dropped because it is gone.
 FAILURE_KINDS = ("error", "drop")
+#: Told which run planned how many items so far (``redis-lease tick`` shows it).
+TickProgress = Callable[[str, int], None]
 #: Said when a job has no record of any run on the server.
 NO_RECORD = (
     "no record of this job's runs on the server: a new job, or the server lost its data "
@@ -57,26 +60,43 @@ class TickResult(list[Decision]):
         return [d for d in self if d.kind in FAILURE_KINDS]
 
 
-def tick(store: LeaseStore, job_paths: Sequence[str], now: datetime | None = None) -> TickResult:
+def tick(
+    store: LeaseStore,
+    job_paths: Sequence[str],
+    now: datetime | None = None,
+    progress: TickProgress | None = None,
+) -> TickResult:
     """One tick for each job path (``package.module:attr``); returns the decisions made.
 
-    A job that fails (it cannot be imported, its tick raises) becomes an ``error``
-    decision and the other jobs are still ticked. Raises RedisUnavailable when
-    Redis cannot be reached at all.
+    ``now`` is the tick's clock (default: the server's); every decision is made
+    by it, so a test or a replay can tick at any time. ``progress`` is told the
+    items planned so far while a run is planned. A job that fails (it cannot be
+    imported, its tick raises) becomes an ``error`` decision and the other jobs
+    are still ticked. Raises RedisUnavailable when Redis cannot be reached at all.
     """
     runs = Runs(store)
     moment = now or runs.server_now()
     result = TickResult()
     for path in job_paths:
-        result += _isolated(runs, path, partial(_tick_path, store, runs, path, moment), False)
+        work = partial(_tick_path, store, runs, path, moment, progress)
+        result += _isolated(runs, path, work, False)
     return result
 
 
-def _tick_path(store: LeaseStore, runs: Runs, path: str, now: datetime) -> list[Decision]:
-    return tick_job(store, runs, path, load_job(path), now)
+def _tick_path(
+    store: LeaseStore, runs: Runs, path: str, now: datetime, progress: TickProgress | None
+) -> list[Decision]:
+    return tick_job(store, runs, path, load_job(path), now, progress)
 
 
-def tick_job(store: LeaseStore, runs: Runs, path: str, job: Job, now: datetime) -> list[Decision]:
+def tick_job(
+    store: LeaseStore,
+    runs: Runs,
+    path: str,
+    job: Job,
+    now: datetime,
+    progress: TickProgress | None = None,
+) -> list[Decision]:
     """One tick of one job, under a per-job lock (a concurrent tick skips).
 
     Each open run is ticked on its own: an error in one is recorded in its event
@@ -88,7 +108,7 @@ def tick_job(store: LeaseStore, runs: Runs, path: str, job: Job, now: datetime) 
         first = _register(store, path, job, now)
         decisions = _create_due_runs(store, runs, path, job, now, first)
         for run_id in runs.open_runs(job.name):
-            work = partial(_tick_run, store, runs, path, job, run_id, now)
+            work = partial(_tick_run, store, runs, path, job, run_id, now, progress)
             decisions += _isolated(runs, run_id, work, True)
         return decisions
 
@@ -158,6 +178,8 @@ def _create_due_runs(
         fires = fires[-1:]
     with store.errors():
         todo = record.without_runs(store, job, fires)
+    if record.paused_by is not None:
+        return _skip_paused(store, job, record, fires, todo)
     on_time = [fire for fire in todo if now - fire <= grace or _still_due(record, job, fire, now)]
     if opts.catch_up == "all":
         chosen = todo
@@ -180,7 +202,7 @@ def _create_due_runs(
 
 def _still_due(record: _JobRecord, job: Job, fire: datetime, now: datetime) -> bool:
     """With no record of the job's runs, a scheduled time whose deadline is ahead is due."""
-    return record.fresh and job.deadline_for(_business_date(job, fire), fire) > now
+    return record.fresh and job.deadline_for(business_date(job, fire), fire) > now
 
 
 @dataclass(frozen=True)
@@ -193,17 +215,20 @@ class _JobRecord:
 
     last_fire: datetime | None
     newest_run: datetime | None
+    #: Who paused the job's schedule (``redis-lease schedule pause``), None when it runs.
+    paused_by: str | None = None
 
     @classmethod
     def read(cls, store: LeaseStore, job: Job) -> _JobRecord:
         """Reads the job's record in one round trip."""
         pipe = store.client.pipeline(transaction=False)
-        pipe.hget(store.keys.job(job.name), "last_fire_at")
+        pipe.hmget(store.keys.job(job.name), ["last_fire_at", "paused_by"])
         pipe.zrange(store.keys.job_dates(job.name), -1, -1, withscores=True)
-        last_raw, newest = pipe.execute()
+        (last_raw, paused_by), newest = pipe.execute()
         return cls(
             datetime.fromtimestamp(int(last_raw) / 1000, job.zone) if last_raw else None,
             datetime.fromtimestamp(newest[0][1] / 1000, job.zone) if newest else None,
+            paused_by.decode() if isinstance(paused_by, bytes) else paused_by,
         )
 
     @property
@@ -225,24 +250,49 @@ class _JobRecord:
         """The scheduled times whose business date has no run (created or skipped) yet."""
         pipe = store.client.pipeline(transaction=False)
         for fire in fires:
-            pipe.zscore(store.keys.job_dates(job.name), _business_date(job, fire).isoformat())
+            pipe.zscore(store.keys.job_dates(job.name), business_date(job, fire).isoformat())
         return [fire for fire, seen in zip(fires, pipe.execute(), strict=True) if seen is None]
 
 
+def _skip_paused(
+    store: LeaseStore, job: Job, record: _JobRecord, fires: list[datetime], todo: list[datetime]
+) -> list[Decision]:
+    """A paused job's tick: its due dates are skipped (``backfill`` can make them later)."""
+    why = f"while paused by {record.paused_by}"
+    with store.errors():
+        _record_handled(store, job, fires, todo, why)
+    if not todo:
+        return []
+    days = ", ".join(sorted({business_date(job, fire).isoformat() for fire in todo}))
+    return [
+        Decision(
+            "paused",
+            job.name,
+            f"schedule paused by {record.paused_by}: no run created for {days}; "
+            f"redis-lease schedule resume {job.name} to create new runs again, "
+            "redis-lease backfill to make these",
+        )
+    ]
+
+
 def _record_handled(
-    store: LeaseStore, job: Job, fires: list[datetime], skipped: list[datetime]
+    store: LeaseStore,
+    job: Job,
+    fires: list[datetime],
+    skipped: list[datetime],
+    why: str | None = None,
 ) -> None:
     """Moves ``last_fire_at`` to the newest scheduled time seen; marks skipped dates."""
     pipe = store.client.pipeline(transaction=False)
     if fires:
         pipe.hset(store.keys.job(job.name), "last_fire_at", str(to_ms(fires[-1])))
     if skipped:
-        days = [_business_date(job, fire).isoformat() for fire in skipped]
+        days = sorted({business_date(job, fire).isoformat() for fire in skipped})
         pipe.zadd(store.keys.job_dates(job.name), dict.fromkeys(days, 0), nx=True)
         pipe.hset(
             store.keys.job(job.name),
             "last_catch_up",
-            f"skipped {len(skipped)} missed dates (policy {job.options.catch_up}): "
+            f"skipped {len(days)} missed dates ({why or f'policy {job.options.catch_up}'}): "
             + ", ".join(days),
         )
     pipe.execute()
@@ -258,11 +308,11 @@ def _create(
     skipped: list[datetime],
 ) -> Decision | None:
     """Creates the run of one scheduled time; its decision, or None when it existed."""
-    business_date = _business_date(job, fire)
+    day = business_date(job, fire)
     # A run started late keeps its full window: its deadline moves with its start.
-    window = job.deadline_for(business_date, fire) - fire
+    window = job.deadline_for(day, fire) - fire
     start = now if late else fire
-    run_id, created = runs.ensure(job, business_date, start, start + window)
+    run_id, created = runs.ensure(job, day, start, start + window)
     if not created:
         return None
     if late:
@@ -291,7 +341,8 @@ def _next_fire_note(path: str, job: Job, now: datetime) -> str:
     )
 
 
-def _business_date(job: Job, fire: datetime) -> date:
+def business_date(job: Job, fire: datetime) -> date:
+    """The business date of a scheduled time: its date in the job's timezone."""
     return fire.astimezone(job.zone).date()
 
 
@@ -299,7 +350,13 @@ def _business_date(job: Job, fire: datetime) -> date:
 
 
 def _tick_run(
-    store: LeaseStore, runs: Runs, path: str, job: Job, run_id: str, now: datetime
+    store: LeaseStore,
+    runs: Runs,
+    path: str,
+    job: Job,
+    run_id: str,
+    now: datetime,
+    progress: TickProgress | None = None,
 ) -> list[Decision]:
     """Plans, finalizes or dispatches one open run; drops it when its record is gone."""
     try:
@@ -308,7 +365,7 @@ def _tick_run(
         return [runs.drop_gone(job, run_id)]
     decisions: list[Decision] = []
     if info["state"] == "planning":
-        planned = _plan(runs, job, run_id)
+        planned = _plan(runs, job, run_id, partial(progress, run_id) if progress else None)
         if planned is None or planned.kind == "finalize":
             return [planned] if planned else []
         decisions.append(planned)
@@ -357,7 +414,9 @@ def _publish_need(
         store.client.hset(store.keys.run(status.run_id), mapping=fields)
 
 
-def _plan(runs: Runs, job: Job, run_id: str) -> Decision | None:
+def _plan(
+    runs: Runs, job: Job, run_id: str, progress: PlanProgress | None = None
+) -> Decision | None:
     """Plans the run; None when another planner holds it.
 
     Returns a ``plan`` decision, or a ``finalize`` one when planning failed the run.
@@ -365,7 +424,7 @@ def _plan(runs: Runs, job: Job, run_id: str) -> Decision | None:
     tick to plan again.
     """
     try:
-        planned = runs.plan(job, run_id)
+        planned = runs.plan(job, run_id, progress)
     except Exception as error:
         if runs.info(run_id)["state"] != "failed":
             raise
@@ -383,24 +442,40 @@ def _dispatch(
     now_ms: int,
     deadline_ms: int,
 ) -> list[Decision]:
-    """Enqueues a shard job where work remains and no live job is on the shard."""
+    """Enqueues a shard job where work remains and no live job is on the shard.
+
+    After :data:`FAILURE_STREAK_LIMIT` shard jobs of the run failed in a row, it
+    backs off (:func:`~redis_lease.backoff.hold_dispatch`); no burst is added while shard jobs fail.
+    """
     opts = job.options
     run_id = status.run_id
-    live = dispatch.live_jobs(store, run_id)
+    live = dispatch.live_jobs(store, run_id)  # counts the failed jobs it finds on the run
+    status.info.update(runs.info(run_id))
     total_live = sum(len(ids) for ids in live.values())
+    decisions: list[Decision] = []
+    cap, probing = opts.max_workers, False
+    failures = job_failures(status.info)
+    if failures.streak >= FAILURE_STREAK_LIMIT:
+        held, backoff = hold_dispatch(store, runs, status.info, run_id, now_ms)
+        decisions += [backoff] if backoff else []
+        if held:
+            return decisions
+        cap, probing = 1, True  # the back-off ended: one shard job tries again
     enqueued = 0
     for shard, counts in enumerate(per_shard):
         if RunStatus.unfinished_of(counts) == 0:
             continue
         have = len(live.get(shard, []))
-        while have < opts.workers_per_shard and total_live < opts.max_workers:
+        while have < opts.workers_per_shard and total_live < cap:
             dispatch.enqueue_shard(store, path, opts.queue, run_id, shard, opts.shard_budget)
             have, total_live, enqueued = have + 1, total_live + 1, enqueued + 1
-    decisions: list[Decision] = []
     if enqueued:
-        decisions.append(
-            runs.event(run_id, "dispatch", f"enqueued {enqueued} shard jobs where no job was live")
-        )
+        reason = f"enqueued {enqueued} shard jobs where no job was live"
+        if probing:
+            reason += f" (trying again after {failures.streak} failed shard jobs)"
+        decisions.append(runs.event(run_id, "dispatch", reason))
+    if failures.streak:
+        return decisions  # no burst capacity for work that fails
     burst = _burst(store, runs, path, job, status, per_shard, total_live, now_ms, deadline_ms)
     return decisions + ([burst] if burst else [])
 
@@ -420,6 +495,8 @@ def _burst(
 
     The rate is of finished items (done or dead: no longer work); the work left is
     the unfinished items. Both come from :class:`~redis_lease.lease.RunStatus`.
+    Work that fails gets no burst: when attempts failed since the last sample and
+    none committed, more shard jobs would only fail the same way.
     """
     opts = job.options
     run_id = status.run_id
@@ -427,12 +504,20 @@ def _burst(
     sample_at, sample_done = int(info.get("sample_at", "0")), int(info.get("sample_done", "0"))
     if sample_at and now_ms - sample_at < RATE_WINDOW * 1000:
         return None
+    commits, failures = status.events.get("commits", 0), status.events.get("failures", 0)
+    sample: dict[Any, Any] = {
+        "sample_at": now_ms,
+        "sample_done": status.finished,
+        "sample_commits": commits,
+        "sample_failures": failures,
+    }
     with store.errors(run_id):
-        store.client.hset(
-            store.keys.run(run_id), mapping={"sample_at": now_ms, "sample_done": status.finished}
-        )
+        store.client.hset(store.keys.run(run_id), mapping=sample)
     if not sample_at or not deadline_ms:
         return None
+    failing = failures > int(info.get("sample_failures", "0")) and commits == int(
+        info.get("sample_commits", "0")
+    )
     rate = (status.finished - sample_done) / ((now_ms - sample_at) / 1000)
     projected_ms = now_ms + status.unfinished / rate * 1000 if rate > 0 else float("inf")
     fields: dict[Any, Any] = {"rate_per_s": f"{rate:.3f}"}
@@ -440,7 +525,7 @@ def _burst(
         fields["projected_finish_at"] = int(projected_ms)
     with store.errors(run_id):
         store.client.hset(store.keys.run(run_id), mapping=fields)
-    if projected_ms <= deadline_ms or total_live >= opts.max_workers:
+    if projected_ms <= deadline_ms or total_live >= opts.max_workers or failing:
         return None
     busiest = sorted(range(len(per_shard)), key=lambda s: -per_shard[s]["pending"])
     targets = [s for s in busiest if per_shard[s]["pending"] > 0][: opts.max_workers - total_live]
@@ -457,16 +542,28 @@ def _burst(
     )
 
 
-def tick_entry(job_paths: list[str], prefix: str = DEFAULT_PREFIX) -> list[str]:
+def tick_entry(job_paths: list[str], prefix: str = DEFAULT_PREFIX, arm: bool = False) -> list[str]:
     """The RQ job that rq-scheduler (or ``rq cron``) runs: one tick on the job's connection.
 
+    With ``arm`` (the entries ``schedule install`` makes) it then makes sure a
+    one-off tick waits at each job's next scheduled time, in the job's timezone
+    (:func:`redis_lease.schedule.arm_next`), while the job's schedule is installed.
     Raises RedisLeaseError after the whole tick when some work failed, so the RQ
     job is marked failed; each failure is in its run's event log.
     """
     rq_job = get_current_job()
     if rq_job is None:
         raise RedisLeaseError("tick_entry runs inside an RQ worker; call tick() directly")
-    result = tick(LeaseStore(rq_job.connection, prefix=prefix), job_paths)
+    store = LeaseStore(rq_job.connection, prefix=prefix)
+    result = tick(store, job_paths)
+    if arm:
+        from . import schedule
+
+        for path in job_paths:
+            with contextlib.suppress(RedisLeaseError):  # a job that fails to load: in result
+                job = load_job(path)
+                if schedule.installed(store, job):
+                    schedule.arm_next(store, path, job)
     if result.failures:
         raise RedisLeaseError(
             f"{len(result.failures)} tick failures: " + "; ".join(map(str, result.failures))

@@ -28,6 +28,7 @@ from .errors import InvalidInput, LeaseError, RedisLeaseError
 from .jobs import check_concurrency, load_job
 from .keeper import ActiveLease, LeaseKeeper
 from .limits import DEFAULT_PREFIX
+from .runs import end_failure_streak, record_job_failure
 from .shard_loop import Outcome, ShardReport, work_shard
 from .store import LeaseStore
 
@@ -56,13 +57,39 @@ def process_shard(
     costs a reconnect, not the job. SIGTERM (to this process) or a warm shutdown
     of its RQ worker drains it: the current item is finished and the unstarted
     ones released. Returns a report.
+
+    A shard job that raises (its job does not import, has no handler, or a bug
+    outside the handler's own call) is counted on its run with its error
+    (:func:`~redis_lease.runs.record_job_failure`, shown by ``status``) before RQ
+    marks it failed; one that ends normally ends the run's streak of failures and its
+    dispatch back-off.
     """
     rq_job = get_current_job()
     if rq_job is None:
         raise LeaseError("process_shard runs inside an RQ worker; use work_shard directly")
-    job = load_job(job_path)
     client = resilient(rq_job.connection)
     store = LeaseStore(client, prefix=prefix, url=describe(client))
+    ended = False
+    try:
+        report = _process(store, rq_job, job_path, run_id, shard)
+        ended = True
+        return report
+    except Exception as error:  # counted on the run (status shows it), then RQ fails the job
+        _record_failure(store, run_id, shard, error)
+        raise
+    finally:
+        # Whether or not the setup (import, first beat) got through: a job left among
+        # the run's jobs would be counted failed a second time by the tick.
+        _forget_job(store, run_id, rq_job.id, ended)
+        if client is not rq_job.connection:
+            client.close()
+
+
+def _process(
+    store: LeaseStore, rq_job: Any, job_path: str, run_id: str, shard: int
+) -> dict[str, Any]:
+    """The shard job's work: one pass over the shard under a kept lease set; its report."""
+    job = load_job(job_path)
     _log_danger(store)
     stop = threading.Event()
     beat_key = store.keys.run_beat(run_id, rq_job.id)
@@ -97,10 +124,7 @@ def process_shard(
             )
     finally:
         keeper.close()
-        _forget_job(store, run_id, rq_job.id, beat_key)
         restore()
-        if client is not rq_job.connection:
-            client.close()
     return {
         "run": run_id,
         "shard": shard,
@@ -116,6 +140,14 @@ def process_shard(
     }
 
 
+def _record_failure(store: LeaseStore, run_id: str, shard: int, error: Exception) -> None:
+    """Counts the failed shard job on its run, with its error (best effort: logged otherwise)."""
+    try:
+        record_job_failure(store, run_id, shard, f"{type(error).__name__}: {error}")
+    except RedisLeaseError as failure:
+        log.warning("could not record the failure of a shard job of run %r: %s", run_id, failure)
+
+
 def _record_pass(store: LeaseStore, run_id: str, report: ShardReport, busy: float) -> None:
     """Adds the pass's handler count and times to the run's measured capacity (best effort).
 
@@ -129,18 +161,23 @@ def _record_pass(store: LeaseStore, run_id: str, report: ShardReport, busy: floa
         log.warning("could not record the pass of run %r: %s", run_id, error)
 
 
-def _forget_job(store: LeaseStore, run_id: str, rq_id: str, beat_key: str) -> None:
+def _forget_job(store: LeaseStore, run_id: str, rq_id: str, ended: bool) -> None:
     """Removes the job's heartbeat and its entries among the run's jobs (one round trip).
 
-    Best effort: when Redis is gone, the heartbeat expires by itself and the
-    tick forgets the entry of a job that is not live.
+    A job that ``ended`` normally also ends the run's streak of failed shard jobs
+    and its dispatch back-off, in one script
+    (:func:`~redis_lease.runs.end_failure_streak`). Best effort: when Redis is
+    gone, the heartbeat expires by itself and the tick forgets the entry of a
+    job that is not live.
     """
     try:
         with redis_errors(store.url, run_id=run_id):
             pipe = store.client.pipeline(transaction=False)
-            pipe.delete(beat_key)
+            pipe.delete(store.keys.run_beat(run_id, rq_id))
             pipe.hdel(store.keys.run_jobs(run_id), rq_id)
             pipe.hdel(store.keys.run_jobs_missing(run_id), rq_id)
+            if ended:
+                end_failure_streak(store, run_id, client=pipe)
             pipe.execute()
     except RedisLeaseError as error:
         log.warning("could not remove the heartbeat of job %s of run %r: %s", rq_id, run_id, error)

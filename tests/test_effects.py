@@ -8,6 +8,8 @@ against the HTTP provider with real worker processes.
 from __future__ import annotations
 
 import hashlib
+import json
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -15,7 +17,16 @@ from typing import Any
 
 import pytest
 
-from redis_lease import InvalidInput, Item, LeaseLost, LeaseStore
+from redis_lease import (
+    InvalidInput,
+    Item,
+    LeaseLost,
+    LeaseStore,
+    NotClaimable,
+    NotFound,
+    RunClosed,
+    SlotTimeout,
+)
 from redis_lease.effects import (
     KEY_MAX_LENGTH,
     EffectFailed,
@@ -24,6 +35,8 @@ from redis_lease.effects import (
     Throttled,
     apply_effect,
     idempotency_key,
+    not_sent,
+    resolve_effect,
 )
 from redis_lease.jobs import Job
 from redis_lease.lease import Lease
@@ -76,6 +89,11 @@ def effects_counts(store: LeaseStore) -> dict[str, int]:
     """The run's effect counters."""
     events = store.status(RUN).events
     return {k: v for k, v in events.items() if k.startswith("effects_")}
+
+
+def error_text(record: dict[str, Any]) -> Any:
+    """A ledger record's error, kept as JSON text like its result."""
+    return json.loads(record["error"])
 
 
 def must_not_call(key: str) -> Any:
@@ -289,9 +307,14 @@ def test_no_lookup_and_no_key_honouring_needs_reconciliation(
         store.record_effect(first, KEY, EFFECT, "unknown", "timeout")
     later = reclaim(store, first)
     before = snapshot(store.client, store.prefix)
-    with pytest.raises(NeedsReconciliation, match="needs reconciliation"):
+    with pytest.raises(NeedsReconciliation, match="needs reconciliation") as raised:
         apply_effect(store, later, EFFECT, must_not_call)
     assert snapshot(store.client, store.prefix) == before
+    message = str(raised.value)
+    assert "token 1" in message  # the attempt it comes from, and how that one ended
+    assert ("ended: timeout" in message) == (earlier == "unknown")
+    assert f"'redis-lease requeue {RUN} {ITEM}'" in message and "lookup=" in message
+    assert f"resolve_effect(store, {RUN!r}, {ITEM!r}, {EFFECT!r}, applied=...)" in message
 
 
 def test_provider_that_honours_keys_is_sent_the_same_key_again(store: LeaseStore) -> None:
@@ -329,11 +352,13 @@ def test_definite_failure_is_recorded_and_retried_without_a_lookup(
 def test_ambiguous_failure_is_unknown_and_aged_until_reconciled(store: LeaseStore) -> None:
     lease = claim(store)
     provider = Provider(error=ConnectionResetError("reset by peer"))
-    with pytest.raises(ConnectionResetError):
+    with pytest.raises(EffectUnknown) as raised:
         apply_effect(store, lease, EFFECT, provider.call, lookup=provider.lookup)
+    assert raised.value.__cause__ is provider.error  # the original, chained
+    assert "ConnectionResetError: reset by peer" in str(raised.value)
     record = store.effect(RUN, ITEM, KEY)
     assert record is not None and record["state"] == "unknown"
-    assert "ConnectionResetError" in record["error"]
+    assert error_text(record) == "ConnectionResetError: reset by peer"
     since = record["updated_at"]
     wait_past(store.client, since + 60)
     status = store.status(RUN)
@@ -392,7 +417,8 @@ def work_until(store: LeaseStore, handler: Any, state: str, passes: int = 200) -
 
 
 def test_unreconcilable_effect_makes_the_item_dead(store: LeaseStore) -> None:
-    """The first attempt times out; without lookup or key honouring the next one gives up."""
+    """The first attempt times out; without lookup or key honouring it gives up at once,
+    keeping the provider's error and saying how to settle the effect."""
     store.add(RUN, [Item(ITEM, {"account": 7})], shards=2, backoff_base=0.01)
     provider = Provider(error=EffectUnknown("read timed out"))
 
@@ -401,8 +427,10 @@ def test_unreconcilable_effect_makes_the_item_dead(store: LeaseStore) -> None:
 
     work_until(store, handler, "dead")
     record = store.item(RUN, ITEM)
-    assert record.attempts == 2
+    assert record.attempts == 1
     assert record.error is not None and "needs reconciliation" in record.error
+    assert "EffectUnknown: read timed out" in record.error
+    assert "lookup=" in record.error and f"redis-lease requeue {RUN} {ITEM}" in record.error
     assert provider.calls == [KEY]
     ledger = store.effect(RUN, ITEM, KEY)
     assert ledger is not None and ledger["state"] == "unknown"
@@ -432,3 +460,311 @@ def test_throttled_effect_gives_the_item_back_without_counting_an_attempt(
     work_until(store, handler, "done")
     assert store.item(RUN, ITEM).result == {"id": "corr_1"}
     assert provider.calls == [KEY, KEY] and provider.lookups == []
+
+
+# -- what a call's error means ---------------------------------------------------------
+
+
+class ConnectError(Exception):
+    """Named like httpx's: raised before the request is written."""
+
+
+class NewConnectionError(OSError):
+    """Named like urllib3's."""
+
+
+class MaxRetryError(Exception):
+    """Like urllib3's: keeps the last error as ``reason``."""
+
+    def __init__(self, reason: BaseException) -> None:
+        super().__init__("max retries exceeded")
+        self.reason = reason
+
+
+def raised_from(error: BaseException, cause: BaseException) -> BaseException:
+    """``error`` as raised by ``raise error from cause``."""
+    error.__cause__ = cause
+    return error
+
+
+def wrapped_by_context(error: BaseException, context: BaseException) -> BaseException:
+    """``error`` raised while ``context`` was being handled (no ``from``)."""
+    error.__context__ = context
+    return error
+
+
+NOT_SENT = {
+    "refused": ConnectionRefusedError(111, "Connection refused"),
+    "no such host": socket.gaierror(-2, "Name or service not known"),
+    "httpx connect": raised_from(ConnectError("All connection attempts failed"), OSError(111)),
+    "requests-like": ConnectionError(MaxRetryError(NewConnectionError("Failed to establish"))),
+}
+MAYBE_SENT = {
+    "timeout": TimeoutError("timed out"),
+    "reset": ConnectionResetError(104, "Connection reset by peer"),
+    "5xx": RuntimeError("provider answered 502"),
+    "retried after a refusal": wrapped_by_context(
+        TimeoutError("read timed out"), ConnectionRefusedError(111, "refused")
+    ),
+    "said unknown though refused": raised_from(
+        EffectUnknown("no answer"), ConnectionRefusedError(111, "refused")
+    ),
+}
+
+
+@pytest.mark.parametrize("name", NOT_SENT)
+def test_an_error_before_any_connection_shows_nothing_was_sent(name: str) -> None:
+    assert not_sent(NOT_SENT[name])
+
+
+@pytest.mark.parametrize("name", [n for n in MAYBE_SENT if n != "said unknown though refused"])
+def test_an_error_after_a_connection_may_have_been_sent(name: str) -> None:
+    assert not not_sent(MAYBE_SENT[name])
+
+
+def test_a_cycle_of_wrapped_errors_ends() -> None:
+    first, second = RuntimeError("a"), RuntimeError("b")
+    first.__cause__, second.__cause__ = second, first
+    assert not not_sent(first)
+
+
+@pytest.mark.parametrize("name", NOT_SENT)
+def test_an_effect_never_sent_is_retried_and_sent_by_the_next_attempt(
+    store: LeaseStore, name: str
+) -> None:
+    """Defaults (no lookup, keys not honoured): the item is retried, not sent dead.
+
+    The backoff (at least half a second) keeps the retry out of the first pass."""
+    store.add(RUN, [Item(ITEM, {"account": 7})], shards=2, backoff_base=1.0)
+    error = NOT_SENT[name]
+    provider = Provider(error=error)
+
+    def handler(item: Item, lease: ActiveLease) -> Any:
+        return lease.effect(EFFECT, provider.call)
+
+    report = work(store, handler)
+    assert report.failed == 1
+    record = store.item(RUN, ITEM)
+    assert (record.state, record.attempts) == ("pending", 1)
+    original = f"{type(error).__name__}: {error}"
+    assert record.error is not None and original in record.error  # the original kept
+    assert record.error.startswith("EffectFailed: ")
+    ledger = store.effect(RUN, ITEM, KEY)
+    assert ledger is not None
+    assert (ledger["state"], error_text(ledger)) == ("failed", f"not sent: {original}")
+
+    provider.error = None
+    work_until(store, handler, "done")
+    assert store.item(RUN, ITEM).result == {"id": "corr_1"}
+    assert provider.calls == [KEY, KEY]
+    assert effects_counts(store) == {
+        "effects_intended": 0,
+        "effects_failed": 0,
+        "effects_applied": 1,
+    }
+
+
+def test_an_async_effect_never_sent_is_retried_too(store: LeaseStore) -> None:
+    """effect_async classifies the same way: the coroutine's error reaches the ledger as is."""
+    store.add(RUN, [Item(ITEM, {"account": 7})], shards=2, backoff_base=1.0)
+    refused: list[BaseException] = [ConnectionRefusedError(111, "Connection refused")]
+    calls: list[str] = []
+
+    async def call(key: str) -> Any:
+        calls.append(key)
+        if refused:
+            raise refused.pop()
+        return {"id": "corr_async"}
+
+    async def handler(item: Item, lease: ActiveLease) -> Any:
+        return await lease.effect_async(EFFECT, call)
+
+    assert work(store, handler).failed == 1
+    record = store.item(RUN, ITEM)
+    assert record.state == "pending" and record.error is not None
+    assert "was not sent: ConnectionRefusedError" in record.error
+    work_until(store, handler, "done")
+    assert store.item(RUN, ITEM).result == {"id": "corr_async"}
+    assert calls == [KEY, KEY]
+
+
+def test_a_definite_refusal_is_retried_by_the_worker_with_its_error_kept(
+    store: LeaseStore,
+) -> None:
+    """The ledger says nothing was applied: the next attempt sends, no lookup needed."""
+    store.add(RUN, [Item(ITEM, {"account": 7})], shards=2, backoff_base=1.0)
+    provider = Provider(error=EffectFailed("422 account frozen"))
+
+    def handler(item: Item, lease: ActiveLease) -> Any:
+        return lease.effect(EFFECT, provider.call)
+
+    assert work(store, handler).failed == 1
+    record = store.item(RUN, ITEM)
+    assert (record.state, record.error) == ("pending", "EffectFailed: 422 account frozen")
+    provider.error = None
+    work_until(store, handler, "done")
+    assert provider.calls == [KEY, KEY]
+
+
+def test_a_not_sent_error_is_chained_to_what_the_handler_sees(store: LeaseStore) -> None:
+    lease = claim(store)
+    refused = ConnectionRefusedError(111, "Connection refused")
+    with pytest.raises(EffectFailed, match="was not sent: ConnectionRefusedError") as raised:
+        apply_effect(store, lease, EFFECT, Provider(error=refused).call)
+    assert raised.value.__cause__ is refused
+    assert (raised.value.run_id, raised.value.item_id, raised.value.token) == (RUN, ITEM, 1)
+
+
+@pytest.mark.parametrize("name", MAYBE_SENT)
+def test_an_outcome_that_may_be_applied_needs_reconciliation_at_once_with_its_cause(
+    store: LeaseStore, name: str
+) -> None:
+    lease = claim(store)
+    error = MAYBE_SENT[name]
+    with pytest.raises(NeedsReconciliation) as raised:
+        apply_effect(store, lease, EFFECT, Provider(error=error).call)
+    assert raised.value.__cause__ is error
+    message = str(raised.value)
+    assert f"({type(error).__name__}: {error})" in message
+    assert "lookup=" in message and "honours_keys=True" in message
+    assert f"'redis-lease requeue {RUN} {ITEM}'" in message
+    ledger = store.effect(RUN, ITEM, KEY)
+    assert ledger is not None
+    assert (ledger["state"], error_text(ledger)) == ("unknown", f"{type(error).__name__}: {error}")
+
+
+@pytest.mark.parametrize("reconcile", ["lookup", "honours_keys"])
+def test_an_outcome_that_may_be_applied_is_retried_when_it_can_be_reconciled(
+    store: LeaseStore, reconcile: str
+) -> None:
+    store.add(RUN, [Item(ITEM, {"account": 7})], shards=2, backoff_base=1.0)
+    timeout = TimeoutError("read timed out")
+    provider = Provider(error=timeout)
+    options: dict[str, Any] = (
+        {"lookup": provider.lookup} if reconcile == "lookup" else {"honours_keys": True}
+    )
+    seen: list[BaseException] = []
+
+    def handler(item: Item, lease: ActiveLease) -> Any:
+        try:
+            return lease.effect(EFFECT, provider.call, **options)
+        except Exception as error:
+            seen.append(error)
+            raise
+
+    assert work(store, handler).failed == 1
+    assert isinstance(seen[0], EffectUnknown) and seen[0].__cause__ is timeout
+    record = store.item(RUN, ITEM)
+    assert record.state == "pending" and record.error is not None
+    assert (
+        record.error.startswith("EffectUnknown: ")
+        and "TimeoutError: read timed out" in record.error
+    )
+    provider.error = None
+    work_until(store, handler, "done")
+    if reconcile == "lookup":  # it was not applied: asked, then sent again with the key
+        assert provider.lookups == [KEY]
+    assert provider.calls == [KEY, KEY]
+
+
+def test_a_huge_error_message_is_clipped_in_the_ledger_not_refused(store: LeaseStore) -> None:
+    lease = claim(store)
+    error = RuntimeError("\x01" * 100_000)  # escaped as \u0001: 600 KB of JSON
+    with pytest.raises(NeedsReconciliation) as raised:
+        apply_effect(store, lease, EFFECT, Provider(error=error).call)
+    assert raised.value.__cause__ is error
+    ledger = store.effect(RUN, ITEM, KEY)
+    assert ledger is not None and ledger["state"] == "unknown"
+    assert error_text(ledger).startswith("RuntimeError: \x01") and len(error_text(ledger)) < 5000
+
+
+def test_a_stop_during_the_call_is_unknown_and_raised_as_it_is(store: LeaseStore) -> None:
+    lease = claim(store)
+    stop = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt) as raised:
+        apply_effect(store, lease, EFFECT, Provider(error=stop).call)
+    assert raised.value is stop
+    ledger = store.effect(RUN, ITEM, KEY)
+    assert ledger is not None and ledger["state"] == "unknown"
+
+
+def test_a_lost_lease_during_the_call_stays_a_lost_lease(store: LeaseStore) -> None:
+    lease = claim(store)
+    lost = LeaseLost("lost meanwhile", run_id=RUN, item_id=ITEM, token=1)
+    with pytest.raises(LeaseLost) as raised:
+        apply_effect(store, lease, EFFECT, Provider(error=lost).call)
+    assert raised.value is lost
+
+
+def test_a_slot_timeout_inside_the_call_means_nothing_was_sent(store: LeaseStore) -> None:
+    lease = claim(store)
+    with pytest.raises(SlotTimeout):
+        apply_effect(store, lease, EFFECT, Provider(error=SlotTimeout("no slot in 5s")).call)
+    ledger = store.effect(RUN, ITEM, KEY)
+    assert ledger is not None and ledger["state"] == "failed"
+
+
+# -- an operator settles an unknown effect ----------------------------------------------
+
+
+def dead_after_a_timeout(store: LeaseStore) -> Provider:
+    """The item's effect timed out and, with no lookup, the item is dead."""
+    store.add(RUN, [Item(ITEM, {"account": 7})], shards=2, backoff_base=0.01)
+    provider = Provider(error=TimeoutError("read timed out"))
+    work_until(store, lambda item, lease: lease.effect(EFFECT, provider.call), "dead")
+    return provider
+
+
+def test_an_effect_the_provider_applied_is_resolved_and_never_sent_again(
+    store: LeaseStore,
+) -> None:
+    provider = dead_after_a_timeout(store)
+    record = resolve_effect(store, RUN, ITEM, EFFECT, applied=True, result={"id": "corr_7"})
+    assert (record["state"], record["result"]) == ("applied", {"id": "corr_7"})
+    assert store.item(RUN, ITEM).state == "pending"
+    work_until(store, lambda item, lease: lease.effect(EFFECT, must_not_call), "done")
+    assert store.item(RUN, ITEM).result == {"id": "corr_7"}
+    assert provider.calls == [KEY]
+    assert effects_counts(store)["effects_reconciled"] == 1
+
+
+def test_an_effect_the_provider_never_applied_is_resolved_and_sent_once(
+    store: LeaseStore,
+) -> None:
+    provider = dead_after_a_timeout(store)
+    record = resolve_effect(store, RUN, ITEM, EFFECT, applied=False, worker="ops-anna")
+    assert (record["state"], error_text(record)) == ("failed", "not applied: ops-anna")
+    provider.error = None
+    work_until(store, lambda item, lease: lease.effect(EFFECT, provider.call), "done")
+    assert provider.calls == [KEY, KEY]
+
+
+def test_resolving_an_effect_that_is_not_open_changes_nothing(store: LeaseStore) -> None:
+    lease = claim(store)
+    with pytest.raises(NotFound, match="no record"):
+        resolve_effect(store, RUN, ITEM, EFFECT, applied=True)
+    apply_effect(store, lease, EFFECT, Provider().call)
+    store.commit(lease, result={"ok": True})
+    before = snapshot(store.client, store.prefix)
+    with pytest.raises(InvalidInput, match="is applied, not unknown"):
+        resolve_effect(store, RUN, ITEM, EFFECT, applied=False)
+    assert snapshot(store.client, store.prefix) == before
+
+
+def test_resolving_an_effect_whose_item_a_worker_holds_is_refused(store: LeaseStore) -> None:
+    lease = claim(store)
+    store.record_effect(lease, KEY, EFFECT, "intended")
+    before = snapshot(store.client, store.prefix)
+    with pytest.raises(NotClaimable):
+        resolve_effect(store, RUN, ITEM, EFFECT, applied=True)
+    assert snapshot(store.client, store.prefix) == before
+
+
+def test_resolving_an_effect_of_a_closed_run_writes_nothing(store: LeaseStore) -> None:
+    dead_after_a_timeout(store)
+    store.set_closed(RUN, True)
+    before = snapshot(store.client, store.prefix)
+    with pytest.raises(RunClosed, match="resume it first"):
+        resolve_effect(store, RUN, ITEM, EFFECT, applied=True)
+    assert snapshot(store.client, store.prefix) == before
+    assert store.item(RUN, ITEM).state == "dead"

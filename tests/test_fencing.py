@@ -16,9 +16,12 @@ SHORT = 0.05  # seconds: a lease meant to expire during the test
 
 
 def keys_but_counts(store: LeaseStore) -> dict[str, object]:
-    """Every key under the store's prefix except the counters (refusals are counted)."""
+    """Every key under the store's prefix except the counters and the attempt log (refusals
+    are counted and logged: tests/test_attempt_log.py checks the entry)."""
     return {
-        k: v for k, v in snapshot(store.client, store.prefix).items() if not k.endswith(":counts")
+        k: v
+        for k, v in snapshot(store.client, store.prefix).items()
+        if not k.endswith((":counts", ":attempts"))
     }
 
 

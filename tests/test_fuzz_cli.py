@@ -7,7 +7,8 @@ list, with generated positionals and options: the scene's ids or ids that are em
 undecodable bytes to Python), looking like options; JSON of random shapes or not JSON;
 numbers in every form; dates and deadlines valid, impossible or huge; job paths that do not
 import (also relative ones); unknown options, extra arguments, global options in the wrong
-place, missing required options, ``--help``.
+place, missing required options, ``--help``; files of items for ``add --from-file`` (good,
+bad on a late line, empty, missing, not UTF-8) and ``@FILE`` payloads; page cursors.
 
 Checked for every command line: the output never holds a traceback; the exit code is a
 documented one (0, 2-7; exit 1 means "unexpected" and is a finding here); a failure is one
@@ -27,8 +28,10 @@ from __future__ import annotations
 
 import json
 import string
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
@@ -102,6 +105,39 @@ def deadlines() -> st.SearchStrategy[str]:
     return st.one_of(duration, iso, hostile_text())
 
 
+#: Files of items for ``add --from-file``: good, bad in one line, empty, missing, not UTF-8.
+ITEM_FILES = {
+    "good.jsonl": '{"id": "n1", "payload": {"k": 1}}\n{"id": "n2"}\n',
+    "good.csv": "id,amount\nn3,5\nn4,\n",
+    "bad-late.jsonl": '{"id": "n5"}\n' * 50 + '{"id": "bad id"}\n',
+    "bad.csv": "id,payload\nn6,{oops\n",
+    "empty.txt": "\n",
+    "latin1.csv": "id\ncaf\xe9\n",
+}
+
+
+def item_files() -> st.SearchStrategy[str]:
+    """Paths of item files (written once per session under the temp dir), or odd paths."""
+    folder = Path(tempfile.gettempdir()) / "rl-fuzz-cli-files"
+    folder.mkdir(exist_ok=True)
+    for name, text in ITEM_FILES.items():
+        path = folder / name
+        if not path.exists():
+            path.write_bytes(text.encode("latin-1" if "latin1" in name else "utf-8"))
+    names = [str(folder / name) for name in ITEM_FILES]
+    return mostly(st.sampled_from(names), st.sampled_from(["-", "", str(folder / "none")]))
+
+
+def payload_files() -> st.SearchStrategy[str]:
+    """``@FILE`` payloads: a JSON file, a file that is not JSON, a missing one, ``@``."""
+    folder = Path(tempfile.gettempdir()) / "rl-fuzz-cli-files"
+    folder.mkdir(exist_ok=True)
+    (folder / "payload.json").write_text('{"v": 1}')
+    return st.sampled_from(
+        [f"@{folder / 'payload.json'}", f"@{folder / 'good.csv'}", f"@{folder / 'none'}", "@"]
+    )
+
+
 @dataclass(frozen=True)
 class Backend:
     """Where one fuzz test runs its commands."""
@@ -133,23 +169,41 @@ def command_lines(draw: st.DrawFn, backend: Backend, lease_id: str) -> list[str]
     token = number_args(["1", "2", "3"])
     lease = mostly(st.sampled_from([lease_id, ""]), valid_ids() | hostile_text())
     flag = st.just("")
+    formats = st.sampled_from(["auto", "csv", "jsonl", "x"])
+    states = mostly(st.sampled_from(["pending", "leased", "done", "dead"]), hostile_text())
+    cursors = mostly(st.sampled_from(["0:0", "0:1", "1:0", "0:99999999999"]), hostile_text())
     commands: dict[str, tuple[list[Any], dict[str, Any], set[str]]] = {
-        "add": ([run, item, item], {"--payload": json_args(), "--shards": number_args(["1", "2"]),
+        "add": ([run, item, item], {"--payload": json_args() | payload_files(),
+                "--from-file": item_files(), "--format": formats,
+                "--shards": number_args(["1", "2"]),
                 "--max-attempts": number_args(["1", "3"]), "--json": flag}, set()),
         "claim": ([run, item], {"--worker": mostly(valid_ids(), hostile_text()),
                   "--ttl": number_args(["0.001", "60"]), "--json": flag}, {"--worker"}),
-        "renew": ([run, item], {"--token": token, "--lease-id": lease,
+        "renew": ([run, item], {"--token": token, "--lease-id": lease, "--trace-id": lease,
                   "--ttl": number_args(["60"]), "--json": flag}, {"--token"}),
-        "commit": ([run, item], {"--token": token, "--lease-id": lease, "--result": json_args(),
-                   "--json": flag}, {"--token"}),
-        "fail": ([run, item], {"--token": token, "--lease-id": lease,
+        "commit": ([run, item], {"--token": token, "--lease-id": lease, "--trace-id": lease,
+                   "--result": json_args(), "--json": flag}, {"--token"}),
+        "fail": ([run, item], {"--token": token, "--lease-id": lease, "--trace-id": lease,
                  "--error": mostly(st.text(min_size=1, max_size=20), hostile_text()),
                  "--permanent": flag, "--json": flag}, {"--token", "--error"}),
-        "release": ([run, item], {"--token": token, "--lease-id": lease, "--json": flag},
-                    {"--token"}),
+        "release": ([run, item], {"--token": token, "--lease-id": lease, "--trace-id": lease,
+                    "--json": flag}, {"--token"}),
         "reap": ([run], {"--limit": number_args(["1", "10"]), "--json": flag}, set()),
-        "requeue": ([run, item], {"--limit": number_args(["1", "10"]), "--json": flag}, set()),
-        "inspect": ([run, item], {"--json": flag}, set()),
+        "requeue": ([run, item], {"--item": item, "--limit": number_args(["1", "10"]),
+                    "--json": flag}, set()),
+        "inspect": ([run, item], {"--attempts": number_args(["1", "20"]), "--json": flag}, set()),
+        "resolve-effect": ([run, item, mostly(st.just("pay"), hostile_text())],
+                           {"--applied": json_args() | payload_files(), "--not-applied": flag,
+                            "--worker": mostly(valid_ids(), hostile_text()), "--json": flag},
+                           set()),
+        "items": ([run], {"--state": states, "--limit": number_args(["1", "2", "50"]),
+                  "--cursor": cursors, "--json": flag}, set()),
+        "dead": ([run], {"--limit": number_args(["1", "50"]), "--cursor": cursors,
+                 "--json": flag}, set()),
+        "runs": ([], {"--job": mostly(st.sampled_from(["fleet", "nightly"]), hostile_text()),
+                 "--state": mostly(st.sampled_from(["running", "partial"]), hostile_text()),
+                 "--since": mostly(st.sampled_from(DATES), hostile_text()),
+                 "--limit": number_args(["1", "50"]), "--json": flag}, set()),
         "status": ([run], {"--json": flag}, set()),
         "resume": ([run], {"--deadline": deadlines()}, set()),
         "cancel": ([run], {}, set()),

@@ -251,13 +251,14 @@ def fuzz_call(store: LeaseStore, data: st.DataObject) -> None:
         name = data.draw(st.sampled_from(sorted(strategies)), label="method")
         kwargs = data.draw(strategies[name], label="arguments")
         method: Callable[..., Any] = getattr(store, name)
-        before, counters = scene.snapshot(), scene.counters()
+        before, counters, logs = scene.snapshot(), scene.counters(), scene.logs()
         try:
             method(**kwargs)
         except DOCUMENTED as error:
             assert str(error), f"{type(error).__name__} without a message"
             code = "LEASE_LOST" if type(error) is LeaseLost else type(error).__name__
-            assert_unchanged(code, before, scene.snapshot(), counters, scene.counters())
+            after = scene.snapshot()
+            assert_unchanged(code, before, after, counters, scene.counters(), logs, scene.logs())
             event(f"{name}: {type(error).__name__}")
         else:
             event(f"{name}: ok")

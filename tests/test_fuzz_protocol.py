@@ -96,6 +96,11 @@ class FuzzScene(Scene):
         keys = self.client.scan_iter(match=f"{self.store.prefix}*:counts", count=1000)
         return {k: self.client.hgetall(k) for k in keys if self.client.type(k) == b"hash"}  # type: ignore[misc]
 
+    def logs(self) -> dict[bytes, list[Any]]:
+        """The entries of every ``...:attempts`` stream under the prefix."""
+        keys = self.client.scan_iter(match=f"{self.store.prefix}*:attempts", count=1000)
+        return {k: self.client.xrange(k) for k in keys if self.client.type(k) == b"stream"}
+
     def reset(self) -> None:
         """Deletes every key that starts with the prefix."""
         keys = list(self.client.scan_iter(match=f"{self.store.prefix}*", count=1000))
@@ -198,7 +203,7 @@ def spoiled_call(draw: st.DrawFn, name: str, scene: FuzzScene) -> tuple[list[Any
         elif move == "guards" and len(args) >= 6:
             usable = st.lists(st.sampled_from(scene.usable), min_size=1, max_size=3, unique=True)
             guarded = draw(usable | st.lists(any_key(scene), max_size=4))
-            keys = keys[:7] + guarded
+            keys = keys[:8] + guarded
             args[4] = draw(guard_json(len(guarded), writes=False))
             args[5] = draw(guard_json(len(guarded), writes=True))
     return keys, args
@@ -213,12 +218,23 @@ def assert_unchanged(
     after: dict[bytes, tuple[Any, int]],
     counters_before: dict[bytes, dict[bytes, bytes]],
     counters_after: dict[bytes, dict[bytes, bytes]],
+    logs_before: dict[bytes, list[Any]],
+    logs_after: dict[bytes, list[Any]],
 ) -> None:
-    """A refusal changed no key; a LEASE_LOST one only ``stale_*`` counters, each up by one."""
+    """A refusal changed no key; a LEASE_LOST one only ``stale_*`` counters, each up by one,
+    and its shard's attempt log, by one ``refused`` entry."""
     changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
     if code != "LEASE_LOST":
         assert not changed, f"refused with {code} but changed {sorted(changed)[:5]}"
         return
+    logged = changed & logs_after.keys()
+    assert len(logged) == 1, f"LEASE_LOST logged in {logged}"
+    for key in logged:
+        old_entries, new_entries = logs_before.get(key, []), logs_after[key]
+        assert new_entries[: len(old_entries)] == old_entries
+        added = new_entries[len(old_entries) :]
+        assert [fields[b"event"] for _, fields in added] == [b"refused"], added
+    changed -= logged
     assert len(changed) <= 1 and changed <= counters_after.keys(), f"LEASE_LOST changed {changed}"
     for key in changed:
         old, new = counters_before.get(key, {}), counters_after[key]
@@ -264,7 +280,7 @@ def _is_shard(name: str, keys: list[Any]) -> bool:
 def check_call(scene: FuzzScene, name: str, keys: list[Any], args: list[Any]) -> str:
     """Makes one raw call and checks (a) to (d); returns 'ok' or the error code."""
     client = scene.client
-    before, counters = scene.snapshot(), scene.counters()
+    before, counters, logs = scene.snapshot(), scene.counters(), scene.logs()
     try:
         reply = call(scene.store, name, keys, args)
     except redis.ResponseError as error:
@@ -272,7 +288,8 @@ def check_call(scene: FuzzScene, name: str, keys: list[Any], args: list[Any]) ->
         code = message.split(" ", 1)[0]
         assert code in documented_errors(name), f"{name} answered undocumented: {message[:300]}"
         assert "user_script" not in message and "attempt to" not in message, message[:300]
-        assert_unchanged(code, before, scene.snapshot(), counters, scene.counters())
+        after = scene.snapshot()
+        assert_unchanged(code, before, after, counters, scene.counters(), logs, scene.logs())
         check_consistent(client, scene.shard)
         return code
     DECODERS[name](reply)

@@ -7,8 +7,8 @@ is consistent: every record sits in exactly the index of its state, with a
 finite score, and every index entry has a record.
 
 A refusal for a stale holder (``LEASE_LOST``) is counted on purpose
-(``stale_*`` counters, shown by status and metrics); that counter is the only
-change such a refusal may make.
+(``stale_*`` counters, shown by status and metrics) and logged (one ``refused``
+entry in the shard's attempt log); those are the only changes such a refusal may make.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from tests.helpers import stable_dump, text
 from tests.test_registry import documented_errors
 
 RUN = "hostile"
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 #: Values that are not what a numeric, id or JSON argument must be.
 HOSTILE = [
     "nan", "-nan", "inf", "-inf", "1e300", "-1e300", "0x10", "1e3", " 5", "5 ", "-1", "1.5",
@@ -73,6 +74,7 @@ class Scene:
         store.fail(dead, "boom", permanent=True)
         store.record_effect(self.lease, "k1", "pay", "intended")
         self.shard = store.keys.shard(RUN, 0)
+        self.logged = store.keys.logged(RUN, 0)  # with the attempt log
         self.effects = store.keys.effects(RUN, 0)
         self.guard = f"{store.prefix}:{{{RUN}#0}}:app"
         self.provider = store.keys.provider("p")
@@ -88,21 +90,27 @@ class Scene:
         write = json.dumps([{"do": "hset", "key": 1, "fields": {"f": "v"}}])
         return {
             "add_items": (self.shard, [RUN, 0, 3, 1000, 60000, 0, "e", "{}"]),
-            "claim": (self.shard, ["b", "w2", "L2", 60000]),
-            "claim_next": (self.shard, ["w2", "B2", 60000, 5]),
-            "renew": (self.shard, [*holder, 60000]),
-            "commit": ([*self.shard, self.guard], [*holder, '{"r":1}', cond, write, "ok"]),
-            "settle": (self.shard, ["renew", *holder, 60000, "", "commit", *holder, "{}", "ok"]),
-            "fail": (self.shard, [*holder, "boom", "0", "0.5"]),
-            "release": (self.shard, [*holder, 1000]),
-            "reap": (self.shard, [100]),
+            "claim": (self.logged, ["b", "w2", "L2", 60000]),
+            "claim_next": (self.logged, ["w2", "B2", 60000, 5]),
+            "renew": (self.logged, [*holder, 60000, TRACE]),
+            "commit": ([*self.logged, self.guard], [*holder, '{"r":1}', cond, write, "ok", TRACE]),
+            "settle": (
+                self.logged,
+                ["renew", *holder, 60000, "", TRACE, "commit", *holder, "{}", "ok", TRACE],
+            ),
+            "fail": (self.logged, [*holder, "boom", "0", "0.5", TRACE]),
+            "release": (self.logged, [*holder, 1000, TRACE]),
+            "reap": (self.logged, [100]),
             "requeue": (self.shard, [100, "c"]),
             "close_shard": (self.shard, ["1", 0]),
             "shard_status": (self.shard, []),
             "create_run": (self.run[:1], [RUN, 1, "running", "job", "j"]),
             "run_transition": (self.run, ["*", "running", "why", "f", "v"]),
             "release_lock": ([self.lock], ["owner"]),
-            "record_effect": ([*self.shard, *self.effects], [*holder, "k1", "pay", "applied", "1"]),
+            "record_effect": (
+                [*self.logged, *self.effects],
+                [*holder, "k1", "pay", "applied", "1", "", TRACE],
+            ),
             "slot_acquire": (self.provider, ["h1", 60000, 4, 1]),
             "slot_release": (self.provider, ["h1", "throttled", 1000]),
         }
@@ -122,7 +130,7 @@ def _replace(index: int, value: Any) -> Mutation:
 
 def _guarded(key_of: Callable[[list[str]], str]) -> Mutation:
     delete = json.dumps([{"do": "del", "key": 1}])
-    return lambda keys, args: ([*keys[:7], key_of(keys)], [*args[:4], "[]", delete, ""])
+    return lambda keys, args: ([*keys[:8], key_of(keys)], [*args[:4], "[]", delete, ""])
 
 
 def _other(keys: list[str], index: int, change: str) -> list[str]:
@@ -156,7 +164,7 @@ def mutations(name: str, arity: int) -> Iterator[Mutation]:
     yield lambda keys, args: ([*keys, keys[0]], args)  # one too many (commit: its own meta)
     yield lambda keys, args: ([], args)
     yield lambda keys, args: ([*keys[1:2], keys[0], *keys[2:]], args)  # two keys swapped
-    for index in range(9):  # a key of another shard, or of another name, in its place
+    for index in range(10):  # a key of another shard, or of another name, in its place
         yield lambda keys, args, n=index: (_other(keys, n, "{x"), args)
         yield lambda keys, args, n=index: (_other(keys, n, ":x"), args)
     if name != "commit":
@@ -165,7 +173,7 @@ def mutations(name: str, arity: int) -> Iterator[Mutation]:
         yield lambda keys, args, c=conditions: (keys, [*args[:4], c, "[]", ""])
     for writes in WRITES:
         yield lambda keys, args, w=writes: (keys, [*args[:4], "[]", w, ""])
-    for own in range(7):  # the shard's own keys
+    for own in range(8):  # the shard's own keys
         yield _guarded(lambda keys, n=own: keys[n])
     yield _guarded(lambda keys: f"{_prefix(keys)}:{{{_tag(keys)}}}:effects")
     yield _guarded(lambda keys: f"{_prefix(keys)}:{{{RUN}#1}}:app")  # another shard's tag
@@ -173,7 +181,7 @@ def mutations(name: str, arity: int) -> Iterator[Mutation]:
     yield _guarded(lambda keys: f"{_prefix(keys)}:runs")  # the store's untagged keys
     twice = json.dumps([{"do": "hset", "key": 1, "fields": {"f": "v"}}, {"do": "sadd", "key": 2,
                         "members": ["m"]}])  # fmt: skip
-    yield lambda keys, args: ([*keys[:7], keys[7], keys[7]], [*args[:4], "[]", twice, ""])
+    yield lambda keys, args: ([*keys[:8], keys[8], keys[8]], [*args[:4], "[]", twice, ""])
 
 
 def check_consistent(client: redis.Redis, shard_keys: list[str]) -> None:
@@ -214,6 +222,7 @@ def test_hostile_arguments_are_refused_cleanly_or_succeed_consistently(
     for mutate in mutations(name, len(scene.valid_calls()[name][1])):
         bad_keys, bad_args = mutate(*scene.valid_calls()[name])
         before = scene.dump()
+        log_before = store.client.xrange(scene.logged[7])
         try:
             call(store, name, bad_keys, bad_args)
         except redis.ResponseError as error:
@@ -223,8 +232,9 @@ def test_hostile_arguments_are_refused_cleanly_or_succeed_consistently(
             assert "user_script" not in message and "attempt to" not in message, message
             after = scene.dump()
             if code == "LEASE_LOST":
-                counts = scene.shard[1]
-                before.pop(counts), after.pop(counts)
+                counts, log = scene.shard[1], scene.logged[7]
+                before.pop(counts), after.pop(counts), before.pop(log, None), after.pop(log)
+                check_one_refusal_logged(log_before, store.client.xrange(log))
             assert after == before, f"{name}{bad_args!r} was refused but changed keys"
             refused += 1
         else:
@@ -233,6 +243,14 @@ def test_hostile_arguments_are_refused_cleanly_or_succeed_consistently(
             scene = Scene(store)
         check_consistent(store.client, scene.shard)
     assert refused > 0, f"{name}: no hostile call was refused"
+
+
+def check_one_refusal_logged(entries_before: list[Any], entries_after: list[Any]) -> None:
+    """A LEASE_LOST refusal added exactly one entry to the attempt log: a ``refused`` one."""
+    assert entries_after[: len(entries_before)] == entries_before
+    assert [text(fields[b"event"]) for _, fields in entries_after[len(entries_before) :]] == [
+        "refused"
+    ]
 
 
 def _reset(store: LeaseStore) -> None:

@@ -131,8 +131,10 @@ def test_item_counts_grow_in_full_mode_and_shrink_without_overlap() -> None:
     quick = peers.item_counts("quick", overlap=True)
     full = peers.item_counts("full", overlap=True)
     for handler in peers.HANDLERS:
-        assert set(quick[handler]) == set(peers.PEERS)
-        assert all(full[handler][p] > quick[handler][p] for p in peers.PEERS)
+        assert set(quick[handler]) - {peers.C32} == set(peers.PEERS)
+        assert all(full[handler][p] > quick[handler][p] for p in quick[handler])
+    # the concurrency-32 run has its one handler only
+    assert [h for h in peers.HANDLERS if peers.C32 in quick[h]] == [peers.C32_HANDLER]
     sequential = peers.item_counts("quick", overlap=False)
     assert sequential["20ms"]["redis_lease"] == peers.SEQUENTIAL_LEASE_ITEMS["quick"]["20ms"]
     assert sequential["20ms"]["redis_lease"] < quick["20ms"]["redis_lease"]
@@ -148,6 +150,40 @@ def test_the_command_line_keeps_the_peer_order_and_refuses_unknown_peers() -> No
         peers.parse_args(["--peers", "sidekiq"])
     with pytest.raises(SystemExit):
         peers.parse_args(["--rounds", "0"])
+    assert peers.parse_args([]).peers == [*peers.PEERS, peers.C32]
+    assert peers.parse_args([]).handlers == list(peers.HANDLERS)
+    assert peers.parse_args(["--handlers", "20ms,noop"]).handlers == ["noop", "20ms"]
+    with pytest.raises(SystemExit):
+        peers.parse_args(["--handlers", "5ms"])
+    with pytest.raises(SystemExit):
+        peers.parse_args(["--handlers", ","])
+
+
+def test_the_concurrency_32_run_is_its_own_entry_with_its_ratio_against_rq() -> None:
+    ours = {"20ms": _figures(rate=3000, us=45, commands=0.8)["20ms"]}
+    rq = _figures(rate=85, us=500, commands=57)
+    extra = peers_report.concurrency_run(ours, "20ms", 32, 3200.0, rq)
+    assert extra["concurrency"] == 32 and extra["handler"] == "20ms"
+    assert extra["items_per_s_vs_rq_simple"] == 35.29
+    assert extra["of_ideal"] == 0.938
+    figures: peers_report.FigureMap = {
+        "redis_lease": _figures(rate=1500, us=45, commands=0.8),
+        "rq_simple": rq,
+    }
+    report = json.loads(json.dumps(peers_report.build_report(figures, {}, None, {}, extra)))
+    assert set(report["peers"]) == {"redis_lease", "rq_simple"}, "not one of the peers"
+    assert set(report["ratios"]) == {"rq_simple"}
+    assert report["redis_lease_c32"]["figure"]["items_per_s"] == 3000.0
+    text = peers_report.table(report)
+    assert "| redis_lease at concurrency 32 | 20ms | 1000 | 3,000 | 45.0 | 0.8 " in text
+    assert "| 35.29x rq_simple |" in text
+    # not run, or RQ missing: no ratio, no row
+    missing = peers_report.concurrency_run(ours, "20ms", 32, 3200.0, None)
+    assert missing["items_per_s_vs_rq_simple"] is None
+    assert peers_report.concurrency_run(None, "20ms", 32, 3200.0, rq)["of_ideal"] is None
+    assert "concurrency 32" not in peers_report.table(
+        peers_report.build_report(figures, {}, None, {})
+    )
 
 
 def test_peer_calls_leave_out_the_harness_info_and_polls() -> None:

@@ -149,6 +149,7 @@ PRELUDE_ERRORS = {
     "check_args(": {"INVALID"},
     "check_rest(": {"INVALID"},
     "check_keys(": {"INVALID"},
+    "check_logged_keys(": {"INVALID"},
     "put(": {"INVALID"},
 }
 
@@ -218,7 +219,7 @@ def test_every_argument_is_checked_as_its_header_says(name: str) -> None:
     assert tails == rest, f"{name}: variadic header {rest} vs checks {tails}"
     if "(no ARGV)" not in "\n".join(header(name)):
         assert "check_args(" in body or "check_rest(" in body
-    assert "check_keys(" in body, f"{name} must check its key count"
+    assert "check_keys(" in body or "check_logged_keys(" in body, f"{name} must check its keys"
 
 
 def test_every_script_has_one_reply_decoder() -> None:
@@ -320,8 +321,9 @@ def test_scripts_reload_after_script_flush(private_redis: Callable[..., RedisSer
         for transaction in (True, False):
             store.client.script_flush()
             keys = store.keys.shard("r", 0)
+            logged = store.keys.logged("r", 0)
             pipe = store.client.pipeline(transaction=transaction)
-            store.scripts.run("claim_next", keys, ["w", f"B{transaction}", 60000, 1], client=pipe)
+            store.scripts.run("claim_next", logged, ["w", f"B{transaction}", 60000, 1], client=pipe)
             store.scripts.run("shard_status", keys, [], client=pipe)
             rows, snap = pipe.execute()
             if transaction:
@@ -339,7 +341,7 @@ def test_scripts_queue_in_a_pipeline(store: LeaseStore) -> None:
     scripts = Scripts(store.client)
     pipe = store.client.pipeline(transaction=True)
     scripts.run("add_items", keys, ["r", 0, 3, 1000, 60000, 0, "a", "{}", "b", "{}"], client=pipe)
-    scripts.run("claim_next", keys, ["w", "B", 60000, 5], client=pipe)
+    scripts.run("claim_next", store.keys.logged("r", 0), ["w", "B", 60000, 5], client=pipe)
     scripts.run("shard_status", keys, [], client=pipe)
     added, rows, snap = pipe.execute()
     assert added == [1, 1]
@@ -352,7 +354,7 @@ def test_scripts_queue_in_a_pipeline(store: LeaseStore) -> None:
 def test_script_errors_in_a_pipeline_are_returned_per_command(store: LeaseStore) -> None:
     keys = store.keys.shard("r", 0)
     pipe = store.client.pipeline(transaction=False)
-    store.scripts.run("claim", keys, ["missing", "w", "L", 1000], client=pipe)
+    store.scripts.run("claim", store.keys.logged("r", 0), ["missing", "w", "L", 1000], client=pipe)
     store.scripts.run("shard_status", keys, [], client=pipe)
     error, snap = pipe.execute(raise_on_error=False)
     assert isinstance(error, redis.ResponseError)

@@ -21,7 +21,7 @@ import pytest
 from redis_lease import LeaseStore
 from redis_lease.errors import NotFound
 from redis_lease.runs import Runs
-from redis_lease.schedule import entries, install, remove
+from redis_lease.schedule import entries, install, remove, scheduler_for
 from redis_lease.tick import NO_RECORD
 from tests import fleet_jobs
 from tests.fleet_helpers import (
@@ -68,6 +68,10 @@ def test_rqscheduler_triggers_the_tick_and_the_run_is_created(
     try:
         ids = install(real_store, FLEET_PATH, job, interval=2)
         assert sorted(e["id"] for e in entries(real_store, job)) == sorted(ids)
+        # The entry at the next scheduled time is lost: the interval tick arms it again.
+        at_id = ids[0]
+        scheduler_for(real_store, job).cancel(at_id)
+        assert [e["id"] for e in entries(real_store, job)] == [ids[1]]
         scheduler = procs.start(
             [RQSCHEDULER, "--url", redis_url, "-i", "1", "-j", "redis_lease.dispatch.JsonJob"],
             env,
@@ -101,6 +105,13 @@ def test_rqscheduler_triggers_the_tick_and_the_run_is_created(
             procs.log("rqscheduler"),
         )
         assert real_store.status(run_id).counts["done"] == 6
+
+        def armed() -> list[dict[str, str]] | None:
+            return [e for e in entries(real_store, job) if e["id"] == at_id] or None
+
+        again = wait_for(armed, 30, "the tick to arm the next scheduled time", every=0.2)
+        assert again[0]["next_utc"] == (fire + timedelta(days=1)).isoformat()
+        assert again[0]["cron"] == job.options.schedule
         assert real_store.run_ids() == [run_id]  # one run, however often it ticked
         for rq_id in ids:  # what the scheduler wrote and moved stayed JSON
             payload = assert_json_job(real_store.client, rq_id)

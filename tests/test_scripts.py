@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from redis_lease import LeaseStore
+from redis_lease.scripts import KEY_COUNTS
 from tests.helpers import dump_key, records, server_ms, snapshot, text, wait_past
 
 RUN = "run-1"
@@ -27,12 +28,15 @@ class Shard:
         self.scripts = store.scripts
         self.prefix = store.prefix
         self.keys = store.keys.shard(RUN, 0)
+        self.logged = store.keys.logged(RUN, 0)  # the keys of the scripts that end attempts
         self.meta_key, self.counts_key, self.items_key = self.keys[:3]
         self.due_key, self.leases_key, self.held_key, self.dead_key = self.keys[3:]
+        self.attempts_key = self.logged[7]
         self.tag = f"{store.prefix}:{{{RUN}#0}}"
 
     def call(self, name: str, *args: Any, extra: Sequence[str] = ()) -> Any:
-        return text(self.scripts.run(name, [*self.keys, *extra], list(args)))
+        keys = self.logged if KEY_COUNTS[name] >= 8 else self.keys
+        return text(self.scripts.run(name, [*keys, *extra], list(args)))
 
     def error(self, name: str, *args: Any, extra: Sequence[str] = ()) -> tuple[str, dict[str, str]]:
         """Runs a script that must answer an error reply; returns its code and fields."""
@@ -91,8 +95,9 @@ def sh(store: LeaseStore) -> Shard:
 
 
 def unrefused(keys_snapshot: dict[str, Any]) -> dict[str, Any]:
-    """A snapshot without the counters of refused stale writes (``stale_*``)."""
-    copy = dict(keys_snapshot)
+    """A snapshot without the counters of refused stale writes (``stale_*``) and without the
+    attempt log, where a refusal is logged (tests/test_attempt_log.py checks its entries)."""
+    copy = {key: value for key, value in keys_snapshot.items() if not key.endswith(":attempts")}
     for key, value in copy.items():
         if key.endswith(":counts") and value is not None:
             copy[key] = ("hash", {f: v for f, v in value[1].items() if not f.startswith("stale_")})

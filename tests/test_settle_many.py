@@ -92,19 +92,20 @@ def test_a_missing_item_is_refused_as_a_row(store: LeaseStore) -> None:
 def test_a_bad_argument_refuses_the_whole_call_and_writes_nothing(store: LeaseStore) -> None:
     store.add("r", [Item("a"), Item("b")])
     a, b = store.claim("r", "a", "w"), store.claim("r", "b", "w")
-    keys = store.keys.shard("r", 0)
+    keys = store.keys.logged("r", 0)
     before = records(store.client, keys[2])
     sha = store.client.script_load(store.scripts["settle"].script)
-    good = ["commit", "a", a.token, a.lease_id, "{}", ""]
+    good = ["commit", "a", a.token, a.lease_id, "{}", "", ""]
     for bad in (
-        ["commit", "b", b.token, b.lease_id, "{not json", ""],
-        ["fail", "b", b.token, b.lease_id, "x", "2"],
-        ["renew", "b", b.token, b.lease_id, "0", ""],
-        ["explode", "b", b.token, b.lease_id, "", ""],
-        ["release", "b", b.token, b.lease_id, "", "x"],
+        ["commit", "b", b.token, b.lease_id, "{not json", "", ""],
+        ["fail", "b", b.token, b.lease_id, "x", "2", ""],
+        ["renew", "b", b.token, b.lease_id, "0", "", ""],
+        ["explode", "b", b.token, b.lease_id, "", "", ""],
+        ["release", "b", b.token, b.lease_id, "", "x", ""],
+        ["commit", "b", b.token, b.lease_id, "{}", "", "a trace"],
     ):
-        with pytest.raises(redis.ResponseError, match=r"^INVALID"):
-            store.client.evalsha(sha, 7, *keys, *good, *bad)
+        with pytest.raises(redis.ResponseError, match=r"^INVALID ARGV\[\d+\]"):
+            store.client.evalsha(sha, 8, *keys, *good, *bad)
         assert records(store.client, keys[2]) == before, bad
         assert store.item("r", "a").state == "leased"
 
@@ -157,21 +158,22 @@ def test_status_reads_no_script(store: LeaseStore, monkeypatch: pytest.MonkeyPat
 @pytest.mark.parametrize(
     ("group", "position", "reason"),
     [
-        (["commit", "", 1, "", "null", ""], 2, "must be 1-200 characters"),
-        (["commit", "b c", 1, "", "null", ""], 2, "must be 1-200 characters"),
-        (["commit", "b" * 201, 1, "", "null", ""], 2, "must be 1-200 characters"),
-        (["commit", "b", "0", "", "null", ""], 3, "must be from 1 to 99999999999999, got 0"),
-        (["commit", "b", "1.5", "", "null", ""], 3, "must be a whole number, got 1.5"),
-        (["commit", "b", "+1", "", "null", ""], 3, "must be a whole number, got +1"),
-        (["commit", "b", "0x1", "", "null", ""], 3, "must be a whole number, got 0x1"),
-        (["commit", "b", "1" * 16, "", "null", ""], 3, "must be a whole number"),
-        (["commit", "b", "1" * 15, "", "null", ""], 3, "must be from 1 to 99999999999999"),
-        (["commit", "b", 1, "L 1", "null", ""], 4, "must be 1-200 characters"),
-        (["commit", "b", 1, "", "nul", ""], 5, "must be JSON text"),
-        (["commit", "b", 1, "", "NULL", ""], 5, "must be JSON text"),
-        (["commit", "b", 1, "", "01", ""], 5, "must be JSON text"),
-        (["commit", "b", 1, "", "null", "no label"], 6, "must be 1-200 characters"),
-        (["release", "b", 1, "", "-1", ""], 5, "must be from 0 to 86400000"),
+        (["commit", "", 1, "", "null", "", ""], 2, "must be 1-200 characters"),
+        (["commit", "b c", 1, "", "null", "", ""], 2, "must be 1-200 characters"),
+        (["commit", "b" * 201, 1, "", "null", "", ""], 2, "must be 1-200 characters"),
+        (["commit", "b", "0", "", "null", "", ""], 3, "must be from 1 to 99999999999999, got 0"),
+        (["commit", "b", "1.5", "", "null", "", ""], 3, "must be a whole number, got 1.5"),
+        (["commit", "b", "+1", "", "null", "", ""], 3, "must be a whole number, got +1"),
+        (["commit", "b", "0x1", "", "null", "", ""], 3, "must be a whole number, got 0x1"),
+        (["commit", "b", "1" * 16, "", "null", "", ""], 3, "must be a whole number"),
+        (["commit", "b", "1" * 15, "", "null", "", ""], 3, "must be from 1 to 99999999999999"),
+        (["commit", "b", 1, "L 1", "null", "", ""], 4, "must be 1-200 characters"),
+        (["commit", "b", 1, "", "nul", "", ""], 5, "must be JSON text"),
+        (["commit", "b", 1, "", "NULL", "", ""], 5, "must be JSON text"),
+        (["commit", "b", 1, "", "01", "", ""], 5, "must be JSON text"),
+        (["commit", "b", 1, "", "null", "no label", ""], 6, "must be 1-200 characters"),
+        (["release", "b", 1, "", "-1", "", ""], 5, "must be from 0 to 86400000"),
+        (["commit", "b", 1, "", "null", "", "a trace"], 7, "must be 1-200 characters"),
     ],
 )
 def test_settle_names_the_bad_argument_and_why_and_writes_nothing(
@@ -179,13 +181,13 @@ def test_settle_names_the_bad_argument_and_why_and_writes_nothing(
 ) -> None:
     store.add("r", [Item("a"), Item("b")])
     a = store.claim("r", "a", "w")
-    keys = store.keys.shard("r", 0)
+    keys = store.keys.logged("r", 0)
     before = records(store.client, keys[2])
     sha = store.client.script_load(store.scripts["settle"].script)
-    good = ["commit", "a", a.token, a.lease_id, "null", ""]
+    good = ["commit", "a", a.token, a.lease_id, "null", "", ""]
     with pytest.raises(redis.ResponseError) as info:
-        store.client.evalsha(sha, 7, *keys, *good, *group)
-    assert str(info.value).startswith(f"INVALID ARGV[{6 + position}] {reason}"), str(info.value)
+        store.client.evalsha(sha, 8, *keys, *good, *group)
+    assert str(info.value).startswith(f"INVALID ARGV[{7 + position}] {reason}"), str(info.value)
     assert records(store.client, keys[2]) == before
 
 
@@ -194,19 +196,19 @@ def test_a_result_text_repeated_in_a_batch_passes_each_time_and_a_bad_one_still_
 ) -> None:
     store.add("r", [Item(f"i{n}") for n in range(4)])
     leases = [store.claim("r", f"i{n}", "w") for n in range(4)]
-    keys = store.keys.shard("r", 0)
+    keys = store.keys.logged("r", 0)
     sha = store.client.script_load(store.scripts["settle"].script)
 
     def group(n: int, result: str) -> list[object]:
-        return ["commit", f"i{n}", leases[n].token, leases[n].lease_id, result, ""]
+        return ["commit", f"i{n}", leases[n].token, leases[n].lease_id, result, "", ""]
 
     before = records(store.client, keys[2])
-    with pytest.raises(redis.ResponseError, match=r"^INVALID ARGV\[17\] must be JSON text"):
-        store.client.evalsha(sha, 7, *keys, *group(0, '{"a":1}'), *group(1, '{"a":1}'),
+    with pytest.raises(redis.ResponseError, match=r"^INVALID ARGV\[19\] must be JSON text"):
+        store.client.evalsha(sha, 8, *keys, *group(0, '{"a":1}'), *group(1, '{"a":1}'),
                              *group(2, '{"a":01}'))  # fmt: skip
     assert records(store.client, keys[2]) == before
     rows = store.client.evalsha(
-        sha, 7, *keys, *group(0, '{"a":1}'), *group(1, '{"a":1}'), *group(2, "null"),
+        sha, 8, *keys, *group(0, '{"a":1}'), *group(1, '{"a":1}'), *group(2, "null"),
         *group(3, "null"),
     )  # fmt: skip
     assert [(row[0], row[2]) for row in rows] == [

@@ -22,13 +22,16 @@ from typing import Any
 import pytest
 
 from redis_lease import LeaseStore
+from redis_lease.backoff import FAILURE_STREAK_LIMIT
 from redis_lease.capacity import record_pass
 from redis_lease.dispatch import live_jobs, queue
 from redis_lease.errors import InvalidInput, RunClosed
 from redis_lease.jobs import Job
 from redis_lease.metrics import WORKERS_NEEDED, WORKERS_NEEDED_UNKNOWN
-from redis_lease.runs import PLAN_BATCH, Decision, Runs, to_ms
+from redis_lease.output import iso_time
+from redis_lease.runs import PLAN_BATCH, Decision, Runs, job_failures, record_job_failure, to_ms
 from redis_lease.tick import tick
+from redis_lease.worker import _forget_job
 from tests import fleet_jobs
 from tests.fleet_helpers import NIGHTLY_PATH, REPO, purge_queue, text
 from tests.helpers import scrape
@@ -240,7 +243,9 @@ def test_deadline_ends_run_partial_and_cli_resume_reopens_it(
     info = runs.info(RUN)
     assert info["state"] == "running"
     assert int(info["deadline_at"]) == to_ms(new_deadline)
-    assert f"claims allowed until {new_deadline.isoformat()}" in done.stdout
+    assert (
+        f"claims allowed until {iso_time(to_ms(new_deadline))}" in done.stdout
+    )  # as the CLI prints times
     assert RUN in runs.open_runs("nightly")
     assert kinds(runs, RUN)[-1] == "resume"
     leases = real_store.claim_next(RUN, "w3", limit=10)
@@ -424,3 +429,72 @@ def test_workers_needed_sums_the_jobs_running_runs(
     samples = scrape(real_store)
     assert samples[(WORKERS_NEEDED, (("job", "nightly"),))] == 2
     assert samples[(WORKERS_NEEDED_UNKNOWN, (("job", "nightly"),))] == 0
+
+
+def test_no_burst_for_work_that_fails(real_store: LeaseStore, nightly: Configure) -> None:
+    nightly(shards=4, workers_per_shard=1, max_workers=6, deadline="1h")
+    fleet_jobs.PLAN["items"] = 40
+    runs = Runs(real_store)
+    first = tick(real_store, [NIGHTLY_PATH], now=T0)
+    assert [d.kind for d in first] == ["create", "plan", "dispatch"]
+    for item in ("night-00000", "night-00001"):  # every attempt fails, none commits
+        real_store.fail(real_store.claim(RUN, item, worker="w1", ttl=60), "boom")
+    failing = tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(minutes=30))
+    assert "burst" not in [d.kind for d in failing], failing
+    assert sum(len(ids) for ids in live_jobs(real_store, RUN).values()) == 4
+    # Once attempts commit again, a run that is behind gets its burst.
+    for item in ("night-00002", "night-00003"):
+        real_store.commit(real_store.claim(RUN, item, worker="w1", ttl=60))
+    working = tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(minutes=50))
+    assert [d.kind for d in working] == ["burst"], working
+    assert_logged(runs, first + working)
+
+
+def test_a_new_failure_streak_after_a_recovery_backs_off_again(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    first = tick(real_store, [NIGHTLY_PATH], now=T0)
+    assert [d.kind for d in first] == ["create", "plan", "dispatch"]
+    for shard in range(FAILURE_STREAK_LIMIT):
+        assert record_job_failure(real_store, RUN, shard % 2, "RuntimeError: boom")
+    held = tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(seconds=10))
+    assert [d.kind for d in held] == ["backoff"], held
+    # A shard job ends normally (as process_shard ends one): the streak and back-off end.
+    _forget_job(real_store, RUN, "rl-recovered", ended=True)
+    info = Runs(real_store).info(RUN)
+    assert job_failures(info).streak == 0 and not job_failures(info).backoff_until_ms
+    assert info.get("dispatch_backoff_streak") == "0"
+    # Three new failures in a row: a new back-off, with its decision.
+    for shard in range(FAILURE_STREAK_LIMIT):
+        assert record_job_failure(real_store, RUN, shard % 2, "RuntimeError: again")
+    again = tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(seconds=20))
+    assert [d.kind for d in again] == ["backoff"], again
+    assert "3 shard jobs failed in a row (6 in all; last: shard 0: RuntimeError: again)" in (
+        again[0].reason
+    )
+
+
+def test_a_failure_is_not_recorded_on_a_run_deleted_meanwhile(
+    real_store: LeaseStore, nightly: Configure, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tick(real_store, [NIGHTLY_PATH], now=T0)
+    key = real_store.keys.run(RUN)
+    client = real_store.client
+    send = client.execute_command
+    deleted: list[bool] = []
+
+    def then_retention_deletes(*args: Any, **options: Any) -> Any:
+        """Deletes the run's record (as retention does) right after the first command on it."""
+        reply = send(*args, **options)
+        if not deleted and key in [a.decode() if isinstance(a, bytes) else str(a) for a in args]:
+            deleted.append(True)
+            send("DEL", key)
+        return reply
+
+    monkeypatch.setattr(client, "execute_command", then_retention_deletes)
+    record_job_failure(real_store, RUN, 0, "RuntimeError: boom")
+    monkeypatch.undo()
+    assert deleted
+    assert not client.exists(key), client.hgetall(key)
+    assert record_job_failure(real_store, RUN, 0, "RuntimeError: late") is False
+    assert not client.exists(key)

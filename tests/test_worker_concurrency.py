@@ -5,7 +5,11 @@ items with a sleepy handler, thread and ``async def`` both: every item is
 committed exactly once (checked through the store and the effect ledger's
 counts), the number of handlers in flight never exceeds N, and SIGTERM mid-run
 loses nothing. In process: a lost lease cancels an async handler's task and
-raises LeaseLost in a thread handler at ``check()``, ``effect`` and ``renew``.
+raises LeaseLost in a thread handler at ``check()``, ``effect`` and ``renew``; a
+slot whose handler ends starts the next claimed item itself while the loop is in
+a round trip; the next batch is claimed while claimed items still wait, never
+more than one batch beyond the slots; a stop gives back the items waiting for a
+slot; an item whose lease is lost while it waits is not started.
 
 Worker processes import :data:`threads_job` and :data:`async_job` from this
 module by path; ``CONC_QUEUE`` names their RQ queue and ``CONC_DELAY`` the
@@ -438,3 +442,240 @@ def test_a_commit_refused_after_the_event_loop_closed_is_counted_stale(
     report = work_shard(store, job, "r", 0, worker="w", budget=30, stop=stop, keeper=keeper)
     assert (report.stale, report.committed, report.handled) == (1, 0, 1), report
     assert store.item("r", "a").state == "pending"
+
+
+# -- slots refill themselves; claims come ahead, bounded ----------------------------
+
+
+def _nap(item: Item) -> float:
+    return 0.004 + int(item.id[1:]) % 5 * 0.003
+
+
+def _sleepy_job(name: str, kind: str, concurrency: int, started: list[str]) -> Job:
+    """A job whose handler (thread or async) records its start and sleeps 4 to 16 ms
+    (by item number, so that the slots do not all end together)."""
+    job = Job(
+        name, shards=1, lease_ttl=30, batch_size=8, commit_interval=0, concurrency=concurrency
+    )
+    lock = threading.Lock()
+
+    def note(item: Item) -> None:
+        with lock:
+            started.append(item.id)
+
+    if kind == "threads":
+
+        @job.handler
+        def handle(item: Item, lease: ActiveLease) -> str:
+            note(item)
+            time.sleep(_nap(item))
+            return item.id
+
+    else:
+
+        @job.handler
+        async def handle_async(item: Item, lease: ActiveLease) -> str:
+            note(item)
+            await asyncio.sleep(_nap(item))
+            return item.id
+
+    return job
+
+
+def _work(store: LeaseStore, job: Job, run_id: str, keeper: LeaseKeeper) -> ShardReport:
+    stop = threading.Event()
+    return work_shard(store, job, run_id, 0, worker="w", budget=60, stop=stop, keeper=keeper)
+
+
+@pytest.mark.parametrize("kind", ["threads", "async"])
+def test_a_slot_that_ends_starts_the_next_item_while_the_loop_waits_on_a_round_trip(
+    real_store: LeaseStore, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The first commit round trip is held until 8 handlers have started: only slots that
+    start waiting items themselves (not the loop thread, stuck in the round trip) get there."""
+    store, started = real_store, []
+    job = _sleepy_job("refill", kind, 4, started)
+    store.add("refill", [Item(f"i{n:02d}") for n in range(16)], shards=1)
+    settle_many = store.settle_many
+    held_until: list[bool] = []
+
+    def slow_settle_many(requests: Any) -> Any:
+        if not held_until:  # the first commit: wait for a second round of starts
+            deadline = time.monotonic() + 10
+            while len(started) < 8 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            held_until.append(len(started) >= 8)
+        return settle_many(requests)
+
+    monkeypatch.setattr(store, "settle_many", slow_settle_many)
+    report = _work(store, job, "refill", LeaseKeeper(store, 30))
+    assert held_until == [True], "slots started waiting items while the loop was in a round trip"
+    assert (report.committed, report.handled, report.released) == (16, 16, 0), report
+    assert sorted(started) == [f"i{n:02d}" for n in range(16)], "each item started once"
+    assert store.status("refill").counts["done"] == 16
+
+
+class _CountingKeeper(LeaseKeeper):
+    """A keeper that counts the leases it holds and keeps the highest count."""
+
+    def __init__(self, store: LeaseStore, ttl: float = 30) -> None:
+        super().__init__(store, ttl)
+        self.held: dict[int, ActiveLease] = {}
+        self.peak = 0
+        self._count_lock = threading.Lock()
+
+    def hold(self, active: ActiveLease) -> None:
+        super().hold(active)
+        with self._count_lock:
+            self.held[id(active)] = active
+            self.peak = max(self.peak, len(self.held))
+
+    def drop(self, active: ActiveLease) -> None:
+        super().drop(active)
+        with self._count_lock:
+            self.held.pop(id(active), None)
+
+
+@pytest.mark.parametrize("kind", ["threads", "async"])
+def test_the_next_batch_is_claimed_while_claimed_items_still_wait_for_a_slot(
+    real_store: LeaseStore, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """2 slots, batches of 8: the test lets one handler end at a time. The second claim comes
+    while claimed items still wait for a slot, and no more than 2 + 8 leases are ever held."""
+    store, started, gate = real_store, [], threading.Semaphore(0)
+    job = Job("ahead", shards=1, lease_ttl=30, batch_size=8, commit_interval=0, concurrency=2)
+
+    if kind == "threads":
+
+        @job.handler
+        def handle(item: Item, lease: ActiveLease) -> str:
+            started.append(item.id)
+            assert gate.acquire(timeout=10)
+            return item.id
+
+    else:
+
+        @job.handler
+        async def handle_async(item: Item, lease: ActiveLease) -> str:
+            started.append(item.id)
+            assert await asyncio.to_thread(gate.acquire, True, 10)
+            return item.id
+
+    store.add("ahead", [Item(f"i{n:02d}") for n in range(12)], shards=1)
+    claim_next, claimed = store.claim_next, [0]
+    waiting_at_claims: list[int] = []  # claimed items not started yet, at each claim
+
+    def counted_claim_next(*args: Any, **kwargs: Any) -> Any:
+        waiting_at_claims.append(claimed[0] - len(started))
+        leases = claim_next(*args, **kwargs)
+        claimed[0] += len(leases)
+        return leases
+
+    monkeypatch.setattr(store, "claim_next", counted_claim_next)
+    keeper = _CountingKeeper(store)
+    reports: list[ShardReport] = []
+    worker = threading.Thread(target=lambda: reports.append(_work(store, job, "ahead", keeper)))
+    worker.start()
+    try:
+        wait_for(lambda: len(started) == 2, 10, "both slots busy", every=0.005)
+        for n in range(3, 8):  # one handler ends; its slot starts the next claimed item
+            gate.release()
+            wait_for(lambda: len(started) == n, 10, f"start number {n}", every=0.005)  # noqa: B023
+        wait_for(lambda: len(waiting_at_claims) >= 2, 10, "the second claim", every=0.005)
+    finally:
+        gate.release(100)
+        worker.join(30)
+    assert waiting_at_claims[0] == 0
+    assert waiting_at_claims[1] >= 1, "claimed while claimed items still waited"
+    assert keeper.peak <= 2 + 8, keeper.peak
+    [report] = reports
+    assert (report.committed, report.handled) == (12, 12), report
+    assert sorted(started) == [f"i{n:02d}" for n in range(12)], "each item started once"
+    assert not keeper.held, "every lease dropped once settled"
+
+
+@pytest.mark.parametrize("kind", ["threads", "async"])
+def test_a_stop_gives_back_the_items_waiting_in_the_pool_and_starts_none(
+    real_store: LeaseStore, kind: str
+) -> None:
+    store, started = real_store, []
+    job = Job("stop", shards=1, lease_ttl=30, batch_size=8, commit_interval=0, concurrency=2)
+    stop = threading.Event()
+
+    def begin(item: Item) -> None:
+        started.append(item.id)
+        stop.set()  # SIGTERM: the first handler to start asks the pass to stop
+
+    if kind == "threads":
+
+        @job.handler
+        def handle(item: Item, lease: ActiveLease) -> str:
+            begin(item)
+            time.sleep(0.1)
+            return item.id
+
+    else:
+
+        @job.handler
+        async def handle_async(item: Item, lease: ActiveLease) -> str:
+            begin(item)
+            await asyncio.sleep(0.1)
+            return item.id
+
+    store.add("stop", [Item(f"i{n:02d}") for n in range(20)], shards=1)
+    keeper = _CountingKeeper(store)
+    report = work_shard(store, job, "stop", 0, worker="w", budget=60, stop=stop, keeper=keeper)
+    assert report.stopped and 1 <= len(started) <= 2, (report, started)
+    assert report.committed == report.handled == len(started), report
+    assert report.released == 8 - len(started), "the claimed items not started were given back"
+    counts = store.status("stop").counts
+    assert counts == {"pending": 20 - len(started), "leased": 0, "done": len(started), "dead": 0}
+    done = {r.item_id for r in all_records(store, "stop") if r.state == "done"}
+    assert done == set(started)
+    assert not keeper.held
+
+
+@pytest.mark.parametrize("kind", ["threads", "async"])
+def test_an_item_whose_lease_is_lost_while_waiting_for_a_slot_is_not_started(
+    real_store: LeaseStore, kind: str
+) -> None:
+    """Both slots are busy until the third item's lease is lost; a slot then skips it."""
+    store, started = real_store, []
+    job = Job("skip", shards=1, lease_ttl=0.6, batch_size=8, commit_interval=0, concurrency=2)
+    keeper = _CountingKeeper(store, job.options.lease_ttl)
+    both, lost = threading.Barrier(2, timeout=10), threading.Event()
+
+    def wait_for_the_loss(item: Item) -> None:
+        started.append(item.id)
+        if both.wait() == 0:  # one of the two running handlers takes the waiting item away
+            [waiting] = [a for a in keeper.held.values() if a.item_id not in started]
+            store.release(waiting.lease, delay=60)
+            assert waiting.wait_lost(10), "the keeper saw the lease lost"
+            lost.set()
+        assert lost.wait(10)
+
+    if kind == "threads":
+
+        @job.handler
+        def handle(item: Item, lease: ActiveLease) -> str:
+            wait_for_the_loss(item)
+            return item.id
+
+    else:
+
+        @job.handler
+        async def handle_async(item: Item, lease: ActiveLease) -> str:
+            await asyncio.to_thread(wait_for_the_loss, item)
+            return item.id
+
+    store.add("skip", [Item(f"i{n}") for n in range(3)], shards=1)
+    keeper.start()
+    try:
+        report = _work(store, job, "skip", keeper)
+    finally:
+        keeper.close()
+    assert len(started) == 2
+    assert (report.committed, report.handled, report.stale) == (2, 2, 0), report
+    [skipped] = {"i0", "i1", "i2"} - set(started)
+    assert store.item("skip", skipped).state == "pending"
+    assert not keeper.held

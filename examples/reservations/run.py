@@ -1,12 +1,14 @@
 """The reservation cleanup, end to end: holds, learners renewing, a cleanup run, a report.
 
-    python examples/reservations/run.py [--url redis://127.0.0.1:6379/0] [--holds 400]
+    python3 examples/reservations/run.py [--url redis://127.0.0.1:6379/0] [--holds 400]
 
 It creates seat holds (most already expired), queues one cleanup message per
 expired hold (some twice: delivery is at-least-once), then, while the cleanup
 run's workers start, learners renew a share of the expired holds: the messages
 about those are now stale. The report shows released / renewed / already handled
 / retry and checks every seat: no renewed hold released, no seat released twice.
+It deletes every key it made, RQ's queue and jobs too. Any ``python3`` runs it:
+where redis_lease is not installed, it runs itself again with the project's ``.venv``.
 """
 
 from __future__ import annotations
@@ -20,12 +22,33 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import redis
+if TYPE_CHECKING:
+    import redis
 
 HERE = Path(__file__).resolve().parent
 JOB_PATH = "reservations:cleanup"
+REEXEC_FLAG = "REDIS_LEASE_EXAMPLE_REEXEC"
+
+
+def use_the_project_venv() -> None:
+    """Runs this script again with the project's ``.venv`` when redis_lease is not importable.
+
+    So ``python3 examples/...`` works from any shell once ``make setup`` made the venv.
+    """
+    try:
+        import redis_lease  # noqa: F401
+    except ModuleNotFoundError as missing:
+        root = Path(__file__).resolve().parents[2]
+        venv = root / ".venv" / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+        if not venv.exists() or os.environ.get(REEXEC_FLAG):
+            sys.exit(
+                f"error: {missing.name} is not installed for {sys.executable}: "
+                f"run 'make setup' in {root}, then '{venv} {sys.argv[0]}'"
+            )
+        os.environ[REEXEC_FLAG] = "1"  # once: a broken venv must not loop
+        os.execv(venv, [str(venv), str(Path(__file__).resolve()), *sys.argv[1:]])
 
 
 def create_holds(client: redis.Redis, prefix: str, count: int, now: int) -> list[dict[str, Any]]:
@@ -107,9 +130,11 @@ def main() -> int:
     }
     os.environ.update(env)
     sys.path.insert(0, str(HERE))
+    import redis
     import reservations
 
     from redis_lease import LeaseStore
+    from redis_lease.dispatch import purge_queue
     from redis_lease.runs import FINAL_STATES, Runs
     from redis_lease.tick import tick
 
@@ -151,6 +176,7 @@ def main() -> int:
             worker.terminate()
         for worker in workers:
             worker.wait(timeout=15)
+        purge_queue(client, env["RESERVATIONS_QUEUE"])  # RQ's keys carry no prefix of ours
     status = store.status(run_id)
     report = check(client, prefix, holds, renewed, status.events)
     report.update(
@@ -213,4 +239,5 @@ def cleanup_keys(client: redis.Redis, prefix: str) -> None:
 
 
 if __name__ == "__main__":
+    use_the_project_venv()
     sys.exit(main())

@@ -9,7 +9,7 @@
 --   {"do": "sadd" | "srem", "key": n, "members": [m]}
 --   {"do": "zadd", "key": n, "scores": {m: score}}   {"do": "zrem", "key": n, "members": [m]}
 --   {"do": "del", "key": n}
--- n numbers the guarded keys KEYS[8...] from 1; each key is named once. Values, fields and members are
+-- n numbers the guarded keys KEYS[9...] from 1; each key is named once. Values, fields and members are
 -- strings or finite numbers; scores are finite numbers. A guarded key may not be
 -- one of the shard's own keys, may not lie under the store's prefix without the
 -- shard's hash tag, and may not carry another hash tag than the shard's.
@@ -50,26 +50,29 @@ local function hash_tag(key)
   return key:sub(open + 1, close - 1)
 end
 
--- Checks that the guarded keys KEYS[8...] are the caller's own data.
+-- Guarded key n is KEYS[GUARDED + n], after the shard's eight keys.
+local GUARDED = 8
+
+-- Checks that the guarded keys KEYS[9...] are the caller's own data.
 local function check_guarded_keys()
-  if #KEYS == 7 then return nil end
+  if #KEYS == GUARDED then return nil end
   local meta = KEYS[1]
   local tag, base = hash_tag(meta), meta:sub(1, #meta - #':meta')
   local prefix = meta:sub(1, (meta:find(':{', 1, true) or 1) - 1)
   local own = {}
   for _, name in ipairs(OWN) do own[base .. ':' .. name] = true end
   local seen = {}
-  for i = 8, #KEYS do
+  for i = GUARDED + 1, #KEYS do
     local key, key_tag = KEYS[i], hash_tag(KEYS[i])
-    if seen[key] then return 'guarded key ' .. (i - 7) .. ' repeats guarded key ' .. seen[key] end
-    seen[key] = i - 7
-    if own[key] then return 'guarded key ' .. (i - 7) .. ' is one of the shard\'s own keys' end
+    if seen[key] then return 'guarded key ' .. (i - GUARDED) .. ' repeats guarded key ' .. seen[key] end
+    seen[key] = i - GUARDED
+    if own[key] then return 'guarded key ' .. (i - GUARDED) .. ' is one of the shard\'s own keys' end
     if key_tag and key_tag ~= tag then
-      return 'guarded key ' .. (i - 7) .. ' carries the hash tag {' .. key_tag .. '}, not the shard\'s {'
+      return 'guarded key ' .. (i - GUARDED) .. ' carries the hash tag {' .. key_tag .. '}, not the shard\'s {'
         .. tag .. '}'
     end
     if not key_tag and key:sub(1, #prefix + 1) == prefix .. ':' then
-      return 'guarded key ' .. (i - 7) .. ' lies under the store\'s prefix without the shard\'s tag'
+      return 'guarded key ' .. (i - GUARDED) .. ' lies under the store\'s prefix without the shard\'s tag'
     end
   end
   return nil
@@ -109,7 +112,7 @@ end
 
 -- Checks every condition and write; returns nil or the reason.
 local function check_guards(conditions, writes)
-  local guarded = #KEYS - 7
+  local guarded = #KEYS - GUARDED
   if #conditions + #writes > LIMITS.bounds.guard_specs[2] or guarded > LIMITS.bounds.guard_specs[2] then
     return 'at most ' .. LIMITS.bounds.guard_specs[2] .. ' guarded keys, conditions and writes'
   end
@@ -141,7 +144,7 @@ local function check_types(writes)
   for i, w in ipairs(writes) do
     local want = TYPES[w['do']]
     if want then
-      local have = seen[w.key] or rcall('TYPE', KEYS[7 + w.key]).ok
+      local have = seen[w.key] or rcall('TYPE', KEYS[GUARDED + w.key]).ok
       if have ~= 'none' and have ~= want then
         return 'write ' .. i .. ' needs a ' .. want .. ' but key ' .. w.key .. ' holds a ' .. have
       end
@@ -156,7 +159,7 @@ local function check_types(writes)
 end
 
 local function condition_holds(c)
-  local key = KEYS[7 + c.key]
+  local key = KEYS[GUARDED + c.key]
   if c['if'] == 'exists' then return rcall('EXISTS', key) == 1 end
   if c['if'] == 'missing' then return rcall('EXISTS', key) == 0 end
   -- A key of another type has no fields (and HGET on it would fail): it does not hold.
@@ -164,7 +167,7 @@ local function condition_holds(c)
 end
 
 local function apply(w)
-  local key, op = KEYS[7 + w.key], w['do']
+  local key, op = KEYS[GUARDED + w.key], w['do']
   if op == 'del' then rcall('DEL', key)
   elseif op == 'hset' then
     for f, v in pairs(w.fields) do rcall('HSET', key, f, tostring(v)) end

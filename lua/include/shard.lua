@@ -1,7 +1,8 @@
 -- Shared prelude of every shard script, expanded where a script says
--- `-- @include "shard.lua"`. It names the seven shard keys and holds the one
+-- `-- @include "shard.lua"`. It names the shard keys and holds the one
 -- definition of each state rule: an item's move between states and indexes,
--- lease expiry, the last attempt, the deadline, and the holder check.
+-- lease expiry, the last attempt, the deadline, and the holder check; and it
+-- writes the attempt log.
 --
 -- Shard keys (all share the hash tag {<run_id>#<shard>}):
 --   KEYS[1] meta     hash: run, shard, max_attempts, backoff_base_ms, backoff_cap_ms,
@@ -10,31 +11,56 @@
 --                    leases, dead); added, lost and late_commits keep a run's accounting
 --   KEYS[3] items    hash: <item id> -> the record, packed as
 --                      state|token|attempts|lease id|owner|leased_at|expires_at|done_at|
---                      outcome|late|payload
---                    (times in ms; '' = none; the payload is the JSON text as given, last,
---                    copied and never decoded here), and beside it <item id>#r -> result JSON,
---                    <item id>#e -> error text ('#' is in no id).
---                    A record written by an earlier version (a JSON object holding payload,
---                    result and error) is read too and rewritten in this form when it changes.
+--                      outcome|late|eligible_at|payload
+--                    (times in ms; '' = none; eligible_at: when the item last became claimable,
+--                    its due score as put or the expiry of the lease a claim took over; the
+--                    payload is the JSON text as given, last, copied and never decoded here),
+--                    and beside it <item id>#r -> result JSON, <item id>#e -> its last errors.
+--                    '#' is in no id. <item id>#e holds a JSON array of the last error_history
+--                    (limits.json) errors, oldest first, each {"error": text, "attempt": n,
+--                    "at": ms, "trace": id}; a plain text there (an earlier version's one
+--                    error) is read as one error. Records of earlier versions are read too
+--                    and rewritten in this form when they change: the 11-field form (no
+--                    eligible_at) and a JSON object holding payload, result and error.
 --   KEYS[4] due      zset: pending items by eligible-at (ms)
 --   KEYS[5] leases   zset: leased items by lease expiry (ms)
 --   KEYS[6] held     zset: leased items by lease start (ms)
 --   KEYS[7] dead     zset: dead items by time of death (ms)
+--   KEYS[8] attempts stream, the attempt log, capped with XADD MAXLEN ~ attempt_log
+--                    (limits.json); only the scripts that end attempts take it (claim,
+--                    claim_next, renew, commit, fail, release, settle, reap, record_effect).
+--                    One entry per ended attempt, written in the same call as the change:
+--                      item, attempt, token, event, queue_ms, run_ms, worker, trace, error, label
+--                    event: committed | retry | dead | released (the holder settled it),
+--                    takeover (a claim took over its expired lease), expired (reap made it
+--                    pending again), refused (a holder call refused with LEASE_LOST: token is
+--                    the caller's, error the refusal's detail, attempt, worker and times '').
+--                    queue_ms: eligible_at to leased_at (the wait before the claim); run_ms:
+--                    leased_at to the entry; trace: the trace id the holder sent ('' for
+--                    takeover and expired); error: the failure's text; label: a commit's
+--                    outcome label. A field without a value is ''. The entry id is its time.
 --
 -- Writes are staged and sent once per script (flush): one multi-member ZADD or ZREM per
--- index, one HSET and one HDEL on items, one HINCRBY per counter. A script checks
--- everything before flush, so a refused call writes nothing.
+-- index, one HSET and one HDEL on items, one HINCRBY per counter, one XADD per log entry.
+-- A script checks everything before flush, so a refused call writes nothing but its
+-- counters and, for a LEASE_LOST refusal, its log entry.
 -- @include "protocol.lua"
 local META, COUNTS, ITEMS, DUE, LEASES, HELD, DEAD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local ATTEMPTS = KEYS[8]  -- the attempt log, in the scripts that take LOGGED_KEYS
 local INDEX = {pending = DUE, leased = LEASES, dead = DEAD}
 local SHARD_KEYS = {'meta', 'counts', 'items', 'due', 'leases', 'held', 'dead'}
+local LOGGED_KEYS = {'meta', 'counts', 'items', 'due', 'leases', 'held', 'dead', 'attempts'}
 local RESULT, ERROR = '#r', '#e'
-local RECORD = '^(%l+)|(%d*)|(%d*)|([^|]*)|([^|]*)|(%d*)|(%d*)|(%d*)|([^|]*)|(%d*)|(.*)$'
+local RECORD = '^(%l+)|(%d*)|(%d*)|([^|]*)|([^|]*)|(%d*)|(%d*)|(%d*)|([^|]*)|(%d*)|(%d*)|(.*)$'
+-- The 11-field form of earlier versions (no eligible_at). A JSON payload never begins with
+-- digits and a '|', so no such record matches RECORD.
+local RECORD_11 = '^(%l+)|(%d*)|(%d*)|([^|]*)|([^|]*)|(%d*)|(%d*)|(%d*)|([^|]*)|(%d*)|(.*)$'
 
 -- -- staged writes ---------------------------------------------------------------------
 local staged_z = {}      -- index key -> {member -> score, or false to remove}
 local staged_h = {}      -- items field -> value, or false to delete
 local staged_n = {}      -- counter -> increment
+local staged_log = {}    -- attempt log entries in order, 10 values each (the fields of KEYS[8])
 local cache = {}         -- item id -> record (false: none), as this call left it
 
 local function stage_z(key, member, score)
@@ -76,7 +102,20 @@ local function flush()
   for counter, by in pairs(staged_n) do
     if by ~= 0 then rcall('HINCRBY', COUNTS, counter, by) end
   end
-  staged_z, staged_h, staged_n = {}, {}, {}
+  local log = staged_log
+  for i = 1, #log, 10 do
+    if i + 10 <= #log then
+      rcall('XADD', ATTEMPTS, '*', 'item', log[i], 'attempt', log[i + 1], 'token', log[i + 2],
+        'event', log[i + 3], 'queue_ms', log[i + 4], 'run_ms', log[i + 5], 'worker', log[i + 6],
+        'trace', log[i + 7], 'error', log[i + 8], 'label', log[i + 9])
+    else  -- the call's last entry trims the log, once
+      rcall('XADD', ATTEMPTS, 'MAXLEN', '~', LIMITS.defaults.attempt_log, '*', 'item', log[i],
+        'attempt', log[i + 1], 'token', log[i + 2], 'event', log[i + 3], 'queue_ms', log[i + 4],
+        'run_ms', log[i + 5], 'worker', log[i + 6], 'trace', log[i + 7], 'error', log[i + 8],
+        'label', log[i + 9])
+    end
+  end
+  staged_z, staged_h, staged_n, staged_log = {}, {}, {}, {}
 end
 
 -- -- records ---------------------------------------------------------------------------
@@ -87,13 +126,16 @@ local function decode(raw)
     rec.set_result, rec.set_error = rec.result or false, rec.error or false
     return rec
   end
-  local s, tok, att, lid, own, lat, exp, don, out, late, payload = raw:match(RECORD)
-  if not s then return nil end
+  local s, tok, att, lid, own, lat, exp, don, out, late, elig, payload = raw:match(RECORD)
+  if not s then
+    s, tok, att, lid, own, lat, exp, don, out, late, payload = raw:match(RECORD_11)
+    if not s then return nil end
+  end
   return {state = s, token = tonumber(tok), attempts = tonumber(att),
     lease_id = lid ~= '' and lid or nil, owner = own ~= '' and own or nil,
     leased_at = tonumber(lat), expires_at = tonumber(exp), done_at = tonumber(don),
-    outcome = out ~= '' and out or nil,
-    late = late == '1' or nil, payload = payload ~= '' and payload or nil}
+    outcome = out ~= '' and out or nil, late = late == '1' or nil,
+    eligible_at = elig and tonumber(elig), payload = payload ~= '' and payload or nil}
 end
 
 -- Numbers as text, each converted once per call: the items of a batch share their times.
@@ -110,7 +152,7 @@ local function encode(rec)
   return rec.state .. '|' .. num(rec.token) .. '|' .. num(rec.attempts) .. '|'
     .. (rec.lease_id or '') .. '|' .. (rec.owner or '') .. '|' .. num(rec.leased_at) .. '|'
     .. num(rec.expires_at) .. '|' .. num(rec.done_at) .. '|' .. (rec.outcome or '') .. '|'
-    .. (rec.late and '1' or '') .. '|' .. (rec.payload or '')
+    .. (rec.late and '1' or '') .. '|' .. num(rec.eligible_at) .. '|' .. (rec.payload or '')
 end
 
 -- Reads the records of `ids` with one HMGET (and, with `texts`, each id's field `texts`,
@@ -153,6 +195,19 @@ local function text_of(id, suffix)
   local staged = staged_h[id .. suffix]
   if staged ~= nil then return staged or nil end
   return rcall('HGET', ITEMS, id .. suffix) or nil
+end
+
+-- Checks the eight keys of a script that logs (at least eight when `open`), and that the
+-- attempt log is a stream or nothing: an XADD on another type would fail after the other
+-- writes. Returns nil or an INVALID error reply.
+local function check_logged_keys(open)
+  local bad = check_keys(8, open, LOGGED_KEYS)
+  if bad then return bad end
+  local have = rcall('TYPE', ATTEMPTS).ok
+  if have ~= 'none' and have ~= 'stream' then
+    return fail('INVALID', 'KEYS[8] holds a ' .. have .. ', not a stream')
+  end
+  return nil
 end
 
 -- -- the shard's settings, read once per call -------------------------------------------
@@ -216,6 +271,7 @@ local function put(id, rec, state, score)
   local old = rec.state
   if state ~= 'done' and not finite(score) then return fail('INVALID', 'index score for ' .. id) end
   if state == 'leased' then rec.expires_at = score else rec.expires_at = nil end
+  if state == 'pending' then rec.eligible_at = score end
   rec.state = state
   if INDEX[old] and INDEX[old] ~= INDEX[state] then stage_z(INDEX[old], id, false) end
   if old == 'leased' and state ~= 'leased' then stage_z(HELD, id, false) end
@@ -231,6 +287,59 @@ local function put(id, rec, state, score)
   return nil
 end
 
+-- -- the attempt log and the errors ---------------------------------------------------
+-- Stages one log entry: its 10 values, in the order of the fields of KEYS[8].
+local function stage_log(item, attempt, token, event, queue, run, worker, trace, err, label)
+  local log, n = staged_log, #staged_log
+  log[n + 1], log[n + 2], log[n + 3], log[n + 4], log[n + 5] = item, attempt, token, event, queue
+  log[n + 6], log[n + 7], log[n + 8], log[n + 9], log[n + 10] = run, worker, trace, err, label
+end
+
+-- The values of the log entry of the attempt `rec` holds, ended now by `event`.
+local function attempt_values(id, rec, event, now, trace, err, label)
+  local queue, run = '', ''
+  local leased, eligible = rec.leased_at, rec.eligible_at
+  if leased then
+    run = num(now - leased)
+    if eligible and eligible <= leased then queue = num(leased - eligible) end
+  end
+  return id, num(rec.attempts), num(rec.token), event, queue, run, rec.owner or '', trace or '',
+    err or '', label or ''
+end
+
+-- Stages the log entry of the attempt `rec` holds, ended now by `event`.
+local function log_attempt(id, rec, event, now, trace, err, label)
+  stage_log(attempt_values(id, rec, event, now, trace, err, label))
+end
+
+-- Stages the log entry of a holder call refused with LEASE_LOST (`detail`: the reply's text).
+local function log_refusal(id, token, trace, detail)
+  stage_log(id, '', num(token), 'refused', '', '', '', trace or '', detail, '')
+end
+
+-- Sets `text` as the item's newest error: <id>#e keeps the last error_history errors.
+local function set_error(id, rec, text, now, trace)
+  local errors = {}
+  local old = rec.set_error or text_of(id, ERROR)  -- set_error: an earlier JSON record's error
+  if old then
+    local ok, list = false, nil
+    if old:sub(1, 2) == '[{' then ok, list = pcall(cjson.decode, old) end
+    if ok and type(list) == 'table' and type(list[1]) == 'table'
+        and type(list[1].error) == 'string' then
+      errors = list
+    else
+      errors = {{error = old}}  -- an earlier version's one error text
+    end
+  end
+  errors[#errors + 1] = {error = text, attempt = rec.attempts, at = now,
+    trace = trace ~= '' and trace or nil}
+  local kept = {}
+  for i = math.max(1, #errors - LIMITS.defaults.error_history + 1), #errors do
+    kept[#kept + 1] = errors[i]
+  end
+  rec.set_error = cjson.encode(kept)
+end
+
 -- An index entry whose record vanished (evicted, deleted): dropped, never
 -- wedging the shard, and counted as lost.
 local function drop_orphan(id)
@@ -241,14 +350,20 @@ local function drop_orphan(id)
 end
 
 -- An expired lease ends its attempt: dead after the last attempt, else the
--- caller takes it over or makes it pending. Returns true when it went dead.
-local function expire_lease(id, rec, now)
+-- caller takes it over or makes it pending (`event`: takeover or expired, logged).
+-- Returns true when it went dead.
+local function expire_lease(id, rec, now, event)
   if not out_of_attempts(rec) then
     bump('expired')
+    log_attempt(id, rec, event, now)
     return false
   end
-  rec.set_error = 'lease expired on the last attempt'
-  if not put(id, rec, 'dead', now) then bump('expired') end
+  local text = 'lease expired on the last attempt'
+  set_error(id, rec, text, now, '')
+  if not put(id, rec, 'dead', now) then
+    bump('expired')
+    log_attempt(id, rec, 'dead', now, '', text)
+  end
   return true
 end
 
@@ -262,9 +377,10 @@ end
 
 -- The holder check shared by renew, commit, fail, release and effects.
 -- Returns the record, or nil and the error reply. A refusal is counted in
--- stale_refused and, when given, in the counter `refused` (e.g. stale_commits).
--- `loaded` is the item's record when the caller has read it already.
-local function held(id, token, lease_id, now, refused, loaded)
+-- stale_refused and, when given, in the counter `refused` (e.g. stale_commits), and
+-- logged with the caller's `trace`. `loaded` is the item's record when the caller has
+-- read it already.
+local function held(id, token, lease_id, now, refused, loaded, trace)
   local rec = loaded or load(id)
   if not rec then return nil, fail('NOT_FOUND', 'item=' .. id) end
   if rec.state == 'leased' and rec.token == token and (lease_id == '' or rec.lease_id == lease_id)
@@ -273,9 +389,11 @@ local function held(id, token, lease_id, now, refused, loaded)
   end
   bump('stale_refused')
   if refused then bump(refused) end
-  return nil, fail('LEASE_LOST', 'item=' .. id .. ' token=' .. token .. ' current_token=' .. (rec.token or 0)
+  local detail = 'LEASE_LOST item=' .. id .. ' token=' .. token .. ' current_token=' .. (rec.token or 0)
     .. ' state=' .. rec.state .. ' reason=' .. lost_reason(rec, token, lease_id, now)
-    .. ' expires_at=' .. (rec.expires_at or 0))
+    .. ' expires_at=' .. (rec.expires_at or 0)
+  log_refusal(id, token, trace, detail)
+  return nil, redis.error_reply(detail)
 end
 
 -- Grants a new lease on `rec` (pending and due, or leased with an expired lease).
@@ -285,9 +403,10 @@ end
 local function grant(id, rec, worker, lease_id, ttl, now)
   local takeover = rec.state == 'leased'
   if takeover then
-    if expire_lease(id, rec, now) then return nil end
+    if expire_lease(id, rec, now, 'takeover') then return nil end
     bump('takeovers')
     rec.regranted = true
+    rec.eligible_at = rec.expires_at  -- claimable since its lease expired
   end
   rec.token = (rec.token or 0) + 1
   rec.lease_id = lease_id

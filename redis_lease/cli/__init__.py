@@ -1,13 +1,14 @@
 """The ``redis-lease`` command line: thin wrappers around the library.
 
-One module per audience: :mod:`.leases` (items and leases), :mod:`.status`
-(operator views) and :mod:`.fleet` (jobs and the worker fleet), each adding its
-commands to the app of :mod:`.app`.
+One module per audience: :mod:`.leases` (items and leases), :mod:`.operator` and
+:mod:`.status` (operator views: runs, items, dead items, one item, a run's status)
+and :mod:`.fleet` (jobs and the worker fleet), each adding its commands to the app
+of :mod:`.app`.
 """
 
 from __future__ import annotations
 
-from . import fleet, leases, status
+from . import fleet, leases, operator, status
 from .app import LeaseGroup, Settings, app, open_store, report
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "leases",
     "main",
     "open_store",
+    "operator",
     "report",
     "status",
 ]

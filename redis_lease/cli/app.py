@@ -10,10 +10,12 @@ modules of this package add commands with ``@app.command()`` on :data:`app`.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
 import redis
@@ -27,23 +29,25 @@ from ..connection import (
     translate,
     warn_unless_noeviction,
 )
-from ..errors import RedisLeaseError
-from ..lease import from_ms
+from ..errors import InvalidInput, RedisLeaseError
 from ..limits import (
     DEFAULT_PREFIX,
+    JSON_MAX_BYTES,
 )
 from ..output import (
     danger_line,
     error_line,
     warning_line,
 )
+from ..runs import to_ms
 from ..store import LeaseStore
-from ..validation import check_id
+from ..validation import check_id, parse_json
 from .capacity import plan_capacity
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 #: Set to 1 to let unexpected exceptions show their traceback.
 DEBUG_ENV = "REDIS_LEASE_DEBUG"
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 @dataclass
@@ -119,7 +123,7 @@ app = typer.Typer(
     cls=LeaseGroup,
     help="Fenced leases on the items of recoverable batch runs, in Redis.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 app.command("plan-capacity")(plan_capacity)
@@ -194,10 +198,76 @@ TokenOpt = Annotated[
 LeaseIdOpt = Annotated[
     str, typer.Option("--lease-id", "-l", help="Lease id from the claim (checked when given).")
 ]
+TraceIdOpt = Annotated[
+    str,
+    typer.Option(
+        "--trace-id", help="The claim's trace id, kept with the attempt in the attempt log."
+    ),
+]
 TtlOpt = Annotated[float, typer.Option("--ttl", help="Lease time to live in seconds.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
 
-def iso_ms(ms: int | None) -> str | None:
-    """A server time in ms as ISO 8601 UTC (None for none)."""
-    return from_ms(ms).isoformat(timespec="milliseconds") if ms else None
+def parse_date(text: str, option: str) -> date:
+    """An option's date, ``YYYY-MM-DD`` exactly.
+
+    Raises:
+        InvalidInput: anything else (``20261203`` and week dates included).
+    """
+    try:
+        if not _DATE.fullmatch(text):
+            raise ValueError(text)
+        return date.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(f"invalid {option} {text!r}: use YYYY-MM-DD") from None
+
+
+def parse_since(text: str, option: str) -> int:
+    """An option's moment in ms: a date (:func:`parse_date`, midnight UTC) or an ISO 8601
+    time (UTC when it has no offset).
+
+    Raises:
+        InvalidInput: neither.
+    """
+    if _DATE.fullmatch(text):
+        day = parse_date(text, option)
+        return to_ms(datetime(day.year, day.month, day.day, tzinfo=UTC))
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(
+            f"invalid {option} {text!r}: use YYYY-MM-DD or an ISO 8601 time"
+        ) from None
+    return to_ms(moment if moment.tzinfo else moment.replace(tzinfo=UTC))
+
+
+def json_option(text: str, what: str) -> Any:
+    """The JSON value of an option: the text itself, or ``@FILE`` (``@-``: stdin), as curl does.
+
+    JSON text never starts with ``@``, so the two cannot be confused.
+
+    Raises:
+        InvalidInput: the file cannot be read, is not UTF-8 or not valid JSON.
+    """
+    if not text.startswith("@"):
+        return parse_json(text, what)
+    path = text[1:]
+    if not path:
+        raise InvalidInput(f"{what} '@' names no file: use @FILE, or @- for stdin")
+    # A little past the limit is enough to say the value is too large.
+    room = JSON_MAX_BYTES * 8 + 1
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(room) if hasattr(sys.stdin, "buffer") else b""
+        else:
+            with open(path, "rb") as source:
+                data = source.read(room)
+    except OSError as error:
+        raise InvalidInput(f"{what} file {path!r} cannot be read: {error.strerror}") from None
+    if len(data) >= room:
+        raise InvalidInput(f"{what} file {path!r} is over the {JSON_MAX_BYTES}-byte limit")
+    try:
+        decoded = data.decode()
+    except UnicodeDecodeError as error:
+        raise InvalidInput(f"{what} file {path!r} is not UTF-8 (byte {error.start})") from None
+    return parse_json(decoded, f"{what} from {path!r}")

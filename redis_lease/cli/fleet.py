@@ -1,28 +1,78 @@
-"""Job and fleet commands: tick, start, worker, resume, cancel, schedule, demo, metrics."""
+"""Job and fleet commands: tick, start, worker, resume, cancel, finalize, demo, metrics.
+
+The schedule commands (``schedule ...``, ``backfill``) are in :mod:`.schedules`.
+"""
 
 from __future__ import annotations
 
 import os
 import re
-from datetime import date, datetime
-from typing import Annotated
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Annotated, Any
 
 import typer
 
-from ..connection import as_text, client_from_url
+from ..connection import as_text, client_from_url, safe_url
 from ..errors import InvalidInput
-from ..jobs import check_concurrency, load_job, parse_duration
-from ..output import error_line, print_json, print_table
+from ..jobs import check_concurrency, load_job, parse_duration, with_cwd_on_path
+from ..output import error_line, print_json, print_table, same_times
 from ..runs import Runs
-from ..tick import TickResult
+from ..tick import TickProgress, TickResult
 from ..tick import tick as run_tick
 from ..validation import check_id
 from ..worker import CONCURRENCY_ENV
-from .app import JsonOpt, RunArg, Settings, app, open_store
+from .app import JsonOpt, RunArg, Settings, app, open_store, parse_date
 
 JobArg = Annotated[str, typer.Argument(help="A job's import path, package.module:attr.")]
 #: Exit code of ``tick`` and ``start`` when the tick ran but some of its work failed.
 TICK_FAILED_EXIT = 7
+#: Exit code of ``worker --burst`` when shard jobs it ran failed.
+JOBS_FAILED_EXIT = 8
+#: Seconds planning runs before its progress is shown.
+PROGRESS_DELAY = 1.0
+
+
+@contextmanager
+def planning_progress(delay: float = PROGRESS_DELAY) -> Iterator[TickProgress]:
+    """A progress line on stderr for planning that takes more than ``delay`` seconds.
+
+    Only on a terminal; quiet otherwise (a pipe, a file, ``--json`` output read by
+    a script). Yields the tick's ``progress`` callback.
+    """
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(file=sys.stderr)
+    started = time.monotonic()
+    shown: dict[str, Any] = {}
+
+    def progress(run_id: str, items: int) -> None:
+        if not console.is_terminal or time.monotonic() - started < delay:
+            return
+        if "bar" not in shown:
+            bar = Progress(
+                SpinnerColumn(),
+                TextColumn("planning {task.description}: {task.completed} items"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            )
+            bar.start()
+            shown["bar"], shown["tasks"] = bar, {}
+        tasks: dict[str, Any] = shown["tasks"]
+        if run_id not in tasks:
+            tasks[run_id] = shown["bar"].add_task(run_id, total=None)
+        shown["bar"].update(tasks[run_id], completed=items)
+
+    try:
+        yield progress
+    finally:
+        if "bar" in shown:
+            shown["bar"].stop()
 
 
 def _known_job_paths(ctx: typer.Context) -> list[str]:
@@ -53,19 +103,21 @@ def tick(
         raise InvalidInput(
             "no jobs known yet: name a job path, e.g. redis-lease tick app.jobs:nightly"
         )
-    decisions = run_tick(open_store(ctx), paths)
+    with planning_progress() as progress:
+        decisions = run_tick(open_store(ctx), paths, progress=progress)
     if as_json:
         print_json([{"kind": d.kind, "run": d.run_id, "reason": d.reason} for d in decisions])
     elif decisions:
         print_table(
-            ("decision", "run", "reason"), [(d.kind, d.run_id, d.reason) for d in decisions]
+            ("decision", "run", "reason"),
+            [(d.kind, d.run_id, same_times(d.reason)) for d in decisions],
         )
     else:
         typer.echo("nothing to do")
-    _exit_if_failed(decisions)
+    exit_if_failed(decisions)
 
 
-def _exit_if_failed(result: TickResult) -> None:
+def exit_if_failed(result: TickResult) -> None:
     """Exits 7, after one line saying so, when some of the tick's work failed."""
     if result.failures:
         error_line(
@@ -89,11 +141,12 @@ def start(
     store = open_store(ctx)
     runs = Runs(store)
     now = runs.server_now()
-    day = _parse_date(business_date) if business_date else now.astimezone(job.zone).date()
+    day = parse_date(business_date, "--date") if business_date else now.astimezone(job.zone).date()
     run_id, created = runs.ensure(job, day, now)
     if created:
         runs.event(run_id, "create", "started by an operator")
-    decisions = run_tick(store, [job_path])
+    with planning_progress() as progress:
+        decisions = run_tick(store, [job_path], progress=progress)
     data = {"run": run_id, "created": created, "decisions": [str(d) for d in decisions]}
     if as_json:
         print_json(data)
@@ -101,7 +154,7 @@ def start(
         typer.echo(f"{run_id}: {'created' if created else 'exists'}")
         for decision in decisions:
             typer.echo(f"  {decision}")
-    _exit_if_failed(decisions)
+    exit_if_failed(decisions)
 
 
 @app.command()
@@ -115,7 +168,9 @@ def worker(
         bool, typer.Option("--simple", help="Run jobs in this process (no fork per job).")
     ] = False,
     name: Annotated[str | None, typer.Option("--name", help="The RQ worker's name.")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", help="Log every RQ job.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="Log every RQ job, and failed jobs' tracebacks.")
+    ] = False,
     concurrency: Annotated[
         int | None,
         typer.Option(
@@ -126,6 +181,9 @@ def worker(
 ) -> None:
     """Start an RQ worker set up for redis-lease shard jobs (JSON serializer).
 
+    Prints one line at start, one per shard job (its run, shard, items committed
+    and failed, seconds) and one on SIGTERM. With --burst it exits 8 when shard
+    jobs it ran failed. Jobs import from the working directory, as with rq worker.
     Plain RQ works too: rq worker -u URL --serializer rq.serializers.JSONSerializer
     --job-class redis_lease.dispatch.JsonJob redis-lease
     """
@@ -151,7 +209,24 @@ def worker(
         job_class=JsonJob,
         name=name,
     )
+    with_cwd_on_path()  # the shard jobs' modules import from here, forked or not
+    rq_worker.say = typer.echo
+    rq_worker.tracebacks = verbose
+    handlers = f"concurrency {concurrency}" if concurrency is not None else "the jobs' concurrency"
+    typer.echo(
+        f"worker {rq_worker.name}: queues {', '.join(names)}, {handlers}, "
+        f"{'in-process' if simple else 'forking'}{', burst' if burst else ''}, "
+        f"Redis {safe_url(settings.url)}"
+    )
     rq_worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
+    done, failed = rq_worker.shard_jobs, rq_worker.failed_shard_jobs
+    typer.echo(f"worker {rq_worker.name}: stopped after {done} shard jobs, {failed} failed")
+    if burst and failed:
+        error_line(
+            f"{failed} of the {done} shard jobs this worker ran failed (last: "
+            f"{rq_worker.last_failure}); each is counted on its run: redis-lease status RUN"
+        )
+        raise typer.Exit(JOBS_FAILED_EXIT)
 
 
 @app.command()
@@ -168,7 +243,29 @@ def resume(
     runs = Runs(open_store(ctx))
     moment = _parse_deadline(deadline, runs.server_now()) if deadline else None
     decision = runs.resume(run, moment)
-    typer.echo(f"{run}: {runs.info(run)['state']} ({decision.reason})")
+    typer.echo(f"{run}: {runs.info(run)['state']} ({same_times(decision.reason)})")
+
+
+@app.command()
+def finalize(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
+    """Close an open run now as succeeded, partial or failed, from its accounting.
+
+    For runs no tick finalizes: those made through LeaseStore or `add`, with no
+    job. Its items are no longer claimable; a run already final is left alone.
+    """
+    check_id(run, "run id")
+    runs = Runs(open_store(ctx))
+    info = runs.info(run)
+    decision = None
+    if info["state"] in ("planning", "running"):
+        decision = runs.finalize(run, "finalized by an operator")
+    state = runs.info(run)["state"]
+    if as_json:
+        print_json({"run": run, "state": state, "changed": decision is not None})
+    elif decision is not None:
+        typer.echo(f"{run}: {same_times(decision.reason)}")
+    else:
+        typer.echo(f"{run}: {state}; not open, nothing changed")
 
 
 @app.command()
@@ -177,50 +274,6 @@ def cancel(ctx: typer.Context, run: RunArg) -> None:
     check_id(run, "run id")
     changed = Runs(open_store(ctx)).cancel(run)
     typer.echo(f"{run}: {'canceled' if changed else 'not open; nothing changed'}")
-
-
-schedule_app = typer.Typer(help="Register the tick with rq-scheduler.", no_args_is_help=True)
-app.add_typer(schedule_app, name="schedule")
-
-
-@schedule_app.command("install")
-def schedule_install(
-    ctx: typer.Context,
-    job_path: JobArg,
-    interval: Annotated[
-        int, typer.Option("--interval", min=10, help="Seconds between ticks.")
-    ] = 60,
-) -> None:
-    """Register the job's tick: on its cron schedule and every INTERVAL seconds.
-
-    Run the scheduler with: rqscheduler --url URL -j redis_lease.dispatch.JsonJob
-    """
-    from ..schedule import install
-
-    job = load_job(job_path)
-    ids = install(open_store(ctx), job_path, job, interval)
-    typer.echo(f"installed {', '.join(ids)} on queue {job.options.queue}")
-
-
-@schedule_app.command("show")
-def schedule_show(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = False) -> None:
-    """List the job's registered tick entries."""
-    from ..schedule import entries
-
-    rows = entries(open_store(ctx), load_job(job_path))
-    if as_json:
-        print_json(rows)
-    else:
-        print_table(("id", "next", "cron", "interval"), [tuple(r.values()) for r in rows])
-
-
-@schedule_app.command("remove")
-def schedule_remove(ctx: typer.Context, job_path: JobArg) -> None:
-    """Remove the job's tick entries."""
-    from ..schedule import remove
-
-    removed = remove(open_store(ctx), load_job(job_path))
-    typer.echo(f"removed {removed} entries")
 
 
 @app.command()
@@ -270,7 +323,8 @@ def demo(
 def metrics(
     ctx: typer.Context,
     serve: Annotated[
-        int | None, typer.Option("--serve", help="Serve /metrics on this port (loopback).")
+        int | None,
+        typer.Option("--serve", help="Serve /metrics on this port (1-65535)."),
     ] = None,
     host: Annotated[str, typer.Option("--host", help="Address to serve on.")] = "127.0.0.1",
     max_runs: Annotated[int, typer.Option("--max-runs", min=1, help="Newest runs exported.")] = 50,
@@ -280,23 +334,23 @@ def metrics(
 
     from ..metrics import LeaseCollector
 
+    if serve is not None and not 1 <= serve <= 65535:
+        raise InvalidInput(f"--serve {serve} is not a port: use a number from 1 to 65535")
     registry = CollectorRegistry()
     registry.register(LeaseCollector(open_store(ctx), max_runs))
     if serve is None:
         typer.echo(generate_latest(registry).decode(), nl=False)
         return
-    start_http_server(serve, addr=host, registry=registry)
+    try:
+        start_http_server(serve, addr=host, registry=registry)
+    except OSError as error:  # in use, not allowed, or a host that is not here
+        raise InvalidInput(
+            f"cannot serve metrics on {host}:{serve}: {error.strerror or error}"
+        ) from None
     typer.echo(f"serving metrics on http://{host}:{serve}/metrics", err=True)
     import threading
 
     threading.Event().wait()
-
-
-def _parse_date(text: str) -> date:
-    try:
-        return date.fromisoformat(text)
-    except ValueError:
-        raise InvalidInput(f"invalid date {text!r}: use YYYY-MM-DD") from None
 
 
 def _parse_deadline(text: str, now: datetime) -> datetime:
@@ -316,3 +370,6 @@ def _parse_deadline(text: str, now: datetime) -> datetime:
     if moment <= now:
         raise InvalidInput(f"deadline {text!r} is in the past")
     return moment
+
+
+from . import schedules as schedules  # noqa: E402  (registers the schedule commands)

@@ -1,13 +1,14 @@
-"""Lease commands: add, claim, renew, commit, fail, release, reap, requeue, inspect."""
+"""Lease commands: add, claim, renew, commit, fail, release, reap, requeue."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from dataclasses import replace
+from typing import Annotated
 
 import typer
 
-from ..errors import InvalidInput
-from ..lease import Item, ItemRecord, Lease
+from ..errors import InvalidInput, NotFound
+from ..lease import Item, Lease
 from ..limits import (
     ATTEMPTS_MAX,
     DEFAULT_MAX_ATTEMPTS,
@@ -16,50 +17,41 @@ from ..limits import (
     SHARD_COUNT_MAX,
     SWEEP_MAX,
 )
-from ..output import compact_json, print_fields, print_json
+from ..output import compact_json, iso_time, print_json, progress_bar, warning_line
 from ..store import LeaseStore
-from ..validation import check_id, check_positive, parse_json, ttl_to_ms
+from ..validation import check_id, check_positive, ttl_to_ms
+from ..views import unknown_items
 from .app import (
     ItemArg,
     JsonOpt,
     LeaseIdOpt,
     RunArg,
     TokenOpt,
+    TraceIdOpt,
     TtlOpt,
     app,
-    iso_ms,
+    json_option,
     open_store,
 )
+from .item_files import ItemFile
+
+#: Items of a file sent to the store per add call (it sends them on in batches per shard).
+FILE_BATCH = 2000
 
 
 def _lease_ref(
-    ctx: typer.Context, run: str, item: str, token: int, lease_id: str
+    ctx: typer.Context, run: str, item: str, token: int, lease_id: str, trace_id: str = ""
 ) -> tuple[LeaseStore, Lease]:
     """Checks the ids, then the store and a Lease by token for a holder command."""
     check_id(run, "run id")
     check_id(item, "item id")
     if lease_id:
         check_id(lease_id, "lease id")
+    if trace_id:
+        check_id(trace_id, "trace id")
     store = open_store(ctx)
-    return store, store.lease_ref(run, item, token, lease_id)
-
-
-def record_dict(record: ItemRecord) -> dict[str, Any]:
-    """An item record as JSON-ready data (``expires_at`` in ISO 8601 UTC)."""
-    return {
-        "run": record.run_id,
-        "item": record.item_id,
-        "shard": record.shard,
-        "state": record.state,
-        "token": record.token,
-        "attempts": record.attempts,
-        "owner": record.owner,
-        "lease_id": record.lease_id,
-        "expires_at": iso_ms(record.expires_at_ms),
-        "payload": record.payload,
-        "result": record.result,
-        "error": record.error,
-    }
+    lease = store.lease_ref(run, item, token, lease_id)
+    return store, replace(lease, trace_id=trace_id) if trace_id else lease
 
 
 # -- commands -----------------------------------------------------------------
@@ -69,9 +61,25 @@ def record_dict(record: ItemRecord) -> dict[str, Any]:
 def add(
     ctx: typer.Context,
     run: RunArg,
-    items: Annotated[list[str], typer.Argument(help="Item ids to add.")],
+    items: Annotated[
+        list[str] | None, typer.Argument(help="Item ids to add (or --from-file).")
+    ] = None,
+    from_file: Annotated[
+        str | None,
+        typer.Option(
+            "--from-file",
+            "-f",
+            help="JSON lines or CSV of items (- for stdin), added in batches.",
+        ),
+    ] = None,
+    file_format: Annotated[
+        str, typer.Option("--format", help="auto, jsonl or csv (auto: by suffix, then content).")
+    ] = "auto",
     payload: Annotated[
-        str | None, typer.Option("--payload", help="JSON payload for every item added.")
+        str | None,
+        typer.Option(
+            "--payload", help="JSON payload of every item (given none by its line); @FILE reads it."
+        ),
     ] = None,
     shards: Annotated[
         int | None, typer.Option("--shards", help="Shard count of a new run (default 1).")
@@ -83,26 +91,52 @@ def add(
 ) -> None:
     """Add items to a run, creating the run; existing items are left as they are."""
     check_id(run, "run id")
-    for item in items:
+    if bool(items) == (from_file is not None):
+        raise InvalidInput("name the items to add, or give --from-file FILE (not both)")
+    for item in items or []:
         check_id(item, "item id")
-    value = parse_json(payload) if payload is not None else None
+    if from_file == "-" and payload == "@-":
+        raise InvalidInput("stdin cannot hold both the items and --payload: put one in a file")
+    value = json_option(payload, "payload") if payload is not None else None
     if shards is not None:
         check_positive(shards, "shards", SHARD_COUNT_MAX)
     check_positive(max_attempts, "max attempts", ATTEMPTS_MAX)
-    store = open_store(ctx)
-    added, existing = store.add(
-        run, [Item(item, value) for item in items], shards=shards, max_attempts=max_attempts
-    )
+    if from_file is not None:
+        added, existing = _add_from_file(
+            ctx, run, ItemFile(from_file, file_format, value), shards, max_attempts
+        )
+    else:
+        added_ids, existing_ids = open_store(ctx).add(
+            run,
+            [Item(item, value) for item in items or []],
+            shards=shards,
+            max_attempts=max_attempts,
+        )
+        added, existing = len(added_ids), len(existing_ids)
     data = {
         "run": run,
-        "added": len(added),
-        "existing": len(existing),
-        "shards": store.shard_count(run),
+        "added": added,
+        "existing": existing,
+        "shards": open_store(ctx).shard_count(run),
     }
     if as_json:
         print_json(data)
     else:
-        typer.echo(f"run {run}: {len(added)} added, {len(existing)} already there")
+        typer.echo(f"run {run}: {added} added, {existing} already there")
+
+
+def _add_from_file(
+    ctx: typer.Context, run: str, source: ItemFile, shards: int | None, max_attempts: int
+) -> tuple[int, int]:
+    """Adds the file's items in batches, after checking every line; returns the counts."""
+    added = existing = 0
+    with source.opened():  # every line checked first: a bad one writes nothing
+        store = open_store(ctx)
+        with progress_bar(f"adding to {run}", source.count) as advance:
+            for batch in source.batches(FILE_BATCH, advance):
+                new, old = store.add(run, batch, shards=shards, max_attempts=max_attempts)
+                added, existing = added + len(new), existing + len(old)
+    return added, existing
 
 
 @app.command()
@@ -147,14 +181,15 @@ def renew(
     item: ItemArg,
     token: TokenOpt,
     lease_id: LeaseIdOpt = "",
+    trace_id: TraceIdOpt = "",
     ttl: TtlOpt = DEFAULT_TTL,
     as_json: JsonOpt = False,
 ) -> None:
     """Extend a lease from now; only its holder may (exit 3 otherwise)."""
     ttl_to_ms(ttl)
-    store, lease = _lease_ref(ctx, run, item, token, lease_id)
+    store, lease = _lease_ref(ctx, run, item, token, lease_id, trace_id)
     renewed = store.renew(lease, ttl=ttl)
-    expires = iso_ms(renewed.expires_at_ms)
+    expires = iso_time(renewed.expires_at_ms)
     if as_json:
         print_json({"run": run, "item": item, "token": token, "expires_at": expires})
     else:
@@ -168,15 +203,21 @@ def commit(
     item: ItemArg,
     token: TokenOpt,
     lease_id: LeaseIdOpt = "",
+    trace_id: TraceIdOpt = "",
     result: Annotated[
         str | None, typer.Option("--result", help="JSON result to store with the item.")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Mark an item done; refused (exit 3) unless the token is the current lease."""
-    value = parse_json(result, "result") if result is not None else None
-    store, lease = _lease_ref(ctx, run, item, token, lease_id)
+    value = json_option(result, "result") if result is not None else None
+    store, lease = _lease_ref(ctx, run, item, token, lease_id, trace_id)
     outcome = store.commit(lease, value)
+    if outcome.repeated and result is not None and outcome.result != value:
+        warning_line(
+            f"{item} of run {run} was already committed with token {outcome.token}: the stored "
+            "outcome of that earlier commit was returned, not the new --result"
+        )
     if as_json:
         print_json(
             {
@@ -184,7 +225,7 @@ def commit(
                 "item": item,
                 "token": outcome.token,
                 "result": outcome.result,
-                "done_at": iso_ms(outcome.done_at_ms),
+                "done_at": iso_time(outcome.done_at_ms),
                 "repeated": outcome.repeated,
             }
         )
@@ -201,6 +242,7 @@ def fail(
     token: TokenOpt,
     error: Annotated[str, typer.Option("--error", "-e", help="What went wrong.")],
     lease_id: LeaseIdOpt = "",
+    trace_id: TraceIdOpt = "",
     permanent: Annotated[
         bool, typer.Option("--permanent", help="Mark the item dead now, without retries.")
     ] = False,
@@ -209,9 +251,9 @@ def fail(
     """Report a failed attempt: the item is retried with backoff, or dead."""
     if not error.strip():
         raise InvalidInput("--error must say what failed", run_id=run, item_id=item)
-    store, lease = _lease_ref(ctx, run, item, token, lease_id)
+    store, lease = _lease_ref(ctx, run, item, token, lease_id, trace_id)
     outcome = store.fail(lease, error, permanent=permanent)
-    eligible = iso_ms(outcome.eligible_at_ms)
+    eligible = iso_time(outcome.eligible_at_ms)
     if as_json:
         print_json(
             {
@@ -235,10 +277,11 @@ def release(
     item: ItemArg,
     token: TokenOpt,
     lease_id: LeaseIdOpt = "",
+    trace_id: TraceIdOpt = "",
     as_json: JsonOpt = False,
 ) -> None:
     """Give an item back unprocessed; it is due again at once."""
-    store, lease = _lease_ref(ctx, run, item, token, lease_id)
+    store, lease = _lease_ref(ctx, run, item, token, lease_id, trace_id)
     store.release(lease)
     if as_json:
         print_json({"run": run, "item": item, "token": token, "released": True})
@@ -270,29 +313,33 @@ def requeue(
     items: Annotated[
         list[str] | None, typer.Argument(help="Dead item ids; omit for every dead item.")
     ] = None,
+    item_options: Annotated[
+        list[str] | None,
+        typer.Option("--item", "-i", help="A dead item id (repeat it); the same as ITEM."),
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", help="Most items per shard.")] = DEFAULT_SWEEP,
     as_json: JsonOpt = False,
 ) -> None:
-    """Move dead items back to pending, with fresh attempts."""
+    """Move dead items back to pending, with fresh attempts; an unknown item is exit 5."""
     check_id(run, "run id")
-    names = items or []
+    names = [*(items or []), *(item_options or [])]
     for item in names:
         check_id(item, "item id")
     check_positive(limit, "limit", SWEEP_MAX)
-    count = open_store(ctx).requeue(run, names, limit=limit)
+    store = open_store(ctx)
+    unknown = unknown_items(store, run, names) if names else []
+    if unknown:  # nothing is requeued: the list has a typo, or names another run's items
+        shown = ", ".join(repr(item) for item in unknown[:5])
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise NotFound(
+            f"item(s) {shown}{more} not found in run {run!r}; nothing requeued",
+            run_id=run,
+            item_id=unknown[0],
+        )
+    count = store.requeue(run, names, limit=limit)
     if as_json:
         print_json({"run": run, "requeued": count})
-    else:
-        typer.echo(f"run {run}: {count} item(s) requeued")
-
-
-@app.command()
-def inspect(ctx: typer.Context, run: RunArg, item: ItemArg, as_json: JsonOpt = False) -> None:
-    """Show the stored record of one item."""
-    check_id(run, "run id")
-    check_id(item, "item id")
-    data = record_dict(open_store(ctx).item(run, item))
-    if as_json:
-        print_json(data)
-    else:
-        print_fields(data, title=f"item {item} of run {run}")
+        return
+    left = len(set(names)) - count if names else 0
+    note = f" ({left} named item(s) not dead, left as they are)" if left > 0 else ""
+    typer.echo(f"run {run}: {count} item(s) requeued{note}")

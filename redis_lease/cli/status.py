@@ -1,4 +1,9 @@
-"""Operator views: ``status`` of a run (counts, accounting, decisions, dangers) or of every run."""
+"""Operator views: ``status`` of a run or of every run.
+
+A run's status: counts, accounting (lost items, late commits), deadline and projected
+finish, failed shard jobs, effects by outcome, the providers' caps, its decisions and
+the dangers to the promise (an evicting Redis).
+"""
 
 from __future__ import annotations
 
@@ -8,24 +13,33 @@ import typer
 
 from ..connection import as_text, eviction_danger
 from ..errors import NotFound
+from ..gate import GateState
 from ..lease import RunStatus
-from ..output import print_fields, print_json, print_table
-from ..runs import Runs
+from ..output import (
+    iso_time,
+    print_fields,
+    print_json,
+    print_table,
+    progress_bar,
+    same_times,
+)
+from ..runs import FINAL_STATES, LOST_HINT, Runs, job_failures
 from ..store import LeaseStore
 from ..validation import check_id
+from ..views import providers
 from .app import (
     JsonOpt,
     app,
-    iso_ms,
     open_store,
 )
+from .operator import decision_rows
 
 
 def run_details(
     store: LeaseStore, status: RunStatus
-) -> tuple[list[dict[str, str]], dict[str, str]]:
+) -> tuple[list[dict[str, str | None]], dict[str, str]]:
     """The run's recorded decisions and its job's recorded settings (empty for ad-hoc runs)."""
-    decisions = Runs(store).events(status.run_id)
+    decisions = decision_rows(store, status.run_id)
     job = status.info.get("job")
     settings: dict[str, str] = {}
     if job:
@@ -50,6 +64,38 @@ def _status_row(status: RunStatus) -> list[Any]:
     ]
 
 
+def projected_finish(status: RunStatus) -> str | None:
+    """When the run should finish at its recent rate; None once it is final (or unknown)."""
+    projected = status.info.get("projected_finish_at", "")
+    if status.state in FINAL_STATES or not projected.isdigit():
+        return None
+    return iso_time(int(projected))
+
+
+def effects_by_outcome(status: RunStatus) -> dict[str, int]:
+    """The run's effect records by state (intended, applied, failed, unknown), and reconciled."""
+    return {
+        name.removeprefix("effects_"): value
+        for name, value in sorted(status.events.items())
+        if name.startswith("effects_") and value
+    }
+
+
+def _provider_rows(gates: list[GateState]) -> list[dict[str, Any]]:
+    return [
+        {
+            "provider": gate.name,
+            "cap": gate.cap,
+            "in_use": gate.in_use,
+            "min_cap": gate.min_cap,
+            "max_cap": gate.max_cap,
+            "throttles": gate.throttles,
+            "paused_until": iso_time(gate.paused_until_ms),
+        }
+        for gate in gates
+    ]
+
+
 @app.command()
 def status(
     ctx: typer.Context,
@@ -64,63 +110,17 @@ def status(
         danger = eviction_danger(store.client)
     dangers = [danger] if danger else []
     if run is not None:
-        try:
-            one = store.status(run)
-        except NotFound as error:  # gone (evidence it existed) or never there: exit 5 either way
-            raise Runs(store).gone(run) or error from None
-        decisions, settings = run_details(store, one)
-        if as_json:
-            print_json(
-                {
-                    **one.to_dict(),
-                    "decisions": decisions,
-                    "job_settings": settings,
-                    "dangers": dangers,
-                }
-            )
-            return
-        info = one.info
-        print_fields(
-            {
-                "state": one.state,
-                "reason": info.get("reason"),
-                "job": info.get("job"),
-                "business date": info.get("business_date"),
-                "deadline": iso_ms(int(info["deadline_at"])) if info.get("deadline_at") else None,
-                "rate (items/s)": info.get("rate_per_s"),
-                "projected finish": iso_ms(int(info["projected_finish_at"]))
-                if info.get("projected_finish_at")
-                else None,
-                "shards": one.shards,
-                "planned": one.planned,
-                **one.counts,
-                "total": one.total,
-                "lost": one.lost,
-                "committed after the deadline": one.late,
-                "oldest eligible age (s)": f"{one.oldest_eligible_age_seconds:.1f}",
-                "oldest leased age (s)": f"{one.oldest_leased_age_seconds:.1f}",
-                **{f"events.{name}": value for name, value in sorted(one.events.items())},
-            },
-            title=f"run {run}",
-        )
-        if decisions:
-            print_table(
-                ("at", "decision", "reason"),
-                [
-                    (iso_ms(int(d.get("at", "0"))), d.get("kind"), d.get("reason"))
-                    for d in decisions
-                ],
-                title="decisions",
-            )
-        for line in dangers:
-            typer.echo(f"danger: {line}")
+        _one_run(store, run, dangers, as_json)
         return
     statuses: list[RunStatus] = []
-    for run_id in store.run_ids():
-        try:
-            statuses.append(store.status(run_id))
-        except NotFound:  # listed, but its record has expired since
-            continue
+    run_ids = store.run_ids()
+    with progress_bar("reading runs", len(run_ids)) as advance:
+        for run_id in run_ids:
+            advance(1)
+            try:
+                statuses.append(store.status(run_id))
+            except NotFound:  # listed, but its record has expired since
+                continue
     if as_json:
         print_json([s.to_dict() for s in statuses])
         return
@@ -129,5 +129,88 @@ def status(
     else:
         columns = ("run", "state", "shards", "pending", "leased", "done", "dead", "lost")
         print_table((*columns, "oldest due (s)"), [_status_row(s) for s in statuses])
+    for line in dangers:
+        typer.echo(f"danger: {line}")
+
+
+def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> None:
+    """``status RUN``: the run's fields, decisions, effects, providers and dangers."""
+    try:
+        one = store.status(run)
+    except NotFound as error:  # gone (evidence it existed) or never there: exit 5 either way
+        raise Runs(store).gone(run) or error from None
+    decisions, settings = run_details(store, one)
+    failures = job_failures(one.info)
+    effects = effects_by_outcome(one)
+    gates = _provider_rows(providers(store))
+    info = one.info
+    deadline = iso_time(int(info["deadline_at"])) if info.get("deadline_at", "").isdigit() else None
+    if as_json:
+        print_json(
+            {
+                **one.to_dict(),
+                "deadline": deadline,
+                "projected_finish": projected_finish(one),
+                "failed_jobs": failures.count,
+                "last_job_error": failures.last_error or None,
+                "effects": effects,
+                "providers": gates,
+                "decisions": decisions,
+                "job_settings": settings,
+                "dangers": dangers,
+            }
+        )
+        return
+    lost_hint = f" ({LOST_HINT})" if one.lost else ""
+    failed = f"{failures.count} (last: {failures.last_error})" if failures else "0"
+    print_fields(
+        {
+            "state": one.state,
+            "reason": same_times(info["reason"]) if info.get("reason") else None,
+            "job": info.get("job"),
+            "business date": info.get("business_date"),
+            "deadline": deadline,
+            "rate (items/s)": info.get("rate_per_s"),
+            "projected finish": projected_finish(one),
+            "shards": one.shards,
+            "planned": one.planned,
+            **one.counts,
+            "total": one.total,
+            "lost": f"{one.lost}{lost_hint}",
+            "committed after the deadline": one.late,
+            "failed shard jobs": failed,
+            "oldest eligible age (s)": f"{one.oldest_eligible_age_seconds:.1f}",
+            "oldest leased age (s)": f"{one.oldest_leased_age_seconds:.1f}",
+            **{f"effects {name}": value for name, value in effects.items()},
+            **{
+                f"events.{name}": value
+                for name, value in sorted(one.events.items())
+                if not name.startswith("effects_")
+            },
+        },
+        title=f"run {run}",
+    )
+    if decisions:
+        print_table(
+            ("at", "decision", "reason"),
+            [(d.get("at"), d.get("kind"), d.get("reason")) for d in decisions],
+            title="decisions",
+        )
+    if gates:
+        print_table(
+            ("provider", "cap", "in use", "min-max", "throttles"),
+            [
+                (
+                    g["provider"],
+                    g["cap"],
+                    g["in_use"],
+                    f"{g['min_cap']}-{g['max_cap']}",
+                    g["throttles"],
+                )
+                for g in gates
+            ],
+            title="providers",
+            keep=("provider",),
+        )
     for line in dangers:
         typer.echo(f"danger: {line}")

@@ -208,6 +208,12 @@ class ProviderClient:
     ) -> tuple[int, Any, str]:
         connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         try:
+            connection.connect()
+        except OSError as error:  # nothing was sent: the attempt may simply be retried
+            connection.close()
+            detail = f"{type(error).__name__}: {error}"
+            raise EffectFailed(f"{method} {path}: not sent: {detail}") from error
+        try:
             headers = {"Content-Type": "application/json"}
             if key:
                 headers["Idempotency-Key"] = key

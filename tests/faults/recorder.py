@@ -42,8 +42,9 @@ INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
 #: Scripts that take an item, a token and a lease id as ARGV[1..3].
 HOLDER_CALLS = ("renew", "commit", "fail", "release", "record_effect")
 _TAG = re.compile(r"\{(.*)#(\d+)\}")
-#: Arguments per item of a settle call (operation, item, token, lease id, detail, option).
-SETTLE_GROUP = 6
+#: Arguments per item of a settle call (operation, item, token, lease id, detail, option,
+#: trace id).
+SETTLE_GROUP = 7
 
 
 def _text(value: Any) -> str:

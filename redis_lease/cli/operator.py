@@ -1,0 +1,390 @@
+"""Operator views of runs and items: runs, items, dead, inspect; resolve-effect.
+
+Each reads a bounded amount: ``items`` and ``dead`` print one page and the cursor of
+the next (on stderr; ``next_cursor`` with ``--json``), ``inspect`` one item with its
+effect records and attempts.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from ..effects import resolve_effect
+from ..errors import InvalidInput, NotFound
+from ..lease import ItemRecord, RunStatus
+from ..output import (
+    iso_time,
+    print_fields,
+    print_json,
+    print_table,
+    progress_bar,
+    same_times,
+)
+from ..runs import FINAL_STATES, OPEN_STATES, Runs, job_failures
+from ..schedule import pause_states
+from ..store import LeaseStore
+from ..validation import check_id
+from ..views import SCORE_MEANING, Page, check_state, item_effects, items_page, run_ids_since
+from .app import ItemArg, JsonOpt, RunArg, app, json_option, open_store, parse_since
+
+RUN_STATES = (*OPEN_STATES, *FINAL_STATES)
+LimitOpt = Annotated[int, typer.Option("--limit", "-n", help="Most items in the page (1-1000).")]
+CursorOpt = Annotated[
+    str | None, typer.Option("--cursor", help="Where the page starts: the cursor a page printed.")
+]
+
+
+def record_dict(record: ItemRecord) -> dict[str, Any]:
+    """An item record as JSON-ready data (times in ISO 8601 UTC)."""
+    return {
+        "run": record.run_id,
+        "item": record.item_id,
+        "shard": record.shard,
+        "state": record.state,
+        "token": record.token,
+        "attempts": record.attempts,
+        "owner": record.owner,
+        "lease_id": record.lease_id,
+        "expires_at": iso_time(record.expires_at_ms),
+        "payload": record.payload,
+        "result": record.result,
+        "error": record.error,
+    }
+
+
+def _page_hint(page: Page, command: str) -> None:
+    """The next page's command on stderr (stdout stays the rows), when there is one."""
+    if page.next_cursor is not None:
+        typer.echo(f"next page: {command} --cursor {page.next_cursor}", err=True)
+
+
+# -- runs ---------------------------------------------------------------------
+
+
+@app.command()
+def runs(
+    ctx: typer.Context,
+    job: Annotated[str | None, typer.Option("--job", help="Only this job's runs.")] = None,
+    state: Annotated[
+        str | None,
+        typer.Option("--state", help=f"Only runs in this state: {', '.join(RUN_STATES)}."),
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Only runs created since: YYYY-MM-DD or ISO time.")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="Most runs shown (1-1000).")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """List runs, newest first: state, counts, failed shard jobs; paused jobs are named."""
+    if job is not None:
+        check_id(job, "job")
+    if state is not None and state not in RUN_STATES:
+        raise InvalidInput(f"state {state!r} is not one of {', '.join(RUN_STATES)}")
+    if not 1 <= limit <= 1000:
+        raise InvalidInput(f"limit {limit} out of range: 1 to 1000")
+    since_ms = parse_since(since, "--since") if since is not None else None
+    store = open_store(ctx)
+    shown: list[RunStatus] = []
+    candidates = [
+        r for r in run_ids_since(store, since_ms) if job is None or r.startswith(f"{job}:")
+    ]
+    with progress_bar("reading runs", len(candidates)) as advance:
+        for run_id in candidates:
+            advance(1)
+            try:
+                one = store.status(run_id)
+            except NotFound:  # listed, but its record has expired since
+                continue
+            if job is not None and one.info.get("job") != job:
+                continue
+            if state is None or one.state == state:
+                shown.append(one)
+            if len(shown) == limit:
+                break
+    paused = _paused_jobs(store, sorted({s.info["job"] for s in shown if s.info.get("job")}))
+    if as_json:
+        print_json([_run_row(s, paused) for s in shown])
+        return
+    if not shown:
+        typer.echo("no runs")
+    else:
+        columns = ("run", "state", "planned", "done", "dead", "lost", "failed jobs", "created")
+        print_table(columns, [_run_cells(s) for s in shown])
+    for name, text in sorted(paused.items()):
+        typer.echo(f"job {name} is {text}")
+
+
+def _run_row(status: RunStatus, paused: dict[str, str]) -> dict[str, Any]:
+    failures = job_failures(status.info)
+    job = status.info.get("job")
+    return {
+        "run": status.run_id,
+        "job": job,
+        "state": status.state,
+        "business_date": status.info.get("business_date"),
+        "created_at": iso_time(int(status.info["created_at"]))
+        if status.info.get("created_at", "").isdigit()
+        else None,
+        "deadline": iso_time(int(status.info["deadline_at"]))
+        if status.info.get("deadline_at", "").isdigit()
+        else None,
+        "counts": dict(status.counts),
+        "planned": status.planned,
+        "lost": status.lost,
+        "failed_jobs": failures.count,
+        "job_paused": paused.get(job) if job else None,
+    }
+
+
+def _run_cells(status: RunStatus) -> list[Any]:
+    created = status.info.get("created_at", "")
+    return [
+        status.run_id,
+        status.state,
+        status.planned,
+        status.counts["done"],
+        status.counts["dead"],
+        status.lost,
+        job_failures(status.info).count,
+        iso_time(int(created)) if created.isdigit() else None,
+    ]
+
+
+def _paused_jobs(store: LeaseStore, names: list[str]) -> dict[str, str]:
+    """The paused ones among the jobs, each with who paused it and when (one round trip)."""
+    if not names:
+        return {}
+    return {
+        name: f"paused by {pause.by} at {iso_time(pause.at_ms)}"
+        for name, pause in pause_states(store, names).items()
+    }
+
+
+# -- items and dead items ---------------------------------------------------------
+
+
+@app.command()
+def items(
+    ctx: typer.Context,
+    run: RunArg,
+    state: Annotated[
+        str | None, typer.Option("--state", help="pending, leased, done or dead (default: all).")
+    ] = None,
+    limit: LimitOpt = 50,
+    cursor: CursorOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """One page of a run's items (by state from its index; all states by a scan)."""
+    check_id(run, "run id")
+    check_state(state)
+    page = items_page(open_store(ctx), run, state, limit, cursor)
+    meaning = SCORE_MEANING.get(state or "", "")
+    if as_json:
+        rows = []
+        for record, at in zip(page.records, page.times_ms, strict=True):
+            row = record_dict(record)
+            if meaning:
+                row[meaning] = iso_time(at)
+            rows.append(row)
+        print_json({"run": run, "state": state, "items": rows, "next_cursor": page.next_cursor})
+        return
+    columns = ["item", "state", "attempts", "token", "owner", *([meaning] if meaning else [])]
+    print_table(
+        (*columns, "error"),
+        [
+            [r.item_id, r.state, r.attempts, r.token, r.owner]
+            + ([iso_time(at)] if meaning else [])
+            + [r.error]
+            for r, at in zip(page.records, page.times_ms, strict=True)
+        ],
+        title=f"{state or 'all'} items of run {run}",
+    )
+    option = f" --state {state}" if state else ""
+    _page_hint(page, f"redis-lease items {run}{option} --limit {limit}")
+
+
+@app.command()
+def dead(
+    ctx: typer.Context,
+    run: RunArg,
+    limit: LimitOpt = 50,
+    cursor: CursorOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Dead items, oldest death first, with their last errors; requeue them with requeue."""
+    check_id(run, "run id")
+    page = items_page(open_store(ctx), run, "dead", limit, cursor)
+    if as_json:
+        rows = [
+            {
+                "item": r.item_id,
+                "attempts": r.attempts,
+                "dead_at": iso_time(at),
+                "error": r.error,
+                "errors": _errors(r),
+            }
+            for r, at in zip(page.records, page.times_ms, strict=True)
+        ]
+        print_json({"run": run, "items": rows, "next_cursor": page.next_cursor})
+        return
+    if not page.records:
+        typer.echo(f"run {run}: no dead items")
+        return
+    print_table(
+        ("item", "attempts", "dead at", "last error"),
+        [
+            (r.item_id, r.attempts, iso_time(at), r.error)
+            for r, at in zip(page.records, page.times_ms, strict=True)
+        ],
+        title=f"dead items of run {run}",
+    )
+    _page_hint(page, f"redis-lease dead {run} --limit {limit}")
+
+
+def _errors(record: ItemRecord) -> list[dict[str, Any]]:
+    """The item's last errors, oldest first, each with its attempt, time and trace id."""
+    return [error.to_dict() for error in record.errors]
+
+
+# -- one item -----------------------------------------------------------------
+
+
+@app.command()
+def inspect(
+    ctx: typer.Context,
+    run: RunArg,
+    item: ItemArg,
+    attempts_limit: Annotated[
+        int, typer.Option("--attempts", help="Most attempts shown, newest first (1-1000).")
+    ] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """One item: its record, its effect records and its attempts (with their trace ids)."""
+    check_id(run, "run id")
+    check_id(item, "item id")
+    if not 1 <= attempts_limit <= 1000:
+        raise InvalidInput(f"--attempts {attempts_limit} out of range: 1 to 1000")
+    store = open_store(ctx)
+    record = store.item(run, item)
+    effects = item_effects(store, run, item)
+    attempts = _attempts(store, run, item, attempts_limit)
+    data = record_dict(record)
+    if as_json:
+        print_json(
+            {
+                **data,
+                "errors": _errors(record),
+                "effects": [{"key": key, **_effect_row(rec)} for key, rec in effects],
+                "attempt_log": attempts,
+            }
+        )
+        return
+    print_fields(data, title=f"item {item} of run {run}")
+    if effects:
+        print_table(
+            ("key", "effect", "state", "token", "updated", "result or error"),
+            [
+                (
+                    key,
+                    rec.get("name"),
+                    rec.get("state"),
+                    rec.get("token"),
+                    _effect_row(rec)["updated_at"],
+                    rec.get("result", rec.get("error")),
+                )
+                for key, rec in effects
+            ],
+            title="effects",
+            keep=("key",),
+        )
+    else:
+        typer.echo("effects: none recorded")
+    if attempts:
+        print_table(
+            ("at", "attempt", "event", "token", "worker", "error", "trace id"),
+            [
+                (
+                    a["at"],
+                    a["attempt"],
+                    a["event"],
+                    a["token"],
+                    a["worker"],
+                    a["error"],
+                    a["trace_id"],
+                )
+                for a in attempts
+            ],
+            title="attempts (newest first)",
+            keep=("trace id", "worker"),
+        )
+    else:
+        typer.echo("attempts: none recorded")
+
+
+def _effect_row(record: dict[str, Any]) -> dict[str, Any]:
+    """An effect record with its time in the CLI's form."""
+    updated = record.get("updated_at")
+    return {**record, "updated_at": iso_time(int(updated)) if isinstance(updated, int) else None}
+
+
+def _attempts(store: LeaseStore, run: str, item: str, limit: int) -> list[dict[str, Any]]:
+    """The item's attempts from the attempt log, newest first, as JSON-ready rows."""
+    return [attempt.to_dict() for attempt in store.attempts(run, item, limit=limit)]
+
+
+def decision_rows(store: LeaseStore, run: str) -> list[dict[str, str | None]]:
+    """The run's recorded decisions, times in the CLI's one form (ISO 8601 UTC, ms)."""
+    rows: list[dict[str, str | None]] = []
+    for decision in Runs(store).events(run):
+        at = decision.get("at", "")
+        rows.append(
+            {
+                **decision,
+                "at": iso_time(int(at)) if at.isdigit() else at,
+                "reason": same_times(decision.get("reason", "")),
+            }
+        )
+    return rows
+
+
+@app.command("resolve-effect")
+def resolve_effect_command(
+    ctx: typer.Context,
+    run: RunArg,
+    item: ItemArg,
+    effect: Annotated[str, typer.Argument(help="The effect's name, e.g. pay.")],
+    applied: Annotated[
+        str | None,
+        typer.Option("--applied", help="It was applied: the provider's result (JSON, @FILE)."),
+    ] = None,
+    not_applied: Annotated[
+        bool, typer.Option("--not-applied", help="The provider did nothing: send it again.")
+    ] = False,
+    worker: Annotated[
+        str, typer.Option("--worker", "-w", help="Who settles it (an id), recorded.")
+    ] = "operator",
+    as_json: JsonOpt = False,
+) -> None:
+    """Settle an effect of unknown outcome with what the provider says (asked by its key)."""
+    check_id(run, "run id")
+    check_id(item, "item id")
+    check_id(effect, "effect name")
+    check_id(worker, "worker")
+    if (applied is None) == (not not_applied):
+        raise InvalidInput("say what the provider answered: --applied RESULT or --not-applied")
+    result = json_option(applied, "result") if applied is not None else None
+    record = resolve_effect(
+        open_store(ctx),
+        run,
+        item,
+        effect,
+        applied=applied is not None,
+        result=result,
+        worker=worker,
+    )
+    if as_json:
+        print_json({"run": run, "item": item, "effect": effect, **_effect_row(record)})
+    else:
+        typer.echo(f"effect {effect} of {item} in run {run}: {record.get('state')}")

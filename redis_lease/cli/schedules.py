@@ -1,0 +1,213 @@
+"""Schedule commands: install, show and remove the tick's entries, pause and resume a
+job's schedule, and backfill a range of business dates."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..backfill import BACKFILL_POLICIES, backfill
+from ..connection import as_text
+from ..errors import InvalidInput, NotFound
+from ..jobs import load_job
+from ..lease import from_ms
+from ..output import print_json, print_table, same_times
+from ..schedule import (
+    Pause,
+    default_user,
+    entries,
+    install,
+    local_time,
+    next_fire,
+    pause,
+    pause_state,
+    remove,
+)
+from ..schedule import resume as resume_schedule
+from ..validation import check_id
+from .app import JsonOpt, app, open_store, parse_date
+
+JobArg = Annotated[str, typer.Argument(help="A job's import path, package.module:attr.")]
+JobNameArg = Annotated[
+    str, typer.Argument(help="A job's import path (package.module:attr) or its name.")
+]
+
+schedule_app = typer.Typer(
+    help="The job's schedule: rq-scheduler entries, pause and resume.", no_args_is_help=True
+)
+app.add_typer(schedule_app, name="schedule")
+
+
+@schedule_app.command("install")
+def schedule_install(
+    ctx: typer.Context,
+    job_path: JobArg,
+    interval: Annotated[
+        int, typer.Option("--interval", min=10, help="Seconds between ticks.")
+    ] = 60,
+    as_json: JsonOpt = False,
+) -> None:
+    """Register the job's ticks: every INTERVAL seconds, and at each scheduled time.
+
+    The scheduled times are the job's cron schedule in its own timezone (daylight
+    saving included); each tick arms the next one. Run the scheduler with:
+    rqscheduler --url URL -j redis_lease.dispatch.JsonJob
+    """
+    job = load_job(job_path)
+    ids = install(open_store(ctx), job_path, job, interval)
+    if as_json:
+        print_json({"job": job.name, "installed": ids, "queue": job.options.queue})
+    else:
+        typer.echo(f"installed {', '.join(ids)} on queue {job.options.queue}")
+
+
+@schedule_app.command("show")
+def schedule_show(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = False) -> None:
+    """The job's tick entries with their next time in the job's timezone and UTC,
+    its next scheduled time, and whether its schedule is paused (--json: the entries,
+    each with the pause)."""
+    job = load_job(job_path)
+    store = open_store(ctx)
+    rows = entries(store, job)
+    paused = pause_state(store, job.name)
+    with store.errors():
+        seconds, _micros = store.client.time()
+    upcoming = next_fire(job, from_ms(int(seconds) * 1000))
+    if as_json:
+        print_json([{**row, "paused": _pause_json(paused)} for row in rows])
+        return
+    typer.echo(
+        f"{job.name}: {job.options.schedule} in {job.options.timezone}; next "
+        f"{local_time(upcoming, job)}; "
+        + (paused.describe() + " (no new runs)" if paused else "not paused")
+    )
+    print_table(
+        ("id", "next", "next (UTC)", "cron", "interval"),
+        [
+            (
+                r["id"],
+                r["next"],
+                r["next_utc"],
+                f"{r['cron']} {r['timezone']}".strip(),
+                r["interval"],
+            )
+            for r in rows
+        ],
+    )
+
+
+def _pause_json(paused: Pause | None) -> dict[str, object] | None:
+    if paused is None:
+        return None
+    return {"by": paused.by, "at_ms": paused.at_ms, "text": paused.describe()}
+
+
+@schedule_app.command("remove")
+def schedule_remove(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = False) -> None:
+    """Remove the job's tick entries."""
+    job = load_job(job_path)
+    removed = remove(open_store(ctx), job)
+    if as_json:
+        print_json({"job": job.name, "removed": removed})
+    else:
+        typer.echo(f"removed {removed} entries")
+
+
+def _job_name(ctx: typer.Context, job: str) -> str:
+    """The job's name from its import path, or the name of a job a tick has seen."""
+    if ":" in job:
+        return load_job(job).name
+    name = check_id(job, "job name")
+    store = open_store(ctx)
+    with store.errors():
+        known = {as_text(n) for n in store.client.smembers(store.keys.jobs)}
+    if name not in known:
+        raise NotFound(f"no job {name!r} is known here: give its import path, package.module:attr")
+    return name
+
+
+@schedule_app.command("pause")
+def schedule_pause(
+    ctx: typer.Context,
+    job: JobNameArg,
+    by: Annotated[
+        str | None, typer.Option("--by", help="Who pauses it (default: the OS user).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop the tick creating new runs of the job; runs already made go on.
+
+    Scheduled dates that pass while paused are skipped (backfill makes them).
+    """
+    who = check_id(by, "--by") if by is not None else default_user()
+    name = _job_name(ctx, job)
+    paused = pause(open_store(ctx), name, who)
+    if as_json:
+        print_json({"job": name, "paused": _pause_json(paused)})
+    else:
+        typer.echo(f"{name}: {paused.describe()}")
+
+
+@schedule_app.command("resume")
+def schedule_resume(ctx: typer.Context, job: JobNameArg, as_json: JsonOpt = False) -> None:
+    """Let the tick create the job's runs again (from its next scheduled time)."""
+    name = _job_name(ctx, job)
+    ended = resume_schedule(open_store(ctx), name)
+    if as_json:
+        print_json({"job": name, "paused": None, "was": _pause_json(ended)})
+    else:
+        typer.echo(
+            f"{name}: resumed" + (f" (was {ended.describe()})" if ended else " (not paused)")
+        )
+
+
+@app.command("backfill")
+def backfill_command(
+    ctx: typer.Context,
+    job_path: JobArg,
+    first: Annotated[str, typer.Option("--from", help="First business date, YYYY-MM-DD.")],
+    last: Annotated[str, typer.Option("--to", help="Last business date, YYYY-MM-DD.")],
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy",
+            help="all: a run for every scheduled date in the range; latest: only for the newest "
+            "(as Temporal's schedule backfill and catch-up policies: every missed action, or "
+            "the most recent).",
+        ),
+    ] = "all",
+    as_json: JsonOpt = False,
+) -> None:
+    """Create the runs of a range of business dates, then tick the job to plan and dispatch.
+
+    Dates are those on which the job's schedule fires, in its timezone. Running it
+    twice creates nothing new; a date that has a run is left alone. Exit 7 as for tick.
+    """
+    from .fleet import exit_if_failed, planning_progress
+
+    if policy not in BACKFILL_POLICIES:
+        raise InvalidInput(f"unknown --policy {policy!r}: use {' or '.join(BACKFILL_POLICIES)}")
+    start, end = parse_date(first, "--from"), parse_date(last, "--to")
+    job = load_job(job_path)
+    store = open_store(ctx)
+    created = backfill(store, job, start, end, policy)
+    from ..tick import tick
+
+    with planning_progress() as progress:
+        decisions = tick(store, [job_path], progress=progress)
+    if as_json:
+        print_json(
+            {
+                "created": [d.run_id for d in created],
+                "decisions": [
+                    {"kind": d.kind, "run": d.run_id, "reason": d.reason}
+                    for d in [*created, *decisions]
+                ],
+            }
+        )
+    else:
+        typer.echo(f"{len(created)} runs created ({job.name}, {start} to {end}, policy {policy})")
+        for decision in [*created, *decisions]:
+            typer.echo(f"  {decision.kind} {decision.run_id}: {same_times(decision.reason)}")
+    exit_if_failed(decisions)
