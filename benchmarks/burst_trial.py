@@ -139,8 +139,8 @@ class Bench:
         runs.finalize(run_id, "burst over")
         status = store.status(run_id)
         trial.done, trial.dead = status.counts["done"], status.counts["dead"]
-        trial.claims = status.events.get("claims", 0)
-        trial.retries = status.events.get("retries", 0)
+        trial.claims = status.counters.get("claims", 0)
+        trial.retries = status.counters.get("retries", 0)
         trial.state = runs.info(run_id)["state"]
 
     def _clean(self, store: LeaseStore, queue: str, run_id: str) -> None:

@@ -1,5 +1,8 @@
 """redis-lease: recoverable batch runs on Redis with fenced leases."""
 
+from typing import Any
+
+from .deprecation import renamed_attribute
 from .errors import (
     ConditionFailed,
     EffectFailed,
@@ -27,9 +30,9 @@ from .jobs import Job
 from .keeper import ActiveLease
 from .lease import (
     Attempt,
-    CommitOutcome,
+    CommitReply,
     CommitRequest,
-    FailOutcome,
+    FailReply,
     FailRequest,
     Item,
     ItemError,
@@ -39,7 +42,7 @@ from .lease import (
     RunStatus,
 )
 from .runs import Runs
-from .shard_loop import Outcome
+from .shard_loop import HandlerResult
 from .store import LeaseStore
 
 __version__ = "0.1.0"
@@ -47,15 +50,16 @@ __version__ = "0.1.0"
 __all__ = [
     "ActiveLease",
     "Attempt",
-    "CommitOutcome",
+    "CommitReply",
     "CommitRequest",
     "ConditionFailed",
     "EffectFailed",
     "EffectUnknown",
-    "FailOutcome",
+    "FailReply",
     "FailRequest",
     "FieldEquals",
     "HandlerError",
+    "HandlerResult",
     "InvalidInput",
     "Item",
     "ItemError",
@@ -70,7 +74,6 @@ __all__ = [
     "NeedsReconciliation",
     "NotClaimable",
     "NotFound",
-    "Outcome",
     "PermanentError",
     "PermissionDenied",
     "ProviderError",
@@ -86,3 +89,12 @@ __all__ = [
     "Throttled",
     "Write",
 ]
+
+#: Old names, importable with a DeprecationWarning for one release.
+_RENAMED = {"CommitOutcome": "CommitReply", "FailOutcome": "FailReply", "Outcome": "HandlerResult"}
+
+
+def __getattr__(name: str) -> Any:
+    """The old names (``CommitOutcome``, ``FailOutcome``, ``Outcome``) of renamed
+    classes, with a DeprecationWarning."""
+    return renamed_attribute(__name__, name, _RENAMED, globals())

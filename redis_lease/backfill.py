@@ -107,5 +107,5 @@ def backfill(
                 f"backfilled (policy {policy}, {first} to {last}); scheduled for "
                 f"{scheduled.isoformat()}"
             )
-            decisions.append(runs.event(run_id, "backfill", reason))
+            decisions.append(runs.record_decision(run_id, "backfill", reason))
     return decisions

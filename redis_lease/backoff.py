@@ -52,4 +52,4 @@ def hold_dispatch(
         f"{failures.last_error}); dispatching nothing for {seconds:.0f}s, then one shard "
         "job tries again"
     )
-    return True, runs.event(run_id, "backoff", reason)
+    return True, runs.record_decision(run_id, "backoff", reason)

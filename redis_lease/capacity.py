@@ -291,7 +291,7 @@ def record_pass(
     _check_non_negative(handler_seconds, "handler seconds")
     _check_non_negative(busy_seconds, "busy seconds")
     key = capacity_key(store, run_id)
-    with store.errors(run_id):
+    with store.translating_errors(run_id):
         pipe = store.client.pipeline(transaction=False)
         pipe.hincrby(key, "passes", 1)
         pipe.hincrby(key, "handled", handled)
@@ -312,7 +312,7 @@ def measured(store: LeaseStore, run_id: str) -> Measured | None:
 def measured_of(store: LeaseStore, status: RunStatus) -> Measured | None:
     """:func:`measured` for a status already read (one round trip)."""
     run_id = status.run_id
-    with store.errors(run_id):
+    with store.translating_errors(run_id):
         raw = store.client.hgetall(capacity_key(store, run_id))
     fields = {as_text(k): as_text(v) for k, v in raw.items()}
     handled = int(fields.get("handled", "0"))
@@ -324,7 +324,7 @@ def measured_of(store: LeaseStore, status: RunStatus) -> Measured | None:
         handled=handled,
         handler_seconds=float(fields.get("handler_seconds", "0")),
         busy_seconds=busy,
-        retry_rate=retry_rate(status.events, status.counts),
+        retry_rate=retry_rate(status.counters, status.counts),
     )
 
 

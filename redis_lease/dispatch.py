@@ -176,7 +176,7 @@ def enqueue_shard(
 ) -> str:
     """Enqueues one RQ job that works ``shard`` of ``run_id``; returns its RQ id."""
     rq_id = f"rl-{uuid.uuid4().hex}"
-    with store.errors(run_id):
+    with store.translating_errors(run_id):
         store.client.hset(store.keys.run_jobs(run_id), rq_id, str(shard))
         queue(store.client, queue_name).enqueue_call(
             func=SHARD_FUNC,
@@ -205,7 +205,7 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
     still listed is counted on the run: its work horse died (see :func:`_count_failed`).
     """
     key, missing_key = store.keys.run_jobs(run_id), store.keys.run_jobs_missing(run_id)
-    with store.errors(run_id):
+    with store.translating_errors(run_id):
         known = {as_text(k): int(v) for k, v in store.client.hgetall(key).items()}
         if not known:
             return {}

@@ -345,7 +345,7 @@ def _check_claimable(store: LeaseStore, run_id: str, item_id: str) -> None:
     context: dict[str, Any] = {"run_id": run_id, "item_id": item_id}
     shard = store.shard_for(run_id, item_id)
     meta = store.keys.shard(run_id, shard)[0]
-    with store.errors(run_id):
+    with store.translating_errors(run_id):
         pipe = store.client.pipeline(transaction=True)
         pipe.hmget(meta, "closed", "deadline_at")
         pipe.time()

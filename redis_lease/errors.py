@@ -109,7 +109,14 @@ class LeaseLost(LeaseError):
 
 
 class NotClaimable(LeaseError):
-    """The item is held by another lease, not yet due, finished, or nothing is due."""
+    """The item is held by another lease, not yet due, finished, or nothing is due.
+
+    Attributes:
+        state: the item's state (pending, leased, done, dead); None when no item was
+            named and nothing is due in any shard
+            (:meth:`~redis_lease.store.LeaseStore.claim_any`).
+        until_ms: when the item is due or its lease expires (server clock), when known.
+    """
 
     exit_code = 4
 

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from .deprecation import renamed_attribute, warn_renamed
 from .guards import Condition, Write
+
+#: Old class names, importable with a DeprecationWarning for one release.
+_RENAMED = {"CommitOutcome": "CommitReply", "FailOutcome": "FailReply"}
+
+
+def __getattr__(name: str) -> Any:
+    """The classes under their old names (``CommitOutcome``, ``FailOutcome``), with a
+    DeprecationWarning."""
+    return renamed_attribute(__name__, name, _RENAMED, globals())
 
 
 def from_ms(ms: int) -> datetime:
@@ -20,7 +30,7 @@ def from_ms(ms: int) -> datetime:
 class Lease:
     """The right to work on one item until ``expires_at_ms``, proven by ``token``.
 
-    A lease built by :meth:`ref` (from a token given on a command line) has no
+    A lease built by :meth:`from_token` (from a token given on a command line) has no
     expiry, payload or trace id; the server checks the token either way. ``trace_id``
     names the attempt in the shard's attempt log (see :mod:`redis_lease.tracing`).
     """
@@ -38,9 +48,19 @@ class Lease:
     trace_id: str = ""
 
     @classmethod
-    def ref(cls, run_id: str, item_id: str, shard: int, token: int, lease_id: str = "") -> Lease:
-        """A reference to a lease by its token (and lease id, when known)."""
+    def from_token(
+        cls, run_id: str, item_id: str, shard: int, token: int, lease_id: str = ""
+    ) -> Lease:
+        """A lease known only by its run, item, shard, token and lease id (when known):
+        no expiry, attempt, payload or trace id. Enough to renew, commit, fail or
+        release it; the server checks the token (and the lease id, when given)."""
         return cls(run_id, item_id, shard, token, lease_id)
+
+    @classmethod
+    def ref(cls, run_id: str, item_id: str, shard: int, token: int, lease_id: str = "") -> Lease:
+        """Deprecated: :meth:`from_token`."""
+        warn_renamed("Lease.ref()", "Lease.from_token()")
+        return cls.from_token(run_id, item_id, shard, token, lease_id)
 
     @property
     def expires_at(self) -> datetime:
@@ -64,7 +84,7 @@ class Lease:
 
 
 @dataclass(frozen=True)
-class CommitOutcome:
+class CommitReply:
     """What a commit stored; ``repeated`` when an earlier identical commit stored it."""
 
     token: int
@@ -74,7 +94,7 @@ class CommitOutcome:
 
 
 @dataclass(frozen=True)
-class FailOutcome:
+class FailReply:
     """Where a failed item went: ``retry`` (due again at ``eligible_at_ms``) or ``dead``."""
 
     state: str
@@ -346,7 +366,8 @@ class RunStatus:
     shards: int
     state: str
     counts: dict[str, int]
-    events: dict[str, int]
+    #: The shards' counters summed (claims, commits, takeovers, ``outcome_<label>``, ...).
+    counters: dict[str, int]
     oldest_eligible_age_seconds: float
     oldest_leased_age_seconds: float
     now_ms: int
@@ -368,7 +389,7 @@ class RunStatus:
         """Items planned: the count recorded when planning ended, or the shards' ``added``
         counters when more were added since (or the run was never planned)."""
         recorded = int(self.info.get("planned_items") or 0)
-        return max(recorded, self.events.get("added", 0))
+        return max(recorded, self.counters.get("added", 0))
 
     @property
     def unfinished(self) -> int:
@@ -388,7 +409,13 @@ class RunStatus:
     @property
     def late(self) -> int:
         """Commits accepted after the deadline (their lease was granted before it)."""
-        return self.events.get("late_commits", 0)
+        return self.counters.get("late_commits", 0)
+
+    @property
+    def events(self) -> dict[str, int]:
+        """Deprecated: :attr:`counters`."""
+        warn_renamed("RunStatus.events", "RunStatus.counters")
+        return self.counters
 
     @property
     def complete(self) -> bool:
@@ -408,7 +435,7 @@ class RunStatus:
             "finished": self.finished,
             "lost": self.lost,
             "late": self.late,
-            "events": dict(self.events),
+            "events": dict(self.counters),  # the JSON key stays
             "oldest_eligible_age_seconds": self.oldest_eligible_age_seconds,
             "oldest_leased_age_seconds": self.oldest_leased_age_seconds,
             "oldest_unknown_effect_age_seconds": self.oldest_unknown_effect_age_seconds,
@@ -424,7 +451,15 @@ class CommitRequest:
     result: Any = None
     conditions: tuple[Condition, ...] = ()
     writes: tuple[Write, ...] = ()
-    outcome: str = ""
+    #: The commit's label, counted as ``outcome_<label>`` (what the metrics call its outcome).
+    label: str = ""
+    #: Deprecated: ``label``.
+    outcome: InitVar[str | None] = None
+
+    def __post_init__(self, outcome: str | None) -> None:
+        if outcome is not None:
+            warn_renamed("CommitRequest(outcome=...)", "CommitRequest(label=...)", stacklevel=4)
+            object.__setattr__(self, "label", outcome)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ def lock(store: LeaseStore, key: str, ttl_ms: int, run_id: str | None = None) ->
     error is the one that matters).
     """
     owner = uuid.uuid4().hex
-    with store.errors(run_id):
+    with store.translating_errors(run_id):
         taken = bool(store.client.set(key, owner, nx=True, px=ttl_ms))
         if not taken:
             # the client resends a command whose reply a reset lost: the first SET may

@@ -104,12 +104,12 @@ class LeaseCollector(Collector):
                 [run_id], status.oldest_unknown_effect_age_seconds
             )
             for state in EFFECT_STATES:
-                effects.add_metric([run_id, state], status.events.get(f"effects_{state}", 0))
-            for name, value in status.events.items():
+                effects.add_metric([run_id, state], status.counters.get(f"effects_{state}", 0))
+            for name, value in status.counters.items():
                 if name.startswith("outcome_"):
                     outcomes.add_metric([run_id, name.removeprefix("outcome_")], value)
             for name, family in counters.items():
-                family.add_metric([run_id], status.events.get(name, 0))
+                family.add_metric([run_id], status.counters.get(name, 0))
             for attr, gauge in accounting.items():
                 gauge.add_metric([run_id], getattr(status, attr))
         yield from (items, states, *ages.values(), effects, outcomes, *counters.values())
@@ -134,7 +134,7 @@ class LeaseCollector(Collector):
             labels=["job"],
         )
         keys = self.store.keys
-        with self.store.errors():
+        with self.store.translating_errors():
             jobs = sorted(as_text(j) for j in self.store.client.smembers(keys.jobs))
             for job in jobs:
                 runs = sorted(

@@ -11,6 +11,7 @@ from typing import Any
 
 from .capacity import capacity_key
 from .connection import as_text
+from .deprecation import warn_renamed
 from .errors import InvalidInput, NotFound
 from .jobs import Job, Planner
 from .lease import Item, RunStatus, from_ms
@@ -117,7 +118,7 @@ def record_job_failure(store: LeaseStore, run_id: str, shard: int, error: str) -
     """
     line = clip(f"shard {shard}: " + " ".join(error.split()), JOB_ERROR_MAX_BYTES)
     script = store.client.register_script(_RECORD_FAILURE)
-    with store.errors(run_id):
+    with store.translating_errors(run_id):
         streak = script(keys=[store.keys.run(run_id)], args=[line])
     return int(streak) >= 0
 
@@ -135,7 +136,7 @@ def start_backoff(store: LeaseStore, run_id: str, streak: int, until_ms: int) ->
     """Records a dispatch back-off until ``until_ms`` for a failure ``streak``; False
     (nothing written) when the streak changed since it was read."""
     script = store.client.register_script(_START_BACKOFF)
-    with store.errors(run_id):
+    with store.translating_errors(run_id):
         done = script(keys=[store.keys.run(run_id)], args=[str(streak), str(until_ms)])
     return bool(done)
 
@@ -167,28 +168,28 @@ class Runs:
 
     def server_now(self) -> datetime:
         """The Redis server's clock."""
-        with self.store.errors():
+        with self.store.translating_errors():
             seconds, micros = self.client.time()
         return from_ms(seconds * 1000 + micros // 1000)
 
     def info(self, run_id: str) -> dict[str, str]:
         """The run's record; raises NotFound."""
-        with self.store.errors(run_id):
+        with self.store.translating_errors(run_id):
             raw = self.client.hgetall(self.keys.run(run_id))
         if not raw:
             raise NotFound(f"run {run_id!r} not found", run_id=run_id)
         return {as_text(k): as_text(v) for k, v in raw.items()}
 
-    def event(self, run_id: str, kind: str, reason: str, **fields: Any) -> Decision:
-        """Appends a decision to the run's event log."""
+    def record_decision(self, run_id: str, kind: str, reason: str, **fields: Any) -> Decision:
+        """Appends a decision to the run's decision log (its ``events`` stream)."""
         entry = {"kind": kind, "reason": reason, **{k: str(v) for k, v in fields.items()}}
-        with self.store.errors(run_id):
+        with self.store.translating_errors(run_id):
             self.client.xadd(self.keys.run_events(run_id), entry, maxlen=1000, approximate=True)  # type: ignore[arg-type]
         return Decision(kind, run_id, reason)
 
-    def events(self, run_id: str, count: int = 20) -> list[dict[str, str]]:
+    def decisions(self, run_id: str, count: int = 20) -> list[dict[str, str]]:
         """The newest decisions of a run, oldest first."""
-        with self.store.errors(run_id):
+        with self.store.translating_errors(run_id):
             rows = self.client.xrevrange(self.keys.run_events(run_id), count=count) or []
         events = []
         for entry_id, fields in reversed(rows):
@@ -197,6 +198,16 @@ class Runs:
             events.append(event)
         return events
 
+    def event(self, run_id: str, kind: str, reason: str, **fields: Any) -> Decision:
+        """Deprecated: :meth:`record_decision`."""
+        warn_renamed("Runs.event()", "Runs.record_decision()")
+        return self.record_decision(run_id, kind, reason, **fields)
+
+    def events(self, run_id: str, count: int = 20) -> list[dict[str, str]]:
+        """Deprecated: :meth:`decisions`."""
+        warn_renamed("Runs.events()", "Runs.decisions()")
+        return self.decisions(run_id, count)
+
     def transition(
         self, run_id: str, expected: tuple[str, ...] | str, to: str, reason: str, **fields: Any
     ) -> bool:
@@ -204,7 +215,7 @@ class Runs:
         allowed = expected if isinstance(expected, str) else ",".join(expected)
         extra = [clip(str(part), TEXT_MAX_BYTES) for pair in fields.items() for part in pair]
         keys = [self.keys.run(run_id), self.keys.run_events(run_id)]
-        with self.store.errors(run_id):
+        with self.store.translating_errors(run_id):
             transition = self.store.scripts.call(
                 "run_transition", keys, [allowed, to, clip(reason, TEXT_MAX_BYTES), *extra]
             )
@@ -239,7 +250,7 @@ class Runs:
             },
         )
         still_open = created or self.info(run_id)["state"] in OPEN_STATES
-        with self.store.errors(run_id):
+        with self.store.translating_errors(run_id):
             pipe = self.client.pipeline(transaction=False)
             dates = self.keys.job_dates(job.name)
             pipe.zadd(dates, {business_date.isoformat(): to_ms(started)}, nx=True)
@@ -247,7 +258,9 @@ class Runs:
                 pipe.sadd(self.keys.job_open_runs(job.name), run_id)
             pipe.execute()
         if created:
-            self.event(run_id, "created", f"run for {business_date} due {deadline.isoformat()}")
+            self.record_decision(
+                run_id, "created", f"run for {business_date} due {deadline.isoformat()}"
+            )
         return run_id, created
 
     def plan(self, job: Job, run_id: str, progress: PlanProgress | None = None) -> int | None:
@@ -313,7 +326,7 @@ class Runs:
             except InvalidInput as error:  # the planner yielded a bad item
                 self._fail_planning(job, run_id, error)
                 raise
-            with self.store.errors(run_id):
+            with self.store.translating_errors(run_id):
                 self.client.pexpire(lock, PLANNER_LOCK_MS)
             streamed += len(batch)
             if progress is not None:
@@ -345,7 +358,7 @@ class Runs:
         if info["state"] != state:  # resumed in the meantime: keep it open
             return None
         self._retire(info.get("job", ""), run_id, _retention(info))
-        return self.event(run_id, "finalize", f"{state}: {reason}")
+        return self.record_decision(run_id, "finalize", f"{state}: {reason}")
 
     def retire_if_final(self, run_id: str, info: dict[str, str]) -> bool:
         """Repairs a finished run still listed as open (a crash after its last change)."""
@@ -360,7 +373,7 @@ class Runs:
         The reason goes to the run's event log, kept for the job's retention, so
         that ``status RUN`` can say the run is gone.
         """
-        with self.store.errors(run_id):
+        with self.store.translating_errors(run_id):
             pipe = self.client.pipeline(transaction=False)
             pipe.srem(self.keys.job_open_runs(job.name), run_id)
             events = self.keys.run_events(run_id)
@@ -375,7 +388,7 @@ class Runs:
         Evidence: the run index, the job's open runs, or the run's event log.
         """
         job = run_id.split(":", 1)[0]
-        with self.store.errors(run_id):
+        with self.store.translating_errors(run_id):
             pipe = self.client.pipeline(transaction=False)
             pipe.zscore(self.keys.runs, run_id)
             pipe.sismember(self.keys.job_open_runs(job), run_id)
@@ -399,7 +412,7 @@ class Runs:
     def _retire(self, job_name: str, run_id: str, retention_days: int) -> None:
         """Drops the run from its job's open runs and lets its keys expire."""
         ttl_ms = retention_days * DAY_MS
-        with self.store.errors(run_id):
+        with self.store.translating_errors(run_id):
             pipe = self.client.pipeline(transaction=False)
             if job_name:
                 pipe.srem(self.keys.job_open_runs(job_name), run_id)
@@ -444,7 +457,7 @@ class Runs:
         # was (partial, failed or canceled), so resuming again finishes the job.
         self.store.set_deadline(run_id, until_ms)
         self.store.set_closed(run_id, False)
-        with self.store.errors(run_id):
+        with self.store.translating_errors(run_id):
             pipe = self.client.pipeline(transaction=False)
             if info.get("job"):
                 pipe.sadd(self.keys.job_open_runs(info["job"]), run_id)
@@ -454,7 +467,7 @@ class Runs:
         self.transition(
             run_id, ("partial", "failed", "canceled"), state, reason, deadline_at=until_ms
         )
-        return self.event(run_id, "resume", reason)
+        return self.record_decision(run_id, "resume", reason)
 
     def cancel(self, run_id: str, reason: str = "canceled by an operator") -> bool:
         """Closes an open run as canceled."""
@@ -463,12 +476,12 @@ class Runs:
         changed = self.transition(run_id, OPEN_STATES, "canceled", reason)
         if changed:
             self._retire(info.get("job", ""), run_id, _retention(info))
-            self.event(run_id, "cancel", reason)
+            self.record_decision(run_id, "cancel", reason)
         return changed
 
     def open_runs(self, job_name: str) -> list[str]:
         """The job's runs that are planning or running."""
-        with self.store.errors():
+        with self.store.translating_errors():
             return sorted(
                 as_text(r) for r in self.client.smembers(self.keys.job_open_runs(job_name))
             )

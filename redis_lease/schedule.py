@@ -195,7 +195,7 @@ def local_time(moment: datetime, job: Job) -> str:
 
 
 def _server_now(store: LeaseStore) -> datetime:
-    with store.errors():
+    with store.translating_errors():
         seconds, micros = store.client.time()
     return from_ms(int(seconds) * 1000 + int(micros) // 1000)
 
@@ -220,7 +220,7 @@ def pause(store: LeaseStore, job_name: str, by: str | None = None) -> Pause:
     """
     who = check_id(by or default_user(), "--by")
     key = store.keys.job(job_name)
-    with store.errors():
+    with store.translating_errors():
         seconds, micros = store.client.time()
         at_ms = int(seconds) * 1000 + int(micros) // 1000
         pipe = store.client.pipeline(transaction=True)
@@ -239,7 +239,7 @@ def resume(store: LeaseStore, job_name: str) -> Pause | None:
     which); ``redis-lease backfill`` makes their runs.
     """
     ended = pause_state(store, job_name)
-    with store.errors():
+    with store.translating_errors():
         store.client.hdel(store.keys.job(job_name), "paused_by", "paused_at")
     return ended
 
@@ -251,7 +251,7 @@ def pause_state(store: LeaseStore, job_name: str) -> Pause | None:
 
 def pause_states(store: LeaseStore, job_names: list[str]) -> dict[str, Pause]:
     """The paused ones among ``job_names`` (one round trip)."""
-    with store.errors():
+    with store.translating_errors():
         pipe = store.client.pipeline(transaction=False)
         for name in job_names:
             pipe.hmget(store.keys.job(name), ["paused_by", "paused_at"])

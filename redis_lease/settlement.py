@@ -1,4 +1,4 @@
-"""The settle protocol's encoding: requests as settle groups and calls, replies as outcomes.
+"""The settle protocol's encoding: requests as settle groups and calls, replies as answers.
 
 A settle group is seven arguments of the ``settle`` script (operation, item id, token,
 lease id, detail, option, the lease's trace id); the groups of one shard go in one call, at most
@@ -19,9 +19,9 @@ from . import guards
 from .errors import InvalidInput, LeaseError, LeaseLost, NotFound
 from .keys import Keys
 from .lease import (
-    CommitOutcome,
+    CommitReply,
     CommitRequest,
-    FailOutcome,
+    FailReply,
     FailRequest,
     Lease,
     ReleaseRequest,
@@ -36,7 +36,7 @@ from .validation import check_id, check_lease, clip, delay_to_ms, encode_json
 Group = tuple[str, Lease, Any, Any]
 
 #: What a settled request comes back as (None for a release).
-Outcome = CommitOutcome | FailOutcome | LeaseError | None
+Answer = CommitReply | FailReply | LeaseError | None
 
 
 @dataclass
@@ -72,7 +72,7 @@ def group(request: SettleRequest) -> Group:
     """A request as a settle group (operation, lease, detail, option); raises InvalidInput."""
     if isinstance(request, CommitRequest):
         result_text = encode_json(request.result, "result")
-        label = check_id(request.outcome, "outcome") if request.outcome else ""
+        label = check_id(request.label, "label") if request.label else ""
         return ("commit", request.lease, result_text, label)
     if isinstance(request, FailRequest):
         option = "permanent" if request.permanent else f"{random.random():.6f}"
@@ -87,7 +87,7 @@ def group(request: SettleRequest) -> Group:
 def commit_args(request: CommitRequest) -> tuple[list[str], list[Any]]:
     """The guarded keys and the commit script's arguments after the holder's three."""
     result_text = encode_json(request.result, "result")
-    label = check_id(request.outcome, "outcome") if request.outcome else ""
+    label = check_id(request.label, "label") if request.label else ""
     trace = request.lease.trace_id
     if not request.conditions and not request.writes:
         return [], [result_text, "[]", "[]", label, trace]
@@ -184,31 +184,31 @@ def read(
     return answers, refused_whole
 
 
-def outcomes(count: int, batch: Batch, replies: Sequence[Any]) -> list[Outcome]:
-    """Per request of ``batch`` (``count`` of them), its outcome from ``replies`` (the
+def answers_of(count: int, batch: Batch, replies: Sequence[Any]) -> list[Answer]:
+    """Per request of ``batch`` (``count`` of them), its answer from ``replies`` (the
     answers to its groups, then to its ``alone`` calls) or its refusal."""
-    settled: list[Outcome] = [None] * count
+    settled: list[Answer] = [None] * count
     for index, invalid in batch.refused.items():
         settled[index] = invalid
     for index, reply in zip(batch.grouped + batch.alone_index, replies, strict=True):
-        settled[index] = outcome(reply)
+        settled[index] = answer_of(reply)
     return settled
 
 
-def outcome(reply: Any) -> Outcome:
-    """A settle answer as a CommitOutcome, a FailOutcome, its LeaseError, or None."""
+def answer_of(reply: Any) -> Answer:
+    """A settle answer as a CommitReply, a FailReply, its LeaseError, or None."""
     if isinstance(reply, Committed):
-        return commit_outcome(reply)
+        return commit_reply(reply)
     if isinstance(reply, Failed):
-        return FailOutcome(reply.state, reply.eligible_at_ms, reply.attempts)
+        return FailReply(reply.state, reply.eligible_at_ms, reply.attempts)
     if isinstance(reply, LeaseError):
         return reply
     return None
 
 
-def commit_outcome(reply: Committed) -> CommitOutcome:
-    """A commit reply as the CommitOutcome it stored."""
-    return CommitOutcome(
+def commit_reply(reply: Committed) -> CommitReply:
+    """A commit reply as the CommitReply it stored."""
+    return CommitReply(
         token=reply.token,
         result=json.loads(reply.result) if reply.result else None,
         done_at_ms=reply.done_at_ms,

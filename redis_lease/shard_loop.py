@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .deprecation import renamed_attribute
 from .errors import (
     ConditionFailed,
     InvalidInput,
@@ -40,7 +41,7 @@ from .store import LeaseStore
 
 log = logging.getLogger("redis_lease.worker")
 
-__all__ = ["SLOT_RETRY_DELAY", "Outcome", "ShardReport", "work_shard"]
+__all__ = ["SLOT_RETRY_DELAY", "HandlerResult", "ShardReport", "work_shard"]
 
 #: Seconds before an item released for want of a provider slot is due again.
 SLOT_RETRY_DELAY = 1.0
@@ -48,10 +49,17 @@ SLOT_RETRY_DELAY = 1.0
 _STOP_POLL = 0.05
 #: A settlement to send and the report's counter its success adds to; None: nothing to send.
 _Settlement = tuple[SettleRequest, str] | None
+#: Old names, importable with a DeprecationWarning for one release.
+_RENAMED = {"Outcome": "HandlerResult"}
+
+
+def __getattr__(name: str) -> Any:
+    """``Outcome``, the old name of :class:`HandlerResult`, with a DeprecationWarning."""
+    return renamed_attribute(__name__, name, _RENAMED, globals())
 
 
 @dataclass(frozen=True)
-class Outcome:
+class HandlerResult:
     """A handler's answer with a label (counted as ``outcome_<label>``) or guarded writes."""
 
     result: Any = None
@@ -249,7 +257,7 @@ class _ShardLoop:
         self.report.handled += 1
         self.report.handler_seconds += finished.seconds
         active = finished.active
-        settlement = _outcome(active, finished.answer, finished.error)
+        settlement = _settlement_of(active, finished.answer, finished.error)
         if settlement is None:  # the lease was lost: the item is another holder's
             self.keeper.drop(active)
             assert isinstance(finished.error, LeaseLost)
@@ -336,11 +344,11 @@ class _PendingCommits:
             setattr(report, counter, getattr(report, counter) + 1)
 
 
-def _outcome(active: ActiveLease, answer: Any, error: BaseException | None) -> _Settlement:
+def _settlement_of(active: ActiveLease, answer: Any, error: BaseException | None) -> _Settlement:
     """What a handler's answer or error asks for: a settlement and its counter, or None
     when the lease was lost (the item is another holder's: nothing to write)."""
     if error is None:
-        if isinstance(answer, Outcome):
+        if isinstance(answer, HandlerResult):
             request = CommitRequest(
                 active.lease, answer.result, answer.conditions, answer.writes, answer.label
             )

@@ -41,7 +41,7 @@ _PER_SHARD = 7
 def read(store: LeaseStore, run_id: str) -> tuple[dict[str, str], list[ShardSnapshot]]:
     """The run's record and a snapshot of each of its shards, in one round trip."""
     count = store.shard_count(run_id)
-    with store.errors(run_id):
+    with store.translating_errors(run_id):
         pipe = store.client.pipeline(transaction=True)
         pipe.time()
         pipe.hgetall(store.keys.run(run_id))
@@ -106,7 +106,7 @@ def summary(run_id: str, info: dict[str, str], snapshots: list[ShardSnapshot]) -
         shards=len(snapshots),
         state=info.get("state", "running"),
         counts=counts,
-        events=totals,
+        counters=totals,
         oldest_eligible_age_seconds=oldest(s.first_due for s in snapshots),
         oldest_leased_age_seconds=oldest(s.first_held for s in snapshots),
         oldest_unknown_effect_age_seconds=oldest(s.first_unknown for s in snapshots),

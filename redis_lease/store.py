@@ -6,7 +6,7 @@ import json
 import random
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import redis
@@ -14,14 +14,15 @@ import redis
 from . import attempt_log, guards, settlement, snapshots, tracing
 from .connection import as_text, client_from_url, warn_unless_noeviction
 from .connection import translate as translate_error
+from .deprecation import warn_renamed
 from .errors import InvalidInput, LeaseError, NotClaimable, NotFound, RedisUnavailable
 from .keys import Keys, shard_of
 from .lease import (
     TEXT_SUFFIXES,
     Attempt,
-    CommitOutcome,
+    CommitReply,
     CommitRequest,
-    FailOutcome,
+    FailReply,
     FailRequest,
     Item,
     ItemRecord,
@@ -92,14 +93,22 @@ class LeaseStore:
     # -- plumbing -------------------------------------------------------------
 
     @contextmanager
-    def errors(
+    def translating_errors(
         self, run_id: str | None = None, item_id: str | None = None, token: int | None = None
     ) -> Iterator[None]:
-        """Translates Redis failures and script error replies at one place."""
+        """Runs the block with Redis failures and script error replies raised as this
+        library's errors (RedisUnavailable, LeaseLost, NotFound, ...), at one place."""
         try:
             yield
         except (redis.RedisError, OSError) as error:
             raise self.translate(error, run_id, item_id, token) from None
+
+    def errors(
+        self, run_id: str | None = None, item_id: str | None = None, token: int | None = None
+    ) -> AbstractContextManager[None]:
+        """Deprecated: :meth:`translating_errors`."""
+        warn_renamed("LeaseStore.errors()", "LeaseStore.translating_errors()")
+        return self.translating_errors(run_id, item_id, token)
 
     def translate(
         self,
@@ -134,7 +143,7 @@ class LeaseStore:
         """The run's shard count; raises NotFound for an unknown run."""
         check_id(run_id, "run id")
         if run_id not in self._shards:
-            with self.errors(run_id):
+            with self.translating_errors(run_id):
                 raw = self.client.hget(self.keys.run(run_id), "shards")
             if raw is None:
                 raise NotFound(f"run {run_id!r} not found; add items to create it", run_id=run_id)
@@ -142,7 +151,8 @@ class LeaseStore:
         return self._shards[run_id]
 
     def shard_for(self, run_id: str, item_id: str) -> int:
-        """The shard that holds ``item_id``."""
+        """The shard that holds ``item_id``: CRC-32 of its id modulo the run's shard count
+        (:func:`redis_lease.keys.shard_of`, after checking the id)."""
         return shard_of(check_id(item_id, "item id"), self.shard_count(run_id))
 
     # -- runs and items -------------------------------------------------------
@@ -163,7 +173,7 @@ class LeaseStore:
         check_id(run_id, "run id")
         wanted = check_positive(shards if shards is not None else 1, "shards", SHARD_COUNT_MAX)
         extra = [part for pair in (fields or {}).items() for part in pair]
-        with self.errors(run_id):
+        with self.translating_errors(run_id):
             created, count, created_at = self.scripts.call(
                 "create_run", [self.keys.run(run_id)], [run_id, wanted, state, *extra]
             )
@@ -228,7 +238,7 @@ class LeaseStore:
         """The stored record of an item; raises NotFound."""
         shard = self.shard_for(run_id, item_id)
         fields = [item_id, *(item_id + suffix for suffix in TEXT_SUFFIXES.values())]
-        with self.errors(run_id, item_id):
+        with self.translating_errors(run_id, item_id):
             raw, result, error = self.client.hmget(self.keys.shard(run_id, shard)[2], fields)
         if raw is None:
             raise NotFound(
@@ -239,7 +249,7 @@ class LeaseStore:
     def items(self, run_id: str, shard: int) -> Iterator[ItemRecord]:
         """Every item record of one shard (HSCAN: cursor-based, never blocks Redis)."""
         fields: dict[str, Any] = {}
-        with self.errors(run_id):
+        with self.translating_errors(run_id):
             for field_name, raw in self.client.hscan_iter(
                 self.keys.shard(run_id, shard)[2], count=500
             ):
@@ -265,12 +275,12 @@ class LeaseStore:
         check_positive(limit, "limit", ATTEMPT_LOG_CAP)
         if item_id is not None:
             shard = self.shard_for(run_id, item_id)
-            with self.errors(run_id, item_id):
+            with self.translating_errors(run_id, item_id):
                 return attempt_log.item_attempts(
                     self.client, self.keys.attempts(run_id, shard), item_id, limit
                 )
         keys = [self.keys.attempts(run_id, shard) for shard in range(self.shard_count(run_id))]
-        with self.errors(run_id):
+        with self.translating_errors(run_id):
             return attempt_log.latest(self.client, keys, limit)
 
     # -- leases ---------------------------------------------------------------
@@ -347,7 +357,8 @@ class LeaseStore:
         """Leases the next due item of any shard; raises NotClaimable when none is due."""
         leases = self.claim_next(run_id, worker, limit=1, ttl=ttl)
         if not leases:
-            raise NotClaimable(f"nothing is due in run {run_id!r}", run_id=run_id, state="empty")
+            # no item is meant, so no state: ``state`` is only ever an item's
+            raise NotClaimable(f"nothing is due in run {run_id!r}", run_id=run_id, state=None)
         return leases[0]
 
     def renew(self, lease: Lease, ttl: float = DEFAULT_TTL) -> Lease:
@@ -380,45 +391,50 @@ class LeaseStore:
         *,
         conditions: Iterable[guards.Condition] = (),
         writes: Iterable[guards.Write] = (),
-        outcome: str = "",
-    ) -> CommitOutcome:
+        label: str = "",
+        outcome: str | None = None,
+    ) -> CommitReply:
         """Marks the item done with ``result``, applying guarded writes atomically.
 
-        A repeated commit with the same token and lease id returns the stored outcome.
-        ``outcome`` labels the commit (e.g. ``released``) and is counted as ``outcome_<label>``.
+        A repeated commit with the same token and lease id returns what the first stored.
+        ``label`` names the commit (e.g. ``released``); the run counts it as
+        ``outcome_<label>``. ``outcome`` is the deprecated name of ``label``.
 
         Raises:
             LeaseLost: the caller is not the holder; nothing was written.
             ConditionFailed: a condition did not hold; nothing was written and the lease is kept.
         """
-        request = CommitRequest(lease, result, tuple(conditions), tuple(writes), outcome)
+        if outcome is not None:
+            warn_renamed("LeaseStore.commit(outcome=...)", "LeaseStore.commit(label=...)")
+            label = outcome
+        request = CommitRequest(lease, result, tuple(conditions), tuple(writes), label)
         extra, args = settlement.commit_args(request)
         reply = self._holder_script("commit", lease, args, extra_keys=extra)
-        return settlement.commit_outcome(reply)
+        return settlement.commit_reply(reply)
 
-    def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitOutcome | LeaseError]:
+    def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitReply | LeaseError]:
         """Commits several items in one round trip, each fenced on its own.
 
-        Returns, per request, its CommitOutcome or the LeaseError that refused it
+        Returns, per request, its CommitReply or the LeaseError that refused it
         (LeaseLost, ConditionFailed, ...); a request that is not valid (a result that
         is not JSON or too large, a bad token) gets its InvalidInput and is not sent.
         """
         answers = self.settle_many(requests)
-        return [a for a in answers if isinstance(a, CommitOutcome | LeaseError)]
+        return [a for a in answers if isinstance(a, CommitReply | LeaseError)]
 
     def settle_many(
         self, requests: Sequence[SettleRequest]
-    ) -> list[CommitOutcome | FailOutcome | LeaseError | None]:
+    ) -> list[CommitReply | FailReply | LeaseError | None]:
         """Commits, fails and releases several items in one round trip, each fenced on its own.
 
         The requests of one shard go in one script call (a commit with guarded writes
-        goes alone). Returns, per request, its CommitOutcome, FailOutcome, None for a
+        goes alone). Returns, per request, its CommitReply, FailReply, None for a
         release, or the LeaseError that refused it (LeaseLost, NotFound, ConditionFailed);
         a request that is not valid gets its InvalidInput and is not sent.
         """
         batch = settlement.encode(self.keys, requests)
         replies = self._settle(batch.groups, batch.alone)
-        return settlement.outcomes(len(requests), batch, replies)
+        return settlement.answers_of(len(requests), batch, replies)
 
     def _settle(
         self,
@@ -438,7 +454,7 @@ class LeaseStore:
         calls: list[Call | Command] = [*settles, *(call for _, call in alone), *commands]
         if not calls:
             return []
-        with self.errors():
+        with self.translating_errors():
             replies = self.scripts.many(calls)
         answers, refused_whole = settlement.read(
             groups, members, alone, replies[: len(replies) - len(commands)], self._answer
@@ -453,7 +469,7 @@ class LeaseStore:
     def _settle_alone(self, groups: Sequence[settlement.Group], indexes: list[int]) -> list[Any]:
         """Sends each of the groups at ``indexes`` in a settle call of its own (one round
         trip); returns their answers, a refusal only for the group it is about."""
-        with self.errors():
+        with self.translating_errors():
             replies = self.scripts.many(settlement.alone_calls(self.keys, groups, indexes))
         return [
             self._answer(settlement.alone_row(reply), groups[i][1])
@@ -469,7 +485,7 @@ class LeaseStore:
             raise error  # the server refused the user or went away: not one item's fault
         return error
 
-    def fail(self, lease: Lease, error: str, *, permanent: bool = False) -> FailOutcome:
+    def fail(self, lease: Lease, error: str, *, permanent: bool = False) -> FailReply:
         """Reports a failed attempt: retried with backoff, or dead. Raises LeaseLost."""
         text = settlement.error_text(error)
         failed = self._holder_script(
@@ -477,7 +493,7 @@ class LeaseStore:
             lease,
             [text, "1" if permanent else "0", f"{random.random():.6f}", lease.trace_id],
         )
-        return FailOutcome(
+        return FailReply(
             state=failed.state, eligible_at_ms=failed.eligible_at_ms, attempts=failed.attempts
         )
 
@@ -540,20 +556,21 @@ class LeaseStore:
     def effect(self, run_id: str, item_id: str, key: str) -> dict[str, Any] | None:
         """The effect record ``key`` of an item, or None."""
         shard = self.shard_for(run_id, item_id)
-        with self.errors(run_id, item_id):
+        with self.translating_errors(run_id, item_id):
             raw = self.client.hget(self.keys.effects(run_id, shard)[0], key)
         return effect_record(raw) if raw else None
 
     def effects(self, run_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every effect record of the run: (idempotency key, record)."""
         for shard in range(self.shard_count(run_id)):
-            with self.errors(run_id):
+            with self.translating_errors(run_id):
                 for key, raw in self.client.hscan_iter(self.keys.effects(run_id, shard)[0]):
                     yield as_text(key), effect_record(raw)
 
     def lease_ref(self, run_id: str, item_id: str, token: int, lease_id: str = "") -> Lease:
-        """A Lease for an item by token (for callers that kept only the token)."""
-        return Lease.ref(run_id, item_id, self.shard_for(run_id, item_id), token, lease_id)
+        """A Lease for an item by token (for callers that kept only the token); see
+        :meth:`Lease.from_token`."""
+        return Lease.from_token(run_id, item_id, self.shard_for(run_id, item_id), token, lease_id)
 
     # -- maintenance ----------------------------------------------------------
 
@@ -613,7 +630,7 @@ class LeaseStore:
 
     def run_ids(self) -> list[str]:
         """Every run id, oldest first."""
-        with self.errors():
+        with self.translating_errors():
             return [as_text(r) for r in self.client.zrange(self.keys.runs, 0, -1)]
 
 

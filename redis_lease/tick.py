@@ -136,14 +136,14 @@ def _failure(runs: Runs, subject: str, error: Exception, logged: bool) -> Decisi
     reason = "tick failed: " + " ".join(detail.split())
     if logged:
         with contextlib.suppress(RedisLeaseError):  # recording may fail for the same cause
-            return runs.event(subject, "error", reason)
+            return runs.record_decision(subject, "error", reason)
     return Decision("error", subject, reason)
 
 
 def _register(store: LeaseStore, path: str, job: Job, now: datetime) -> bool:
     """Records the job's path and settings; True on its first tick (no record of it yet)."""
     key = store.keys.job(job.name)
-    with store.errors():
+    with store.translating_errors():
         pipe = store.client.pipeline(transaction=False)
         record: dict[Any, Any] = {"path": path, **job.settings()}
         pipe.hset(key, mapping=record)
@@ -171,12 +171,12 @@ def _create_due_runs(
     """
     opts = job.options
     grace = timedelta(seconds=opts.catch_up_grace)
-    with store.errors():
+    with store.translating_errors():
         record = _JobRecord.read(store, job)
     fires = job.fire_times(record.since(now, opts.catch_up_days, grace), now)
     if record.fresh:
         fires = fires[-1:]
-    with store.errors():
+    with store.translating_errors():
         todo = record.without_runs(store, job, fires)
     if record.paused_by is not None:
         return _skip_paused(store, job, record, fires, todo)
@@ -193,7 +193,9 @@ def _create_due_runs(
         for fire in chosen
         if (decision := _create(runs, job, fire, now, fire not in on_time, record.fresh, skipped))
     ]
-    with store.errors():  # after the runs exist: a crash before this repeats, harmlessly
+    with (
+        store.translating_errors()
+    ):  # after the runs exist: a crash before this repeats, harmlessly
         _record_handled(store, job, fires, skipped)
     if first and record.fresh and not decisions:
         decisions.append(Decision("waiting", job.name, _next_fire_note(path, job, now)))
@@ -259,7 +261,7 @@ def _skip_paused(
 ) -> list[Decision]:
     """A paused job's tick: its due dates are skipped (``backfill`` can make them later)."""
     why = f"while paused by {record.paused_by}"
-    with store.errors():
+    with store.translating_errors():
         _record_handled(store, job, fires, todo, why)
     if not todo:
         return []
@@ -326,7 +328,7 @@ def _create(
         reason = f"scheduled at {fire.isoformat()}"
     if fresh:
         reason += f"; {NO_RECORD}"
-    return runs.event(run_id, "catch_up" if late else "create", reason)
+    return runs.record_decision(run_id, "catch_up" if late else "create", reason)
 
 
 def _next_fire_note(path: str, job: Job, now: datetime) -> str:
@@ -410,7 +412,7 @@ def _publish_need(
         "workers_needed_basis": need.basis,
         "workers_needed_at": str(now_ms),
     }
-    with store.errors(status.run_id):
+    with store.translating_errors(status.run_id):
         store.client.hset(store.keys.run(status.run_id), mapping=fields)
 
 
@@ -473,7 +475,7 @@ def _dispatch(
         reason = f"enqueued {enqueued} shard jobs where no job was live"
         if probing:
             reason += f" (trying again after {failures.streak} failed shard jobs)"
-        decisions.append(runs.event(run_id, "dispatch", reason))
+        decisions.append(runs.record_decision(run_id, "dispatch", reason))
     if failures.streak:
         return decisions  # no burst capacity for work that fails
     burst = _burst(store, runs, path, job, status, per_shard, total_live, now_ms, deadline_ms)
@@ -504,14 +506,14 @@ def _burst(
     sample_at, sample_done = int(info.get("sample_at", "0")), int(info.get("sample_done", "0"))
     if sample_at and now_ms - sample_at < RATE_WINDOW * 1000:
         return None
-    commits, failures = status.events.get("commits", 0), status.events.get("failures", 0)
+    commits, failures = status.counters.get("commits", 0), status.counters.get("failures", 0)
     sample: dict[Any, Any] = {
         "sample_at": now_ms,
         "sample_done": status.finished,
         "sample_commits": commits,
         "sample_failures": failures,
     }
-    with store.errors(run_id):
+    with store.translating_errors(run_id):
         store.client.hset(store.keys.run(run_id), mapping=sample)
     if not sample_at or not deadline_ms:
         return None
@@ -523,7 +525,7 @@ def _burst(
     fields: dict[Any, Any] = {"rate_per_s": f"{rate:.3f}"}
     if projected_ms != float("inf"):
         fields["projected_finish_at"] = int(projected_ms)
-    with store.errors(run_id):
+    with store.translating_errors(run_id):
         store.client.hset(store.keys.run(run_id), mapping=fields)
     if projected_ms <= deadline_ms or total_live >= opts.max_workers or failing:
         return None
@@ -534,7 +536,7 @@ def _burst(
     for shard in targets:
         dispatch.enqueue_shard(store, path, opts.queue, run_id, shard, opts.shard_budget)
     when = "never at this rate" if rate <= 0 else f"in {(projected_ms - now_ms) / 1000:.0f}s"
-    return runs.event(
+    return runs.record_decision(
         run_id,
         "burst",
         f"projected finish {when} passes the deadline in {(deadline_ms - now_ms) / 1000:.0f}s "

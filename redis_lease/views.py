@@ -100,7 +100,7 @@ def _index_page(
     index = SHARD_KEY_NAMES.index(STATE_INDEX[state])
     while shard < shards:
         want = limit - len(records)
-        with store.errors(run_id):  # one more than wanted: is there a next page here?
+        with store.translating_errors(run_id):  # one more than wanted: is there a next page here?
             entries: list[tuple[Any, float]] = store.client.zrange(  # type: ignore[assignment]
                 store.keys.shard(run_id, shard)[index], rank, rank + want, withscores=True
             )
@@ -134,7 +134,7 @@ def _scan_page(
         if shard >= shards:
             break
         items_key = store.keys.shard(run_id, shard)[2]
-        with store.errors(run_id):
+        with store.translating_errors(run_id):
             position, fields = store.client.hscan(items_key, position, count=limit)
         ids = sorted(as_text(f) for f in fields if "#" not in as_text(f))
         for record in _records(store, run_id, shard, ids):
@@ -155,7 +155,7 @@ def _records(
     if not ids:
         return []
     fields = [f"{item}{suffix}" for item in ids for suffix in ("", *TEXT_SUFFIXES.values())]
-    with store.errors(run_id):
+    with store.translating_errors(run_id):
         raw = store.client.hmget(store.keys.shard(run_id, shard)[2], fields)
     width = 1 + len(TEXT_SUFFIXES)
     records: list[ItemRecord | None] = []
@@ -195,7 +195,7 @@ def item_effects(store: LeaseStore, run_id: str, item_id: str) -> list[tuple[str
     found: dict[str, dict[str, Any]] = {}
     for separator in (SEPARATOR, ":"):
         pattern = _glob_escape(f"{run_id}{separator}{item_id}{separator}") + "*"
-        with store.errors(run_id, item_id):
+        with store.translating_errors(run_id, item_id):
             for key, raw in store.client.hscan_iter(ledger, match=pattern, count=500):
                 record = effect_record(raw)
                 if record.get("item", item_id) == item_id:
@@ -212,7 +212,7 @@ def providers(store: LeaseStore) -> list[GateState]:
     """Every provider gate under the store's prefix with its cap, slots and throttles."""
     pattern = f"{store.prefix}:provider:{{*}}:state"
     names: set[str] = set()
-    with store.errors():
+    with store.translating_errors():
         for key in store.client.scan_iter(match=pattern, count=500):
             names.add(as_text(key).split("{", 1)[1].rsplit("}", 1)[0])
     return [ProviderGate(store, name, max_concurrency=1).state() for name in sorted(names)]
@@ -221,6 +221,6 @@ def providers(store: LeaseStore) -> list[GateState]:
 def run_ids_since(store: LeaseStore, since_ms: int | None = None) -> list[str]:
     """Run ids created at or after ``since_ms`` (every run for None), newest first."""
     low = "-inf" if since_ms is None else since_ms
-    with store.errors():
+    with store.translating_errors():
         ids = store.client.zrevrangebyscore(store.keys.runs, "+inf", low)
     return [as_text(run_id) for run_id in ids]

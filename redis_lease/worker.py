@@ -24,17 +24,33 @@ from rq import get_current_job
 
 from . import capacity, dispatch
 from .connection import describe, eviction_danger, redis_errors, resilient
+from .deprecation import renamed_attribute
 from .errors import InvalidInput, LeaseError, RedisLeaseError
 from .jobs import check_concurrency, load_job
 from .keeper import ActiveLease, LeaseKeeper
 from .limits import DEFAULT_PREFIX
 from .runs import end_failure_streak, record_job_failure
-from .shard_loop import Outcome, ShardReport, work_shard
+from .shard_loop import HandlerResult, ShardReport, work_shard
 from .store import LeaseStore
 
 log = logging.getLogger("redis_lease.worker")
 
-__all__ = ["ActiveLease", "LeaseKeeper", "Outcome", "ShardReport", "process_shard", "work_shard"]
+__all__ = [
+    "ActiveLease",
+    "HandlerResult",
+    "LeaseKeeper",
+    "ShardReport",
+    "process_shard",
+    "work_shard",
+]
+#: Old names, importable with a DeprecationWarning for one release.
+_RENAMED = {"Outcome": "HandlerResult"}
+
+
+def __getattr__(name: str) -> Any:
+    """``Outcome``, the old name of :class:`HandlerResult`, with a DeprecationWarning."""
+    return renamed_attribute(__name__, name, _RENAMED, globals())
+
 
 #: The environment variable through which ``redis-lease worker --concurrency N`` reaches
 #: its job processes; it overrides the jobs' ``concurrency`` option.

@@ -52,7 +52,7 @@ from redis_lease.lease import Item
 from redis_lease.runs import FINAL_STATES, Runs
 from redis_lease.store import LeaseStore
 from redis_lease.tick import tick_job
-from redis_lease.worker import ActiveLease, Outcome
+from redis_lease.worker import ActiveLease, HandlerResult
 from tests.faults import recorder
 from tests.faults.evidence import marks_key
 
@@ -217,7 +217,7 @@ def make_effects_job(config: EffectConfig) -> Job:
             yield Item(item_id(n, business_date), payload)
 
     @job.handler
-    def handle(item: Item, lease: ActiveLease) -> dict[str, Any] | Outcome:
+    def handle(item: Item, lease: ActiveLease) -> dict[str, Any] | HandlerResult:
         client = ProviderClient(config.provider_url, timeout=config.provider_timeout)
         hooks.reach("before_effect", lease)
 
@@ -243,7 +243,7 @@ def make_effects_job(config: EffectConfig) -> Job:
         if not config.marks:
             return result
         key = marks_key(lease.store.prefix, lease.run_id, lease.lease.shard)
-        return Outcome(result=result, writes=(Write.sadd(key, [f"{item.id}|{lease.token}"]),))
+        return HandlerResult(result=result, writes=(Write.sadd(key, [f"{item.id}|{lease.token}"]),))
 
     return job
 
@@ -277,8 +277,8 @@ def make_seat_race_job(queue: str, hook_dir: str) -> Job:
     job.planner(reservations.plan)
 
     @job.handler
-    def handle(item: Item, lease: ActiveLease) -> Outcome:
-        answer: Outcome = reservations.handle(item, lease)
+    def handle(item: Item, lease: ActiveLease) -> HandlerResult:
+        answer: HandlerResult = reservations.handle(item, lease)
         if answer.label == "released":
             hooks.reach("before_commit", lease)
         return answer
@@ -413,7 +413,7 @@ def drive(
             status = store.status(run_id)
             raise AssertionError(
                 f"run {run_id} still {state} after {timeout}s: {status.counts} "
-                f"{status.events}\n{describe()}"
+                f"{status.counters}\n{describe()}"
             )
         time.sleep(0.1)
 

@@ -17,7 +17,7 @@ import pytest
 from redis_lease import InvalidInput, Item, LeaseLost, LeaseStore, NotFound
 from redis_lease.jobs import Job
 from redis_lease.keeper import ActiveLease
-from redis_lease.lease import Attempt, FailOutcome, FailRequest, Lease, ReleaseRequest, parse_record
+from redis_lease.lease import Attempt, FailReply, FailRequest, Lease, ReleaseRequest, parse_record
 from redis_lease.limits import ATTEMPT_LOG_CAP, ERROR_HISTORY
 from redis_lease.tracing import current_trace_id, new_trace_id
 from redis_lease.worker import LeaseKeeper, work_shard
@@ -51,7 +51,7 @@ def test_a_commit_writes_one_entry_with_its_times_worker_token_and_trace(
     lease = store.claim(RUN, "a", "w1")
     assert re.fullmatch(HEX32, lease.trace_id)
     assert log_entries(store) == [], "a claim writes no entry: the attempt's end does"
-    store.commit(lease, {"ok": True}, outcome="paid")
+    store.commit(lease, {"ok": True}, label="paid")
 
     [attempt] = store.attempts(RUN, "a")
     rec = record(store, "a")
@@ -81,7 +81,7 @@ def test_each_attempt_of_a_retried_item_has_its_entry_and_error(store: LeaseStor
     failed = store.fail(first, "boom 1")
     second = claim_when_due(store, "a", failed.eligible_at_ms)
     [failed_again] = store.settle_many([FailRequest(second, "boom 2")])
-    assert isinstance(failed_again, FailOutcome) and failed_again.state == "retry"
+    assert isinstance(failed_again, FailReply) and failed_again.state == "retry"
     third = claim_when_due(store, "a", failed_again.eligible_at_ms)
     store.commit(third)
 
@@ -257,7 +257,7 @@ def test_the_log_stays_capped_and_an_item_is_found_below_the_newest_page(
     b = store.claim(RUN, "b", "w")
     store.commit(b)
     a = store.claim(RUN, "a", "w")
-    stale = Lease.ref(RUN, "a", 0, a.token + 1)
+    stale = Lease.from_token(RUN, "a", 0, a.token + 1)
     assert store.renew_many([stale] * 1_200) == [None] * 1_200  # 1,200 refusal entries
     [found] = store.attempts(RUN, "b")  # three pages of 500 down
     assert (found.event, found.trace_id) == ("committed", b.trace_id)

@@ -70,7 +70,7 @@ def test_backfill_all_creates_each_scheduled_date_once(
         assert info["business_date"] == run_id.split(":")[1]
         # The full six-hour window, counted from now: the run is not born past its deadline.
         assert int(info["deadline_at"]) == to_ms(NOW + timedelta(hours=6))
-        assert [e["kind"] for e in runs.events(run_id)][-1] == "backfill"
+        assert [e["kind"] for e in runs.decisions(run_id)][-1] == "backfill"
     # Twice: nothing new; overlapping: only the new dates.
     assert backfill(real_store, job, date(2026, 3, 1), date(2026, 3, 5), "all", now=NOW) == []
     more = backfill(real_store, job, date(2026, 3, 4), date(2026, 3, 7), "all", now=NOW)

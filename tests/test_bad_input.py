@@ -75,7 +75,7 @@ def test_a_bad_run_id_is_refused_everywhere(store: LeaseStore, bad: Any) -> None
         lambda: store.claim_next(bad, "w"),
         lambda: store.status(bad),
         lambda: store.reap(bad),
-        lambda: store.commit(Lease.ref(bad, "a", 0, 1)),
+        lambda: store.commit(Lease.from_token(bad, "a", 0, 1)),
     ):
         with pytest.raises(InvalidInput, match=r"^invalid run id "):
             call()
@@ -273,7 +273,7 @@ def test_a_shard_count_mismatch_is_refused_and_writes_nothing(store: LeaseStore)
 def test_a_bad_token_is_refused_before_redis_sees_it(store: LeaseStore, token: Any) -> None:
     store.add(RUN, [Item("a")])
     store.claim(RUN, "a", "w")
-    bad = Lease.ref(RUN, "a", store.shard_for(RUN, "a"), token)
+    bad = Lease.from_token(RUN, "a", store.shard_for(RUN, "a"), token)
     before = snapshot(store.client, store.prefix)
     for call in (
         lambda: store.commit(bad, "x"),

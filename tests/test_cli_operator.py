@@ -336,8 +336,10 @@ def test_decision_times_have_one_form(cli: Cli) -> None:
     store = store_of(cli)
     job_run(store, "nightly:2026-12-02", "nightly", deadline_at="1764730800000")
     runs = Runs(store)
-    runs.event("nightly:2026-12-02", "create", "scheduled at 2026-12-02T02:00:00+01:00")
-    runs.event("nightly:2026-12-02", "resume", "claims allowed until 2026-12-03T06:00:00Z")
+    runs.record_decision("nightly:2026-12-02", "create", "scheduled at 2026-12-02T02:00:00+01:00")
+    runs.record_decision(
+        "nightly:2026-12-02", "resume", "claims allowed until 2026-12-03T06:00:00Z"
+    )
     data = cli.ok("status", "nightly:2026-12-02")
     assert data["deadline"] == "2025-12-03T03:00:00.000+00:00"
     stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00"

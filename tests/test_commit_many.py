@@ -18,21 +18,21 @@ def test_each_commit_is_fenced_on_its_own(store: LeaseStore) -> None:
         [
             CommitRequest(leases[0], {"n": 0}),
             CommitRequest(leases[1], {"n": 1}, conditions=(FieldEquals(guard_key, "v", "2"),)),
-            CommitRequest(leases[2], {"n": 2}, outcome="released"),
+            CommitRequest(leases[2], {"n": 2}, label="released"),
             CommitRequest(stale, {"n": 3}),
         ]
     )
     assert [type(a).__name__ for a in answers] == [
-        "CommitOutcome",
+        "CommitReply",
         "ConditionFailed",
-        "CommitOutcome",
+        "CommitReply",
         "LeaseLost",
     ]
     assert isinstance(answers[1], ConditionFailed) and isinstance(answers[3], LeaseLost)
     states = {n: store.item("r", f"i{n}").state for n in range(4)}
     assert states == {0: "done", 1: "leased", 2: "done", 3: "leased"}
     assert store.item("r", "i0").result == {"n": 0}
-    assert store.status("r").events["outcome_released"] == 1
+    assert store.status("r").counters["outcome_released"] == 1
     # Repeating the batch returns the stored outcomes of those that were committed.
     again = store.commit_many([CommitRequest(leases[0], {"n": 9})])
     assert getattr(again[0], "repeated", False) and getattr(again[0], "result", None) == {"n": 0}
@@ -46,7 +46,7 @@ def test_a_bad_request_is_answered_and_not_sent(store: LeaseStore) -> None:
     answers = store.commit_many(
         [CommitRequest(good), CommitRequest(bad_token), CommitRequest(held, {"x": object()})]
     )
-    assert [type(a).__name__ for a in answers] == ["CommitOutcome", "InvalidInput", "InvalidInput"]
+    assert [type(a).__name__ for a in answers] == ["CommitReply", "InvalidInput", "InvalidInput"]
     assert store.item("r", "a").state == "done"
     assert store.item("r", "b").state == "pending"
     assert store.item("r", "c").state == "leased", "the unencodable result was not sent"

@@ -128,10 +128,10 @@ def test_processes_commit_every_item_exactly_once(
     scanned = Counter(rec.state for shard in range(SHARDS) for rec in store.items(RUN, shard))
     assert status.counts == {state: scanned.get(state, 0) for state in COUNT_STATES}
     assert status.counts == {"pending": 0, "leased": 0, "done": ITEMS, "dead": 0}
-    assert status.events["claims"] == summary.grants
-    assert status.events["commits"] == summary.accepted_commits
-    assert status.events["takeovers"] == summary.takeovers
-    assert status.events["stale_refused"] == summary.refused_commits
+    assert status.counters["claims"] == summary.grants
+    assert status.counters["commits"] == summary.accepted_commits
+    assert status.counters["takeovers"] == summary.takeovers
+    assert status.counters["stale_refused"] == summary.refused_commits
 
     winners = {
         op.get("item"): (op.process.split(":")[0], op.get("token"))

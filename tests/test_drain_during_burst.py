@@ -166,7 +166,7 @@ def test_a_drained_worker_raises_the_oldest_eligible_age_and_retries_count_as_at
     # Retries: attempts (claims), not transitions (commits, items done).
     expected_retries = sum(fails_first(n) for n in range(ITEMS))
     status = store.status(run_id)
-    events = status.events
+    events = status.counters
     assert status.counts == {"pending": 0, "leased": 0, "done": ITEMS, "dead": 0}
     assert events["commits"] == ITEMS, "each item done once"
     assert events["retries"] == expected_retries

@@ -87,7 +87,7 @@ def reclaim(store: LeaseStore, lease: Lease, worker: str = "w2") -> Lease:
 
 def effects_counts(store: LeaseStore) -> dict[str, int]:
     """The run's effect counters."""
-    events = store.status(RUN).events
+    events = store.status(RUN).counters
     return {k: v for k, v in events.items() if k.startswith("effects_")}
 
 
@@ -362,7 +362,7 @@ def test_ambiguous_failure_is_unknown_and_aged_until_reconciled(store: LeaseStor
     since = record["updated_at"]
     wait_past(store.client, since + 60)
     status = store.status(RUN)
-    assert status.events["effects_unknown"] == 1
+    assert status.counters["effects_unknown"] == 1
     assert status.oldest_unknown_effect_age_seconds >= 0.06
     assert status.oldest_unknown_effect_age_seconds <= (server_ms(store.client) - since) / 1000
 
@@ -371,8 +371,8 @@ def test_ambiguous_failure_is_unknown_and_aged_until_reconciled(store: LeaseStor
         "id": "corr_late"
     }
     status = store.status(RUN)
-    assert status.events["effects_unknown"] == 0
-    assert status.events["effects_reconciled"] == 1
+    assert status.counters["effects_unknown"] == 0
+    assert status.counters["effects_reconciled"] == 1
     assert status.oldest_unknown_effect_age_seconds == 0
 
 

@@ -127,7 +127,7 @@ def test_redis_paused_past_the_leases(
         c.cont_redis()
         assert c.drive(run_id, timeout=60) == "succeeded"
         summary = c.verify(run_id)
-        expired = c.store.status(run_id).events.get("expired", 0)
+        expired = c.store.status(run_id).counters.get("expired", 0)
         assert expired + summary.takeovers >= 1, summary  # the pause did outlast leases
 
 
@@ -237,7 +237,7 @@ def test_redis_restarted_empty_recreates_the_run(
         assert c.drive(run_id, timeout=60) == "succeeded"
         recreated = [d for d in c.decisions if d.kind == "create" and d.run_id == run_id]
         assert len(recreated) == 1 and NO_RECORD in recreated[0].reason, c.decisions
-        logged = [e for e in Runs(c.store).events(run_id, count=100) if e["kind"] == "create"]
+        logged = [e for e in Runs(c.store).decisions(run_id, count=100) if e["kind"] == "create"]
         assert len(logged) == 1 and NO_RECORD in logged[0]["reason"]
         for shard in range(c.config.shards):
             for record in c.store.items(run_id, shard):

@@ -261,7 +261,7 @@ def test_killed_worker_is_recovered_without_second_effect(
         else:
             assert final.token > token, "the next holder finished it"
         summary = c.verify(run_id)
-        events = c.store.status(run_id).events
+        events = c.store.status(run_id).counters
         if point in ("during_call", "after_call"):
             assert events["effects_reconciled"] >= 1  # found applied by lookup, not re-sent
         assert summary.effects_applied == c.config.items
@@ -411,7 +411,7 @@ def test_one_of_six_workers_drained_mid_run(tmp_path: Path, prefix: str, concurr
         c.verify(run_id)
         status = c.store.status(run_id)
         # the drained batch went back at once
-        assert status.events.get("releases", 0) >= 1, (status.events, c.faults)
+        assert status.counters.get("releases", 0) >= 1, (status.counters, c.faults)
         shown = [round(age, 2) for _, age in ages]
         print("oldest eligible age (-1: the drain):", shown)
         drain_at = shown.index(-1.0)

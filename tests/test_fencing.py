@@ -27,7 +27,7 @@ def keys_but_counts(store: LeaseStore) -> dict[str, object]:
 
 def states(status: RunStatus) -> tuple[dict[str, int], dict[str, int]]:
     """The state counts and the event counters other than those of refused stale writes."""
-    events = {k: v for k, v in status.events.items() if not k.startswith("stale_")}
+    events = {k: v for k, v in status.counters.items() if not k.startswith("stale_")}
     return status.counts, events
 
 
@@ -68,8 +68,10 @@ def test_a_stale_holder_is_refused_everything_and_the_new_holder_commits(
     assert store.item(RUN, a.item_id) == record
     after = store.status(RUN)
     assert states(after) == states(status)
-    assert after.events["stale_refused"] == status.events.get("stale_refused", 0) + len(refusals)
-    assert after.events["stale_commits"] == status.events.get("stale_commits", 0) + 1
+    assert after.counters["stale_refused"] == status.counters.get("stale_refused", 0) + len(
+        refusals
+    )
+    assert after.counters["stale_commits"] == status.counters.get("stale_commits", 0) + 1
     assert keys_but_counts(store) == keys
     assert store.client.exists(guard) == 0
 

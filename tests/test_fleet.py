@@ -67,7 +67,7 @@ def assert_all_done_once(store: LeaseStore, run_id: str, items: int) -> None:
     status = store.status(run_id)
     assert status.total == items
     assert status.counts == {"pending": 0, "leased": 0, "done": items, "dead": 0}
-    assert status.events["commits"] == items
+    assert status.counters["commits"] == items
     records = list(all_records(store, run_id))
     assert sorted(r.item_id for r in records) == [fleet_jobs.item_id(n) for n in range(items)]
     for record in records:
@@ -95,7 +95,7 @@ def test_run_over_several_shards_completes_exactly_once(
     workers = {r.result["pid"] for r in all_records(real_store, run_id)}
     assert workers <= {p.pid for p in procs.started}
     assert len(workers) >= 2, "several workers shared the run"
-    assert real_store.status(run_id).events.get("stale_commits", 0) == 0
+    assert real_store.status(run_id).counters.get("stale_commits", 0) == 0
 
 
 def _slow_starts(store: LeaseStore, item: str) -> list[int]:
@@ -133,7 +133,7 @@ def test_worker_killed_midway_loses_nothing(
     os.killpg(pid, signal.SIGSTOP)
     wait_for(lambda: stopped(pid), 10, "the victim to stop")
     held = leased_by(real_store, run_id)
-    events = real_store.status(run_id).events
+    events = real_store.status(run_id).counters
     assert events.get("takeovers", 0) == events.get("expired", 0) == 0, "read before expiry"
     assert held.get(slow) == pid, "stopped inside the slow item"
     os.killpg(pid, signal.SIGKILL)
@@ -149,7 +149,7 @@ def test_worker_killed_midway_loses_nothing(
         assert records[item].token >= 2
     shard_items = [r for r in records.values() if r.shard == shard]
     assert all(r.state == "done" for r in shard_items)
-    assert real_store.status(run_id).events["takeovers"] >= 1
+    assert real_store.status(run_id).counters["takeovers"] >= 1
     counts = effects(real_store)
     assert set(counts) == set(records)
     assert counts[slow] == 2  # started by the killed worker, done by another
@@ -208,15 +208,15 @@ def test_paused_worker_late_commit_is_refused(
 
     def refused() -> int:
         drive_once(real_store, run_id)
-        return real_store.status(run_id).events.get("stale_commits", 0)
+        return real_store.status(run_id).counters.get("stale_commits", 0)
 
     wait_for(refused, 30, "the paused worker's commit to be refused", every=0.1)
     state = drive(real_store, FLEET_PATH, run_id, timeout=90)
     assert state == "succeeded", Runs(real_store).info(run_id)
     assert_all_done_once(real_store, run_id, items)
     status = real_store.status(run_id)
-    assert status.events["stale_commits"] >= 1
-    assert status.events["takeovers"] >= 1
+    assert status.counters["stale_commits"] >= 1
+    assert status.counters["takeovers"] >= 1
     record = real_store.item(run_id, slow)
     assert record.result["pid"] != pid, "the paused worker's result was not stored"
     assert record.token > token

@@ -193,7 +193,7 @@ def test_crashing_shard_jobs_are_counted_backed_off_and_never_burst(
     longer = tick(real_store, [path], now=moment)
     assert [d.kind for d in longer] == ["backoff"]
     assert f"dispatching nothing for {2 * backoff:.0f}s" in longer[0].reason
-    kinds += [e["kind"] for e in runs.events(run_id, count=200)]
+    kinds += [e["kind"] for e in runs.decisions(run_id, count=200)]
     assert "burst" not in kinds
     assert job_failures(runs.info(run_id)).count == 5
 

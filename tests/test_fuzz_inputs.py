@@ -2,7 +2,7 @@
 
 Each example starts from the protocol fuzz's scene (an item in every state) and makes one
 call of ``add``, ``claim``, ``claim_next``, ``commit`` (with a result, conditions, guarded
-writes and an outcome label), ``fail``, ``renew`` or ``release`` with generated arguments:
+writes and a label), ``fail``, ``renew`` or ``release`` with generated arguments:
 ids valid, too long, with foreign characters or lone surrogates, or not text at all;
 payloads and results of random JSON shapes, too deep, too large as stored, not serialisable;
 ttls, delays, counts and times at and past their bounds, NaN, infinite, of the wrong type;
@@ -174,7 +174,7 @@ def writes(scene: FuzzScene) -> st.SearchStrategy[list[Any]]:
 
 def leases(scene: FuzzScene) -> st.SearchStrategy[Lease]:
     """The live lease, the expired one, leases by token; some with a field replaced."""
-    others = [scene.expired, Lease.ref(RUN, "b", 0, 1), Lease.ref(RUN, "d", 0, 1)]
+    others = [scene.expired, Lease.from_token(RUN, "b", 0, 1), Lease.from_token(RUN, "d", 0, 1)]
     base = mostly(st.just(scene.lease), st.sampled_from(others))
     changes = st.fixed_dictionaries(
         {},
@@ -223,7 +223,7 @@ def operations(scene: FuzzScene) -> dict[str, st.SearchStrategy[dict[str, Any]]]
                 "result": payloads(),
                 "conditions": conditions(scene),
                 "writes": writes(scene),
-                "outcome": st.just("") | py_ids(["ok", "released"]),
+                "label": st.just("") | py_ids(["ok", "released"]),
             },
         ),
         "fail": st.fixed_dictionaries(

@@ -165,7 +165,7 @@ def spoiled_keys(draw: st.DrawFn, keys: list[Any], scene: FuzzScene) -> list[Any
     elif move == "swap" and len(keys) > 1:
         i, j = draw(st.integers(0, len(keys) - 1)), draw(st.integers(0, len(keys) - 1))
         keys[i], keys[j] = keys[j], keys[i]
-    elif move == "retag" and keys and "{" in keys[0]:
+    elif move == "retag" and keys and isinstance(keys[0], str) and "{" in keys[0]:
         tag = "{" + keys[0].split("{", 1)[1].split("}", 1)[0] + "}"
         new = draw(
             st.sampled_from(["{other}", f"{{{RUN}#1}}", "{}", "", f"{{{RUN}#0", "{x}{y}"])

@@ -15,7 +15,7 @@ from tests.helpers import scrape, server_ms, wait_past
 def test_metrics_follow_the_run(store: LeaseStore) -> None:
     store.add("r", [Item(f"i{n}") for n in range(5)], shards=2)
     first = store.claim("r", "i0", "w")
-    store.commit(first, {"ok": True}, outcome="released")
+    store.commit(first, {"ok": True}, label="released")
     second = store.claim("r", "i1", "w")
     store.fail(second, "boom")
     claimed_from = server_ms(store.client)

@@ -358,9 +358,9 @@ class LeaseModel(RuleBasedStateMachine):
         status = self.store.status(RUN)
         states = Counter(m.state for m in self.items.values())
         assert status.counts == {state: states.get(state, 0) for state in COUNT_STATES}
-        assert status.events.get("claims", 0) == self.claims
-        assert status.events.get("commits", 0) == self.commits
-        assert status.events.get("stale_refused", 0) == self.refused
+        assert status.counters.get("claims", 0) == self.claims
+        assert status.counters.get("commits", 0) == self.commits
+        assert status.counters.get("stale_refused", 0) == self.refused
 
     def teardown(self) -> None:
         self.cleanup()

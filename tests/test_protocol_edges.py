@@ -29,7 +29,7 @@ from tests.helpers import records, server_ms, text, wait_past
 
 
 def _counter(store: LeaseStore, run_id: str, name: str) -> int:
-    return store.status(run_id).events.get(name, 0)
+    return store.status(run_id).counters.get(name, 0)
 
 
 def test_no_lease_is_granted_after_the_deadline_on_the_server_clock(store: LeaseStore) -> None:
@@ -68,8 +68,8 @@ def test_an_item_whose_record_vanished_is_counted_lost(store: LeaseStore) -> Non
     leases = store.claim_next("r", "w", limit=10)
     assert sorted(lease.item_id for lease in leases) == ["i2", "i3", "i4", "i5"]
     status = store.status("r")
-    assert status.events["lost"] == 2
-    assert status.events["added"] == 6
+    assert status.counters["lost"] == 2
+    assert status.counters["added"] == 6
     assert status.counts["leased"] == 4 and status.counts["pending"] == 0
 
 

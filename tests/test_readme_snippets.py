@@ -208,6 +208,6 @@ def names_in_code_spans() -> set[str]:
 def test_every_library_class_the_readme_names_imports_from_redis_lease() -> None:
     classes = public_classes()
     named = {name for name in names_in_code_spans() if name in classes}
-    assert {"EffectFailed", "Throttled", "ProviderGate", "Job", "Outcome"} <= named
+    assert {"EffectFailed", "Throttled", "ProviderGate", "Job", "HandlerResult"} <= named
     missing = {name: classes[name] for name in sorted(named) if name not in redis_lease.__all__}
     assert missing == {}, "named in the README but not importable from redis_lease"

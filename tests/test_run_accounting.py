@@ -205,7 +205,7 @@ def test_resume_lifts_the_deadline_bar_and_says_so(store: LeaseStore, nightly: C
         "resumed by an operator; deadline bar lifted: claims allowed until "
         f"{until.isoformat(timespec='seconds')}"
     )
-    assert runs.events(RUN)[-1]["reason"] == decision.reason
+    assert runs.decisions(RUN)[-1]["reason"] == decision.reason
     leases = store.claim_next(RUN, "w2", limit=10)
     assert sorted(lease.item_id for lease in leases) == [item(1), item(2)]
     for shard in range(store.shard_count(RUN)):

@@ -85,7 +85,7 @@ def test_rqscheduler_triggers_the_tick_and_the_run_is_created(
                 runs.info(run_id)
             except NotFound:
                 return None
-            return [e for e in runs.events(run_id) if e["kind"] == "create"] or None
+            return [e for e in runs.decisions(run_id) if e["kind"] == "create"] or None
 
         create = wait_for(created, 60, f"run {run_id} to be created", every=0.2)
         info = runs.info(run_id)

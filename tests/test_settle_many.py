@@ -10,7 +10,7 @@ import redis
 
 from redis_lease import Item, LeaseLost, LeaseStore, NotFound
 from redis_lease.errors import InvalidInput
-from redis_lease.lease import CommitOutcome, FailOutcome, FailRequest, ReleaseRequest
+from redis_lease.lease import CommitReply, FailReply, FailRequest, ReleaseRequest
 from redis_lease.store import CommitRequest
 from tests.helpers import records
 from tests.redis_server import RedisServer
@@ -34,7 +34,7 @@ def test_commit_many_sends_one_script_call_per_shard(
         before = _evalsha_calls(store.client)
         answers = store.commit_many([CommitRequest(lease, {"ok": 1}) for lease in leases[1:]])
         assert _evalsha_calls(store.client) - before == 2, "one call for each of the two shards"
-        assert all(isinstance(a, CommitOutcome) and not a.repeated for a in answers)
+        assert all(isinstance(a, CommitReply) and not a.repeated for a in answers)
         assert store.status("r").counts["done"] == 40
     finally:
         store.client.close()
@@ -46,7 +46,7 @@ def test_fails_and_releases_ride_the_same_batch(store: LeaseStore) -> None:
     stale = store.lease_ref("r", "i4", e.token + 1)
     answers = store.settle_many(
         [
-            CommitRequest(a, {"n": 0}, outcome="ok"),
+            CommitRequest(a, {"n": 0}, label="ok"),
             FailRequest(b, "boom"),
             FailRequest(c, "gone for good", permanent=True),
             ReleaseRequest(d, delay=5),
@@ -54,9 +54,9 @@ def test_fails_and_releases_ride_the_same_batch(store: LeaseStore) -> None:
             FailRequest(e, ""),
         ]
     )
-    assert isinstance(answers[0], CommitOutcome) and answers[0].result == {"n": 0}
-    assert isinstance(answers[1], FailOutcome) and answers[1].state == "retry"
-    assert isinstance(answers[2], FailOutcome) and answers[2].state == "dead"
+    assert isinstance(answers[0], CommitReply) and answers[0].result == {"n": 0}
+    assert isinstance(answers[1], FailReply) and answers[1].state == "retry"
+    assert isinstance(answers[2], FailReply) and answers[2].state == "dead"
     assert answers[3] is None
     assert isinstance(answers[4], LeaseLost) and answers[4].current_token == e.token
     assert isinstance(answers[5], InvalidInput), "an empty error text is refused, not sent"
@@ -64,7 +64,7 @@ def test_fails_and_releases_ride_the_same_batch(store: LeaseStore) -> None:
     assert states == {0: "done", 1: "pending", 2: "dead", 3: "pending", 4: "leased"}
     assert store.item("r", "i1").error == "boom"
     assert store.item("r", "i3").attempts == 0, "a release does not count the attempt"
-    events = store.status("r").events
+    events = store.status("r").counters
     assert (events["commits"], events["failures"], events["retries"]) == (1, 2, 1)
     assert (events["releases"], events["stale_commits"], events["outcome_ok"]) == (1, 1, 1)
 
@@ -75,8 +75,8 @@ def test_one_item_twice_in_a_batch_is_settled_in_order(store: LeaseStore) -> Non
     first, again, late_fail = store.settle_many(
         [CommitRequest(lease, {"v": 1}), CommitRequest(lease, {"v": 2}), FailRequest(lease, "x")]
     )
-    assert isinstance(first, CommitOutcome) and not first.repeated
-    assert isinstance(again, CommitOutcome) and again.repeated and again.result == {"v": 1}
+    assert isinstance(first, CommitReply) and not first.repeated
+    assert isinstance(again, CommitReply) and again.repeated and again.result == {"v": 1}
     assert isinstance(late_fail, LeaseLost), "the item is done: the fail comes too late"
 
 
@@ -86,7 +86,7 @@ def test_a_missing_item_is_refused_as_a_row(store: LeaseStore) -> None:
     ghost = store.lease_ref("r", "zz", 1)
     ghost = type(ghost)(ghost.run_id, ghost.item_id, lease.shard, 1, "")
     answers = store.commit_many([CommitRequest(ghost), CommitRequest(lease)])
-    assert isinstance(answers[0], NotFound) and isinstance(answers[1], CommitOutcome)
+    assert isinstance(answers[0], NotFound) and isinstance(answers[1], CommitReply)
 
 
 def test_a_bad_argument_refuses_the_whole_call_and_writes_nothing(store: LeaseStore) -> None:
@@ -152,7 +152,7 @@ def test_status_reads_no_script(store: LeaseStore, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(store.scripts, "many", None)
     status = store.status("r")
     assert status.counts == {"pending": 5, "leased": 0, "done": 1, "dead": 0}
-    assert status.events["commits"] == 1 and status.shards == 3
+    assert status.counters["commits"] == 1 and status.shards == 3
 
 
 @pytest.mark.parametrize(

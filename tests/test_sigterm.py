@@ -169,10 +169,10 @@ def test_sigterm_drains_the_shard_and_releases_unstarted_items(
     assert not unstarted & started, "nothing was started after the stop request"
     pending = {r.item_id for r in all_records(store, run_id) if r.state == "pending"}
     assert unstarted <= pending
-    assert status.events["releases"] == len(unstarted)
+    assert status.counters["releases"] == len(unstarted)
     for item in sorted(unstarted):
         assert store.item(run_id, item).token == tokens[item], "given back, not taken"
         lease: Lease = store.claim(run_id, item, worker="after-sigterm", ttl=30)
         assert lease.token == tokens[item] + 1
         assert not lease.takeover, f"{item} was released, not taken over after expiry"
-    assert status.events.get("takeovers", 0) == 0
+    assert status.counters.get("takeovers", 0) == 0

@@ -109,7 +109,9 @@ def test_claim_next_across_shards(store: LeaseStore) -> None:
     assert store.claim_next(RUN, "w", limit=5) == []
     with pytest.raises(NotClaimable) as info:
         store.claim_any(RUN, "w")
-    assert info.value.state == "empty"
+    # no item is meant: no state (``state`` is only ever an item's) and the message says why
+    assert info.value.state is None and info.value.until_ms is None
+    assert str(info.value) == f"nothing is due in run {RUN!r}"
 
 
 def test_claim_next_of_one_shard(store: LeaseStore) -> None:
@@ -143,8 +145,8 @@ def test_status_counts_every_state(store: LeaseStore) -> None:
     status = store.status(RUN)
     assert status.counts == {"pending": 1, "leased": 1, "done": 1, "dead": 1}
     assert (status.total, status.unfinished, status.shards) == (4, 2, 2)
-    assert status.events["claims"] == 3 and status.events["commits"] == 1
-    assert status.events["failures"] == 1
+    assert status.counters["claims"] == 3 and status.counters["commits"] == 1
+    assert status.counters["failures"] == 1
     assert status.state == "running"
     assert status.to_dict()["counts"] == status.counts
 
@@ -245,7 +247,7 @@ def test_reap_returns_expired_leases_to_pending(store: LeaseStore) -> None:
     wait_past(store.client, max(lease.expires_at_ms for lease in short))
     assert store.reap(RUN) == (2, 0)
     assert store.status(RUN).counts == {"pending": 2, "leased": 1, "done": 0, "dead": 0}
-    assert store.status(RUN).events["expired"] == 2
+    assert store.status(RUN).counters["expired"] == 2
     again = store.claim(RUN, "a", "w")
     assert (again.token, again.attempt, again.takeover) == (2, 2, False)
 
@@ -271,7 +273,7 @@ def test_requeue_brings_dead_items_back_with_fresh_attempts(store: LeaseStore) -
     assert store.requeue(RUN) == 2
     status = store.status(RUN)
     assert status.counts == {"pending": 3, "leased": 0, "done": 0, "dead": 0}
-    assert status.events["requeued"] == 3
+    assert status.counters["requeued"] == 3
     lease = store.claim(RUN, "a", "w")
     assert (lease.attempt, lease.token) == (1, 2)
 

@@ -88,7 +88,7 @@ def entry(event: dict[str, str]) -> tuple[str, ...]:
 def assert_logged(runs: Runs, decisions: list[Decision]) -> None:
     """Every decision a tick returned is in its run's event log, whole: one entry each."""
     for run_id in {decision.run_id for decision in decisions}:
-        logged = Counter(entry(event) for event in runs.events(run_id, count=1000))
+        logged = Counter(entry(event) for event in runs.decisions(run_id, count=1000))
         wanted = Counter(logged_as(d) for d in decisions if d.run_id == run_id)
         missing = wanted - logged
         assert not missing, (missing, logged)
@@ -96,7 +96,7 @@ def assert_logged(runs: Runs, decisions: list[Decision]) -> None:
 
 def kinds(runs: Runs, run_id: str) -> list[str]:
     """The kinds of the run's events, oldest first."""
-    return [e["kind"] for e in runs.events(run_id, count=200)]
+    return [e["kind"] for e in runs.decisions(run_id, count=200)]
 
 
 def test_concurrent_ticks_create_one_run(
@@ -127,7 +127,7 @@ def test_concurrent_ticks_create_one_run(
     assert real_store.run_ids() == [RUN]
     runs = Runs(real_store)
     assert kinds(runs, RUN).count("create") == 1
-    planned = [e for e in runs.events(RUN) if e["reason"] == "planned 4 items"]
+    planned = [e for e in runs.decisions(RUN) if e["reason"] == "planned 4 items"]
     assert len(planned) == 1
     assert real_store.status(RUN).total == 4
     assert real_store.client.zcard(real_store.keys.job_dates("nightly")) == 1
@@ -156,7 +156,7 @@ def test_missed_days_follow_the_catch_up_policy(
     opening = tick(real_store, [NIGHTLY_PATH], now=registered)
     assert real_store.run_ids() == first
     for run_id in first:
-        reason = next(e for e in runs.events(run_id) if e["kind"] == "catch_up")["reason"]
+        reason = next(e for e in runs.decisions(run_id) if e["kind"] == "catch_up")["reason"]
         assert "no record of this job's runs on the server" in reason
     if not first:
         assert [d.kind for d in opening] == ["waiting"]
@@ -168,7 +168,7 @@ def test_missed_days_follow_the_catch_up_policy(
     decisions = tick(real_store, [NIGHTLY_PATH], now=later)
     assert sorted(real_store.run_ids()) == first + expected
     for run_id in expected:
-        events = runs.events(run_id)
+        events = runs.decisions(run_id)
         catch_up = [e for e in events if e["kind"] == "catch_up"]
         assert len(catch_up) == 1, events
         assert "missed at" in catch_up[0]["reason"]
@@ -355,7 +355,7 @@ def test_burst_adds_shard_jobs_up_to_max_workers(
     later = tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(minutes=31))
     assert "burst" not in [d.kind for d in later]
     assert sum(len(ids) for ids in live_jobs(real_store, RUN).values()) == 6
-    events = runs.events(RUN, count=200)
+    events = runs.decisions(RUN, count=200)
     assert [e["kind"] for e in events].count("burst") == 1
     burst_event = next(e for e in events if e["kind"] == "burst")
     assert burst_event["reason"] == reason

@@ -77,7 +77,7 @@ def test_a_run_listed_open_without_a_record_is_dropped_and_the_rest_is_ticked(
     assert result.failures == [Decision("drop", bogus, GONE_REASON)]
     assert ("plan", RUN) in kinds(result) and ("plan", other_run) in kinds(result)
     assert bogus not in runs.open_runs("nightly")
-    events = runs.events(bogus)
+    events = runs.decisions(bogus)
     assert [(e["kind"], e["reason"]) for e in events] == [("drop", GONE_REASON)]
     ttl = real_store.client.pttl(real_store.keys.run_events(bogus))
     assert 0 < ttl <= job.options.retention_days * 86_400_000
@@ -126,7 +126,7 @@ def test_an_error_in_one_run_is_recorded_on_it_and_the_other_runs_are_ticked(
     reason = "tick failed: RuntimeError: disk on fire"
     assert result.failures == [Decision("error", broken_run, reason)]
     assert ("dispatch", healthy_run) in kinds(result)
-    logged = runs.events(broken_run)[-1]
+    logged = runs.decisions(broken_run)[-1]
     assert (logged["kind"], logged["reason"]) == ("error", reason)
 
 
@@ -164,7 +164,7 @@ def test_after_data_loss_the_next_tick_recreates_the_due_run_and_says_so(
     assert kinds(decisions)[:2] == [("create", run_id), ("plan", run_id)]
     assert decisions[0].reason == f"scheduled at {start.replace(second=0).isoformat()}; {NO_RECORD}"
     runs = Runs(real_store)
-    logged = [e["reason"] for e in runs.events(run_id) if e["kind"] == "create"]
+    logged = [e["reason"] for e in runs.decisions(run_id) if e["kind"] == "create"]
     assert logged == [decisions[0].reason]
     status = real_store.status(run_id)
     assert (status.planned, status.unfinished, status.counts["done"]) == (4, 4, 0)

@@ -91,9 +91,9 @@ class Harness:
         """The item's record."""
         return self.store.item(run_id, item_id)
 
-    def events(self, run_id: str) -> dict[str, int]:
+    def counters(self, run_id: str) -> dict[str, int]:
         """The run's event counters."""
-        return self.store.status(run_id).events
+        return self.store.status(run_id).counters
 
     def holders(self, run_id: str) -> set[int]:
         """Indexes of the workers holding a lease on the run now (owner is host:pid:job)."""
@@ -185,13 +185,13 @@ def test_paused_holder_resumes_after_takeover_and_is_fenced(harness: Harness, po
     assert h.drive(job, run_id, timeout=60) == "succeeded"
     taken = h.item(run_id, paused["item"])
     assert taken.state == "done" and taken.token > paused["token"]
-    assert h.events(run_id).get("takeovers", 0) >= 1
+    assert h.counters(run_id).get("takeovers", 0) >= 1
     requests_before = requests_for(server, run_id, paused["item"])
     assert requests_before == 1
 
     h.workers.signal(index, signal.SIGCONT)
     counter = "stale_effects" if point == "before_call" else "stale_commits"
-    wait_until(lambda: h.events(run_id).get(counter, 0) >= 1, 30, f"{counter} >= 1")
+    wait_until(lambda: h.counters(run_id).get(counter, 0) >= 1, 30, f"{counter} >= 1")
 
     after = h.item(run_id, paused["item"])
     assert (after.state, after.token, after.result) == ("done", taken.token, taken.result)
@@ -230,9 +230,9 @@ def test_ambiguous_answer_is_reconciled_not_reissued(harness: Harness, fault: st
     assert (ledger["state"], ledger["attempts"], ledger["token"]) == ("applied", 1, 2)
     assert "EffectUnknown" in ledger["error"]
     status = h.store.status(run_id)
-    assert status.events["effects_reconciled"] == 1
-    assert status.events["retries"] == 1
-    assert status.events.get("effects_unknown", 0) == 0
+    assert status.counters["effects_reconciled"] == 1
+    assert status.counters["retries"] == 1
+    assert status.counters.get("effects_unknown", 0) == 0
     assert status.oldest_unknown_effect_age_seconds == 0
     assert_once_each(h, server, run_id, config.items)
 
@@ -283,7 +283,7 @@ def test_killed_worker_is_recovered_without_second_effect(harness: Harness, poin
     assert ledger is not None and ledger["state"] == "applied"
     # Intents recorded: the killed attempt's, plus a second one only when nothing was sent.
     assert ledger["attempts"] == (2 if point == "before_call" else 1)
-    events = h.events(run_id)
+    events = h.counters(run_id)
     assert events["takeovers"] >= 1
     if point in ("during_call", "after_call"):
         assert events["effects_reconciled"] >= 1
@@ -337,7 +337,7 @@ def test_failed_status_write_leaves_item_recoverable(
         assert ledger is not None
         assert (ledger["state"], ledger["attempts"]) == ("applied", 1)
         if point == "after_call":
-            assert h.events(run_id)["effects_reconciled"] >= 1
+            assert h.counters(run_id)["effects_reconciled"] >= 1
         assert requests_for(server, run_id, stopped["item"]) == 1
         assert_once_each(h, server, run_id, config.items)
     finally:
@@ -587,7 +587,7 @@ def test_hold_renewed_after_message_was_queued_is_not_released(
     h.workers.start(h.url, h.queue, 2, **seat_env(h, prefix))
 
     assert h.drive(job, run_id, path=path, timeout=60) == "succeeded"
-    events = h.events(run_id)
+    events = h.counters(run_id)
     assert events["outcome_released"] == 6
     assert events["outcome_renewed"] == 2
     assert events["outcome_already_handled"] == 1
@@ -625,7 +625,7 @@ def test_renewal_between_reread_and_commit_fails_condition_then_reads_renewed(
     release_hook(h.hooks, "before_commit")
 
     assert h.drive(job, run_id, path=SEAT_RACE_PATH, timeout=60) == "succeeded"
-    events = h.events(run_id)
+    events = h.counters(run_id)
     assert events["releases"] >= 1  # the failed condition gave the item back
     assert events.get("outcome_released", 0) == 0
     assert events["outcome_renewed"] == 1

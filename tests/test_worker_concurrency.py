@@ -156,7 +156,7 @@ def assert_each_done_once(store: LeaseStore, run_id: str) -> None:
     """Every item done by one commit under its last token, its effect applied once."""
     status = store.status(run_id)
     assert status.counts == {"pending": 0, "leased": 0, "done": ITEMS, "dead": 0}
-    assert status.events["commits"] == ITEMS
+    assert status.counters["commits"] == ITEMS
     records = list(all_records(store, run_id))
     assert len(records) == ITEMS
     for record in records:
@@ -241,7 +241,7 @@ def test_sigterm_mid_run_loses_nothing(
         enqueue_shard(store, THREADS_PATH, queue_name, run_id, shard, 120)
     assert second.wait(timeout=240) == 0, procs.log("second")
     assert_each_done_once(store, run_id)
-    assert store.status(run_id).events.get("takeovers", 0) == 0, "nothing waited for expiry"
+    assert store.status(run_id).counters.get("takeovers", 0) == 0, "nothing waited for expiry"
 
 
 # -- a lost lease stops the work (in process, real Redis, a started keeper) -----------

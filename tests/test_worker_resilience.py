@@ -26,7 +26,7 @@ import redis
 from redis_lease import Item, LeaseStore, ProviderGate, Throttled
 from redis_lease.dispatch import enqueue_shard, purge_queue
 from redis_lease.jobs import Job
-from redis_lease.lease import CommitOutcome
+from redis_lease.lease import CommitReply
 from redis_lease.limits import DELAY_MAX_MS
 from redis_lease.runs import Runs
 from redis_lease.store import CommitRequest
@@ -124,7 +124,7 @@ def test_shard_jobs_finish_while_connections_are_cut(
     assert proxy.cuts >= 5, f"only {proxy.cuts} connections were cut"
     status = store.status(run_id)
     assert (status.counts["pending"], status.counts["leased"]) == (0, 0)
-    assert status.events["commits"] == ITEMS, "each item committed once"
+    assert status.counters["commits"] == ITEMS, "each item committed once"
     for record in all_records(store, run_id):
         tokens = store.client.smembers(handled_key(prefix, record.item_id))
         assert len(tokens) == 1, f"{record.item_id} handled under tokens {tokens}"
@@ -147,10 +147,10 @@ def test_a_reset_during_the_commit_pipeline_costs_a_retry(
     outcomes = store.commit_many([CommitRequest(lease, {"n": 1}) for lease in leases])
     proxy.close()
     assert proxy.cuts == 1, "the first commit pipeline was cut after the server ran it"
-    assert all(isinstance(outcome, CommitOutcome) for outcome in outcomes), outcomes
+    assert all(isinstance(outcome, CommitReply) for outcome in outcomes), outcomes
     assert any(outcome.repeated for outcome in outcomes), "the retry got the stored outcomes"
     status = direct.status("r")
-    assert (status.counts["done"], status.events["commits"]) == (5, 5)
+    assert (status.counts["done"], status.counters["commits"]) == (5, 5)
 
 
 # -- Throttled with a Retry-After past the protocol's longest delay ----------------------

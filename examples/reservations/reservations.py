@@ -25,7 +25,7 @@ import redis
 
 from redis_lease import FieldEquals, Item, Write
 from redis_lease.jobs import Job
-from redis_lease.worker import ActiveLease, Outcome
+from redis_lease.worker import ActiveLease, HandlerResult
 
 PREFIX = os.environ.get("RESERVATIONS_PREFIX", "seats")
 
@@ -85,21 +85,21 @@ def _text(hold: dict[Any, Any], name: str) -> str:
 
 
 @cleanup.handler
-def handle(item: Item, lease: ActiveLease) -> Outcome:
+def handle(item: Item, lease: ActiveLease) -> HandlerResult:
     """Re-reads the hold, then releases it only if it is still expired at the same version."""
     client = lease.store.client
     message = item.payload
     key = hold_key(message["hold"])
     hold = client.hgetall(key)
     if not hold or _text(hold, "state") != "held":
-        return Outcome({"outcome": "already_handled"}, label="already_handled")
+        return HandlerResult({"outcome": "already_handled"}, label="already_handled")
     version, expires = _text(hold, "version"), _text(hold, "expires_at")
     if version != message["version"] or expires != message["expires_at"]:
-        return Outcome({"outcome": "renewed", "version": version}, label="renewed")
+        return HandlerResult({"outcome": "renewed", "version": version}, label="renewed")
     if int(expires) > server_ms(client):
-        return Outcome({"outcome": "renewed", "version": version}, label="renewed")
+        return HandlerResult({"outcome": "renewed", "version": version}, label="renewed")
     course, seat = _text(hold, "course"), _text(hold, "seat")
-    return Outcome(
+    return HandlerResult(
         {"outcome": "released", "seat": seat},
         conditions=(
             FieldEquals(key, "state", "held"),

@@ -178,7 +178,7 @@ def main() -> int:
             worker.wait(timeout=15)
         purge_queue(client, env["RESERVATIONS_QUEUE"])  # RQ's keys carry no prefix of ours
     status = store.status(run_id)
-    report = check(client, prefix, holds, renewed, status.events)
+    report = check(client, prefix, holds, renewed, status.counters)
     report.update(
         run_id=run_id,
         state=runs.info(run_id)["state"],

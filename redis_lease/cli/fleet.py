@@ -77,7 +77,7 @@ def planning_progress(delay: float = PROGRESS_DELAY) -> Iterator[TickProgress]:
 
 def _known_job_paths(ctx: typer.Context) -> list[str]:
     store = open_store(ctx)
-    with store.errors():
+    with store.translating_errors():
         names = sorted(as_text(n) for n in store.client.smembers(store.keys.jobs))
         paths = [store.client.hget(store.keys.job(name), "path") for name in names]
     return [as_text(p) for p in paths if p]
@@ -144,7 +144,7 @@ def start(
     day = parse_date(business_date, "--date") if business_date else now.astimezone(job.zone).date()
     run_id, created = runs.ensure(job, day, now)
     if created:
-        runs.event(run_id, "create", "started by an operator")
+        runs.record_decision(run_id, "create", "started by an operator")
     with planning_progress() as progress:
         decisions = run_tick(store, [job_path], progress=progress)
     data = {"run": run_id, "created": created, "decisions": [str(d) for d in decisions]}
@@ -199,7 +199,7 @@ def worker(
         os.environ[CONCURRENCY_ENV] = str(check_concurrency(concurrency))
     client = client_from_url(settings.url)
     store = open_store(ctx)
-    with store.errors():
+    with store.translating_errors():
         store.client.ping()
     worker_class = SimpleLeaseWorker if simple else LeaseWorker
     rq_worker = worker_class(

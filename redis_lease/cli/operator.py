@@ -337,7 +337,7 @@ def _attempts(store: LeaseStore, run: str, item: str, limit: int) -> list[dict[s
 def decision_rows(store: LeaseStore, run: str) -> list[dict[str, str | None]]:
     """The run's recorded decisions, times in the CLI's one form (ISO 8601 UTC, ms)."""
     rows: list[dict[str, str | None]] = []
-    for decision in Runs(store).events(run):
+    for decision in Runs(store).decisions(run):
         at = decision.get("at", "")
         rows.append(
             {

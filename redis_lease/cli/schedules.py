@@ -71,7 +71,7 @@ def schedule_show(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = False
     store = open_store(ctx)
     rows = entries(store, job)
     paused = pause_state(store, job.name)
-    with store.errors():
+    with store.translating_errors():
         seconds, _micros = store.client.time()
     upcoming = next_fire(job, from_ms(int(seconds) * 1000))
     if as_json:
@@ -120,7 +120,7 @@ def _job_name(ctx: typer.Context, job: str) -> str:
         return load_job(job).name
     name = check_id(job, "job name")
     store = open_store(ctx)
-    with store.errors():
+    with store.translating_errors():
         known = {as_text(n) for n in store.client.smembers(store.keys.jobs)}
     if name not in known:
         raise NotFound(f"no job {name!r} is known here: give its import path, package.module:attr")

@@ -43,7 +43,7 @@ def run_details(
     job = status.info.get("job")
     settings: dict[str, str] = {}
     if job:
-        with store.errors(status.run_id):
+        with store.translating_errors(status.run_id):
             raw = store.client.hgetall(store.keys.job(job))
         settings = {as_text(k): as_text(v) for k, v in raw.items()}
     return decisions, settings
@@ -76,7 +76,7 @@ def effects_by_outcome(status: RunStatus) -> dict[str, int]:
     """The run's effect records by state (intended, applied, failed, unknown), and reconciled."""
     return {
         name.removeprefix("effects_"): value
-        for name, value in sorted(status.events.items())
+        for name, value in sorted(status.counters.items())
         if name.startswith("effects_") and value
     }
 
@@ -106,7 +106,7 @@ def status(
     if run is not None:
         check_id(run, "run id")
     store = open_store(ctx)
-    with store.errors():
+    with store.translating_errors():
         danger = eviction_danger(store.client)
     dangers = [danger] if danger else []
     if run is not None:
@@ -184,7 +184,7 @@ def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> 
             **{f"effects {name}": value for name, value in effects.items()},
             **{
                 f"events.{name}": value
-                for name, value in sorted(one.events.items())
+                for name, value in sorted(one.counters.items())
                 if not name.startswith("effects_")
             },
         },

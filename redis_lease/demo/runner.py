@@ -159,7 +159,7 @@ class FaultPlan:
     def step(self, store: LeaseStore, run_id: str, fleet: Fleet, progress: float) -> None:
         """Injects the next fault when its moment has come."""
         now = time.monotonic()
-        takeovers = store.status(run_id).events.get("takeovers", 0)
+        takeovers = store.status(run_id).counters.get("takeovers", 0)
         if self.paused is None and progress >= 0.15:
             holders = lease_holders(store, run_id, fleet)
             if holders:
@@ -244,11 +244,11 @@ def run_demo(
             "done_after_end": status.counts["done"] - int(final["done"]),
             **_provider_figures(ProviderClient(provider.url)),
             # Results a holder that lost its lease tried to record: commits and effect records.
-            "stale_commits_refused": status.events.get("stale_commits", 0)
-            + status.events.get("stale_effects", 0),
-            "lease_takeovers": status.events.get("takeovers", 0),
-            "retries": status.events.get("retries", 0),
-            "effects_reconciled": status.events.get("effects_reconciled", 0),
+            "stale_commits_refused": status.counters.get("stale_commits", 0)
+            + status.counters.get("stale_effects", 0),
+            "lease_takeovers": status.counters.get("takeovers", 0),
+            "retries": status.counters.get("retries", 0),
+            "effects_reconciled": status.counters.get("effects_reconciled", 0),
             "provider_cap": _gate_figures(store),
             "duration_seconds": round(time.monotonic() - started, 2),
             "workers": config.workers,
