@@ -1,15 +1,16 @@
 """The tick's dispatch back-off for a run whose shard jobs keep failing.
 
 A shard job that raises (or whose work horse dies) is counted on its run
-(:func:`~redis_lease.runs.record_job_failure`); one that ends normally ends the
-streak and the back-off together (:func:`~redis_lease.runs.end_failure_streak`).
+(:func:`~redis_lease.job_failures.record_job_failure`); one that ends normally ends the
+streak and the back-off together (:func:`~redis_lease.job_failures.end_failure_streak`).
 After :data:`FAILURE_STREAK_LIMIT` failures in a row the tick dispatches nothing
 for a while (:func:`hold_dispatch`), then lets one shard job try again.
 """
 
 from __future__ import annotations
 
-from .runs import Decision, Runs, job_failures, start_backoff
+from .job_failures import job_failures, start_backoff
+from .runs import Decision, Runs
 from .store import LeaseStore
 
 #: Shard jobs failed in a row before the tick backs off dispatching to the run.

@@ -24,7 +24,7 @@ from rq.worker import BaseWorker
 
 from .connection import as_text
 from .errors import RedisLeaseError
-from .runs import record_job_failure
+from .job_failures import record_job_failure
 from .store import LeaseStore
 
 #: Extra seconds RQ allows a shard job beyond its budget before it kills it.

@@ -26,11 +26,12 @@ from rq import get_current_job
 from . import capacity, dispatch
 from .backoff import FAILURE_STREAK_LIMIT, hold_dispatch
 from .errors import NotFound, RedisLeaseError, RedisUnavailable
+from .job_failures import job_failures
 from .jobs import Job, load_job
 from .lease import RunStatus
 from .limits import DEFAULT_PREFIX
 from .locks import lock
-from .runs import Decision, PlanProgress, Runs, job_failures, to_ms
+from .runs import Decision, PlanProgress, Runs, to_ms
 from .store import LeaseStore
 
 log = logging.getLogger("redis_lease.tick")

@@ -26,10 +26,10 @@ from . import capacity, dispatch
 from .connection import describe, eviction_danger, redis_errors, resilient
 from .deprecation import renamed_attribute
 from .errors import InvalidInput, LeaseError, RedisLeaseError
+from .job_failures import end_failure_streak, record_job_failure
 from .jobs import check_concurrency, load_job
 from .keeper import ActiveLease, LeaseKeeper
 from .limits import DEFAULT_PREFIX
-from .runs import end_failure_streak, record_job_failure
 from .shard_loop import HandlerResult, ShardReport, work_shard
 from .store import LeaseStore
 
@@ -76,7 +76,7 @@ def process_shard(
 
     A shard job that raises (its job does not import, has no handler, or a bug
     outside the handler's own call) is counted on its run with its error
-    (:func:`~redis_lease.runs.record_job_failure`, shown by ``status``) before RQ
+    (:func:`~redis_lease.job_failures.record_job_failure`, shown by ``status``) before RQ
     marks it failed; one that ends normally ends the run's streak of failures and its
     dispatch back-off.
     """
@@ -182,7 +182,7 @@ def _forget_job(store: LeaseStore, run_id: str, rq_id: str, ended: bool) -> None
 
     A job that ``ended`` normally also ends the run's streak of failed shard jobs
     and its dispatch back-off, in one script
-    (:func:`~redis_lease.runs.end_failure_streak`). Best effort: when Redis is
+    (:func:`~redis_lease.job_failures.end_failure_streak`). Best effort: when Redis is
     gone, the heartbeat expires by itself and the tick forgets the entry of a
     job that is not live.
     """

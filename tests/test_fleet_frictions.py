@@ -34,8 +34,9 @@ import pytest
 from redis_lease import LeaseStore
 from redis_lease.backoff import BACKOFF_BASE, FAILURE_STREAK_LIMIT
 from redis_lease.dispatch import live_jobs
+from redis_lease.job_failures import job_failures
 from redis_lease.lease import Item
-from redis_lease.runs import Runs, job_failures
+from redis_lease.runs import Runs
 from redis_lease.tick import RATE_WINDOW, tick
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, Processes, fleet_env, wait_for

@@ -26,10 +26,11 @@ from redis_lease.backoff import FAILURE_STREAK_LIMIT
 from redis_lease.capacity import record_pass
 from redis_lease.dispatch import live_jobs, queue
 from redis_lease.errors import InvalidInput, RunClosed
+from redis_lease.job_failures import job_failures, record_job_failure
 from redis_lease.jobs import Job
 from redis_lease.metrics import WORKERS_NEEDED, WORKERS_NEEDED_UNKNOWN
 from redis_lease.output import iso_time
-from redis_lease.runs import PLAN_BATCH, Decision, Runs, job_failures, record_job_failure, to_ms
+from redis_lease.runs import PLAN_BATCH, Decision, Runs, to_ms
 from redis_lease.tick import tick
 from redis_lease.worker import _forget_job
 from tests import fleet_jobs

@@ -13,6 +13,7 @@ import typer
 
 from ..effects import resolve_effect
 from ..errors import InvalidInput, NotFound
+from ..job_failures import job_failures
 from ..lease import ItemRecord, RunStatus
 from ..output import (
     iso_time,
@@ -22,7 +23,7 @@ from ..output import (
     progress_bar,
     same_times,
 )
-from ..runs import FINAL_STATES, OPEN_STATES, Runs, job_failures
+from ..runs import FINAL_STATES, OPEN_STATES, Runs
 from ..schedule import pause_states
 from ..store import LeaseStore
 from ..validation import check_id

@@ -14,6 +14,7 @@ import typer
 from ..connection import as_text, eviction_danger
 from ..errors import NotFound
 from ..gate import GateState
+from ..job_failures import job_failures
 from ..lease import RunStatus
 from ..output import (
     iso_time,
@@ -23,7 +24,7 @@ from ..output import (
     progress_bar,
     same_times,
 )
-from ..runs import FINAL_STATES, LOST_HINT, Runs, job_failures
+from ..runs import FINAL_STATES, LOST_HINT, Runs
 from ..store import LeaseStore
 from ..validation import check_id
 from ..views import providers
