@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
+from . import age_history
 from .capacity import capacity_key
 from .connection import as_text
 from .deprecation import warn_renamed
@@ -318,6 +319,7 @@ class Runs:
         shard's keys, attempt log and ledger."""
         keys = [self.keys.run(run_id), self.keys.run_events(run_id), self.keys.run_jobs(run_id)]
         keys += [self.keys.run_jobs_missing(run_id), capacity_key(self.store, run_id)]
+        keys.append(age_history.key(self.store, run_id))
         for shard in range(self.store.shard_count(run_id)):
             keys += self.keys.logged(run_id, shard) + self.keys.effects(run_id, shard)
         return keys

@@ -23,7 +23,7 @@ from typing import Any
 from croniter import croniter
 from rq import get_current_job
 
-from . import capacity, dispatch
+from . import age_history, capacity, dispatch
 from .backoff import FAILURE_STREAK_LIMIT, hold_dispatch
 from .errors import NotFound, RedisLeaseError, RedisUnavailable
 from .job_failures import job_failures
@@ -377,6 +377,7 @@ def _tick_run(
     status, per_shard = store.status_by_shard(run_id)
     deadline_ms = int(status.info.get("deadline_at", "0"))
     now_ms = to_ms(now)
+    age_history.record(store, status, now_ms)
     if deadline_ms and now_ms >= deadline_ms:
         final = runs.finalize(run_id, "deadline passed")
     elif status.unfinished == 0:
