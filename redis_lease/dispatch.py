@@ -56,7 +56,8 @@ class _PromptUnsubscribe:
     RQ unsubscribes, then stops the listener: when the unsubscribe reply wakes
     the listener first, it blocks again (60 s) and RQ's join gives up only after
     one second, so every worker exit took a second. Stopping first lets that
-    reply end the listener at once.
+    reply end the listener at once. Since redis-py 8.2 ``stop()`` also waits for
+    the listener (up to its 60 s block): here it only clears the flag.
     """
 
     pubsub: Any
@@ -65,7 +66,10 @@ class _PromptUnsubscribe:
     def unsubscribe(self) -> None:
         """Stops the listener, unsubscribes (its reply wakes the listener), joins it."""
         if self.pubsub_thread:
-            self.pubsub_thread.stop()
+            try:
+                self.pubsub_thread.stop(timeout=0)  # redis-py 8.2+: clear the flag, no wait
+            except TypeError:  # earlier redis-py: stop() takes no timeout and never waits
+                self.pubsub_thread.stop()
             self.pubsub.unsubscribe()
             self.pubsub_thread.join(timeout=1)
             self.pubsub.close()

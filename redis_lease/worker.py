@@ -23,7 +23,7 @@ import redis
 from rq import get_current_job
 
 from . import capacity, dispatch
-from .connection import describe, eviction_danger, redis_errors, resilient
+from .connection import describe, eviction_danger, redis_errors, resilient, safe_url
 from .deprecation import renamed_attribute
 from .errors import InvalidInput, LeaseError, RedisLeaseError
 from .job_failures import end_failure_streak, record_job_failure
@@ -212,7 +212,7 @@ def _log_danger(store: LeaseStore) -> None:
     except redis.RedisError:  # the check must never stop the work
         return
     if danger:
-        log.error("danger: Redis at %s: %s", store.url, danger)
+        log.error("danger: Redis at %s: %s", safe_url(store.url), danger)
 
 
 def concurrency_override() -> int | None:

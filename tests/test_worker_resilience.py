@@ -265,11 +265,13 @@ def test_a_shard_job_logs_an_evicting_server_as_a_danger(
 ) -> None:
     server = private_redis(**{"maxmemory-policy": "allkeys-lru"})
     client = redis.Redis.from_url(server.url)
+    url = server.url.replace("//", "//:pw-s3cret@")  # a URL as given, password and all
     try:
         with caplog.at_level(logging.ERROR, logger="redis_lease.worker"):
-            _log_danger(LeaseStore(client, url=server.url))
-            _log_danger(LeaseStore(client, url=server.url))  # once per server and process
+            _log_danger(LeaseStore(client, url=url))
+            _log_danger(LeaseStore(client, url=url))  # once per server and process
         dangers = [r.getMessage() for r in caplog.records if r.getMessage().startswith("danger:")]
         assert len(dangers) == 1 and "allkeys-lru" in dangers[0], dangers
+        assert "pw-s3cret" not in dangers[0] and ":***@" in dangers[0], "the URL is masked"
     finally:
         client.close()

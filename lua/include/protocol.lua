@@ -87,7 +87,7 @@ end
 --   num   a finite decimal number within the bound
 --   id    1 to id_length characters from A-Z a-z 0-9 _ - . : @ / + =
 --   id?   an id or '' (absent)
---   text  UTF-8 text of at most the bound's highest number of bytes
+--   text  UTF-8 text of the bound's lowest to highest number of bytes
 --   json  UTF-8 JSON text (strict_json) of at most the bound's bytes, also as escaped inside a
 --         JSON string (the bound records of earlier versions needed; kept so the same texts pass)
 --   one   one of the words in `bound` (a table)
@@ -114,8 +114,9 @@ local function check_value(kind, bound, raw)
     return raw
   end
   if kind == 'text' or kind == 'json' then
-    local most = LIMITS.bounds[bound][2]
+    local least, most = LIMITS.bounds[bound][1], LIMITS.bounds[bound][2]
     if #raw > most then return nil, 'is ' .. #raw .. ' bytes, over ' .. most end
+    if #raw < least then return nil, 'is ' .. #raw .. ' bytes, under ' .. least end
     if kind == 'json' and raw == 'null' then return raw end  -- the commonest: 4 bytes as stored
     if not utf8(raw) then return nil, 'must be UTF-8 text' end
     if kind == 'json' then
