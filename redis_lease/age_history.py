@@ -1,11 +1,13 @@
-"""A run's oldest eligible age over time: a capped series sampled by the tick and
-the exporter, read by the dashboard's chart.
+"""A run's oldest eligible age over time: a capped series sampled by the tick (the
+exporter only reads Redis), read by the dashboard's chart.
 
 Each sample is one stream entry at ``<prefix>:run:{<run>}:ages`` with the age in
 seconds and the done and unfinished counts. Samples closer together than
-``MIN_INTERVAL_MS`` are skipped, so a tick and a scrape in the same moment add
-one point; the stream keeps about ``CAP`` entries (a day at one a minute) and
-expires with the run's other keys.
+``MIN_INTERVAL_MS`` are skipped, so two ticks in the same moment add one point; the
+stream keeps about ``CAP`` entries (a day at one a minute) and expires with the run's
+other keys. A sample is one script on the run's slot: none is added once the run is
+final or its record is gone, and the series takes the record's time to live, so a
+sample racing the run's retirement never leaves a key that does not expire.
 """
 
 from __future__ import annotations
@@ -21,6 +23,28 @@ from .store import LeaseStore
 CAP = 1440
 #: The least time between two samples.
 MIN_INTERVAL_MS = 10_000
+#: KEYS[1] the run's record, KEYS[2] its series; ARGV[1] the sample's ms, ARGV[2] the
+#: least interval, ARGV[3] the cap, ARGV[4..6] age, done, unfinished. Returns 1 when
+#: added, 0 when the run is final or gone or the last sample is too recent.
+_RECORD = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'planning' and state ~= 'running' then return 0 end
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
+if last then
+  local fields = last[2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'at' and math.abs(tonumber(ARGV[1]) - tonumber(fields[i + 1]))
+        < tonumber(ARGV[2]) then
+      return 0
+    end
+  end
+end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'at', ARGV[1], 'age', ARGV[4],
+  'done', ARGV[5], 'unfinished', ARGV[6])
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
+return 1
+"""
 
 
 @dataclass(frozen=True)
@@ -39,24 +63,20 @@ def key(store: LeaseStore, run_id: str) -> str:
 
 
 def record(store: LeaseStore, status: RunStatus, now_ms: int) -> bool:
-    """Adds a sample of ``status`` at ``now_ms``; False when the last one is too recent."""
-    series = key(store, status.run_id)
+    """Adds a sample of ``status`` at ``now_ms``; False when the last one is too recent or
+    the run is no longer open (final, or its record gone)."""
+    script = store.client.register_script(_RECORD)
+    keys = [store.keys.run(status.run_id), key(store, status.run_id)]
+    args: list[int | str] = [
+        now_ms,
+        MIN_INTERVAL_MS,
+        CAP,
+        f"{status.oldest_eligible_age_seconds:.3f}",
+        status.counts.get("done", 0),
+        status.unfinished,
+    ]
     with store.translating_errors(status.run_id):
-        last = _entries(store.client.xrevrange(series, count=1))
-        if last and abs(now_ms - _sample(last[0][1]).at_ms) < MIN_INTERVAL_MS:
-            return False
-        store.client.xadd(
-            series,
-            {
-                "at": now_ms,
-                "age": f"{status.oldest_eligible_age_seconds:.3f}",
-                "done": status.counts.get("done", 0),
-                "unfinished": status.unfinished,
-            },
-            maxlen=CAP,
-            approximate=True,
-        )
-    return True
+        return bool(script(keys=keys, args=args))
 
 
 def read(store: LeaseStore, run_id: str, limit: int = CAP) -> list[AgeSample]:

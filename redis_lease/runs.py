@@ -9,23 +9,22 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
-from . import age_history
+from . import age_history, job_tallies
 from .capacity import capacity_key
 from .connection import as_text
 from .deprecation import warn_renamed
 from .errors import InvalidInput, NotFound
 from .jobs import Job, Planner
 from .lease import Item, RunStatus, from_ms
-from .limits import DEFAULT_RETENTION_DAYS, TEXT_MAX_BYTES
+from .limits import TEXT_MAX_BYTES
 from .locks import lock
+from .replies import Transition
+from .run_states import DAY_MS, FINAL_STATES, OPEN_STATES, retention_days
 from .store import LeaseStore
 from .validation import clip
 
-OPEN_STATES = ("planning", "running")
-FINAL_STATES = ("succeeded", "partial", "failed", "canceled")
 PLAN_BATCH = 500
 PLANNER_LOCK_MS = 120_000
-DAY_MS = 86_400_000
 #: Why a run listed as open but with no record is dropped from the open set.
 GONE_REASON = (
     "run record is gone: the server may have lost its data; check persistence and maxmemory-policy"
@@ -106,14 +105,20 @@ class Runs:
         self, run_id: str, expected: tuple[str, ...] | str, to: str, reason: str, **fields: Any
     ) -> bool:
         """Moves the run to ``to`` if it is in an expected state; True when it changed."""
+        return self._transition(run_id, expected, to, reason, **fields).changed
+
+    def _transition(
+        self, run_id: str, expected: tuple[str, ...] | str, to: str, reason: str, **fields: Any
+    ) -> Transition:
+        """:meth:`transition`, with the script's reply (its ``now_ms`` is the new ``state_at``)."""
         allowed = expected if isinstance(expected, str) else ",".join(expected)
         extra = [clip(str(part), TEXT_MAX_BYTES) for pair in fields.items() for part in pair]
         keys = [self.keys.run(run_id), self.keys.run_events(run_id)]
         with self.store.translating_errors(run_id):
-            transition = self.store.scripts.call(
+            transition: Transition = self.store.scripts.call(
                 "run_transition", keys, [allowed, to, clip(reason, TEXT_MAX_BYTES), *extra]
             )
-        return bool(transition.changed)
+        return transition
 
     # -- job runs -------------------------------------------------------------
 
@@ -227,7 +232,11 @@ class Runs:
                 progress(streamed)
 
     def _fail_planning(self, job: Job, run_id: str, error: Exception) -> None:
-        self.transition(run_id, OPEN_STATES, "failed", f"planning error: {error!r}")
+        ended = self._transition(run_id, OPEN_STATES, "failed", f"planning error: {error!r}")
+        if ended.changed:
+            self._count_finished(
+                job.name, run_id, "failed", ended.now_ms, job.options.retention_days
+            )
         self._retire(job.name, run_id, job.options.retention_days)
 
     # -- closing and reopening ------------------------------------------------
@@ -237,7 +246,9 @@ class Runs:
 
         succeeded: exactly the planned items, each done by a commit before the
         deadline (a run planned with no items too); partial: some done; failed:
-        none done. The reason names the trigger and the counts.
+        none done. The reason names the trigger and the counts. The end is counted
+        once in its job's ``runs_finished`` tally (:mod:`redis_lease.job_tallies`): a run
+        resumed and finalized again is counted again.
         """
         self.store.set_closed(run_id, True)
         status = self.store.status(run_id)
@@ -246,20 +257,34 @@ class Runs:
         final = json.dumps(
             {**status.counts, "planned": status.planned, "lost": status.lost, "late": status.late}
         )
-        if not self.transition(run_id, OPEN_STATES, state, reason, final_counts=final):
+        ended = self._transition(run_id, OPEN_STATES, state, reason, final_counts=final)
+        if not ended.changed:
             return None
         info = self.info(run_id)
+        # Counted even when resumed in the meantime: the run did end.
+        self._count_finished(info.get("job", ""), run_id, state, ended.now_ms, retention_days(info))
         if info["state"] != state:  # resumed in the meantime: keep it open
             return None
-        self._retire(info.get("job", ""), run_id, _retention(info))
+        self._retire(info.get("job", ""), run_id, retention_days(info))
         return self.record_decision(run_id, "finalize", f"{state}: {reason}")
 
     def retire_if_final(self, run_id: str, info: dict[str, str]) -> bool:
-        """Repairs a finished run still listed as open (a crash after its last change)."""
+        """Repairs a finished run still listed as open (a crash after its last change):
+        counts its end (once: the end is known by its ``state_at``) and retires it."""
         if info.get("state") not in FINAL_STATES:
             return False
-        self._retire(info.get("job", ""), run_id, _retention(info))
+        ended_ms = int(info["state_at"]) if info.get("state_at", "").isdigit() else 0
+        job, days = info.get("job", ""), retention_days(info)
+        self._count_finished(job, run_id, info["state"], ended_ms, days)
+        self._retire(job, run_id, days)
         return True
+
+    def _count_finished(
+        self, job_name: str, run_id: str, state: str, ended_ms: int, retention: int
+    ) -> None:
+        """Counts the run's end in its job's finished tally; before it is retired, so that
+        a crash between the two is repaired by the next tick (:meth:`retire_if_final`)."""
+        job_tallies.count_finished(self.store, job_name, run_id, state, ended_ms, retention)
 
     def drop_gone(self, job: Job, run_id: str) -> Decision:
         """Drops a run listed as open whose record is missing, recording why.
@@ -292,7 +317,8 @@ class Runs:
             created, listed_open, logged, retention, (seconds, _micros) = pipe.execute()
         if created is None and not listed_open and not logged:
             return None
-        kept_until = (created or 0) + int(retention or DEFAULT_RETENTION_DAYS) * DAY_MS
+        days = retention_days({"retention_days": as_text(retention) if retention else ""})
+        kept_until = (created or 0) + days * DAY_MS
         if not listed_open and not logged and kept_until < int(seconds) * 1000:
             return NotFound(
                 f"run {run_id!r} is gone: its retention has ended; nothing to do", run_id=run_id
@@ -368,11 +394,13 @@ class Runs:
         """Closes an open run as canceled."""
         self.store.set_closed(run_id, True)
         info = self.info(run_id)
-        changed = self.transition(run_id, OPEN_STATES, "canceled", reason)
-        if changed:
-            self._retire(info.get("job", ""), run_id, _retention(info))
+        ended = self._transition(run_id, OPEN_STATES, "canceled", reason)
+        if ended.changed:
+            job, days = info.get("job", ""), retention_days(info)
+            self._count_finished(job, run_id, "canceled", ended.now_ms, days)
+            self._retire(job, run_id, days)
             self.record_decision(run_id, "cancel", reason)
-        return changed
+        return ended.changed
 
     def open_runs(self, job_name: str) -> list[str]:
         """The job's runs that are planning or running."""
@@ -409,11 +437,9 @@ def accounting(status: RunStatus) -> str:
     return ", ".join(parts)
 
 
-def _retention(info: dict[str, str]) -> int:
-    return int(info.get("retention_days") or DEFAULT_RETENTION_DAYS)
-
-
 __all__ = [
+    "FINAL_STATES",
+    "OPEN_STATES",
     "Decision",
     "Item",
     "Runs",

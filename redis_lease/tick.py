@@ -16,14 +16,14 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
 from croniter import croniter
 from rq import get_current_job
 
-from . import age_history, capacity, dispatch
+from . import age_history, capacity, dispatch, missed_runs
 from .backoff import FAILURE_STREAK_LIMIT, hold_dispatch
 from .errors import NotFound, RedisLeaseError, RedisUnavailable
 from .job_failures import job_failures
@@ -31,6 +31,7 @@ from .jobs import Job, load_job
 from .lease import RunStatus
 from .limits import DEFAULT_PREFIX
 from .locks import lock
+from .missed_runs import business_date as business_date
 from .runs import Decision, PlanProgress, Runs, to_ms
 from .store import LeaseStore
 
@@ -168,7 +169,10 @@ def _create_due_runs(
     time in the window, and it is on time while its deadline is ahead (whatever
     the policy: the server lost it, nothing missed it). The catch-up policy then
     picks: ``all`` missed dates, the ``latest``, or ``none`` but those on time
-    (within ``catch_up_grace``).
+    (within ``catch_up_grace``). The dates it skips were missed, and so were those
+    between ``last_fire_at`` and the window's start: each is counted once in the job's
+    ``missed`` tally (``redis_lease_missed_runs_total``, :mod:`redis_lease.missed_runs`),
+    and a ``missed`` decision on the run created with them names them.
     """
     opts = job.options
     grace = timedelta(seconds=opts.catch_up_grace)
@@ -180,7 +184,7 @@ def _create_due_runs(
     with store.translating_errors():
         todo = record.without_runs(store, job, fires)
     if record.paused_by is not None:
-        return _skip_paused(store, job, record, fires, todo)
+        return missed_runs.skip_paused(store, job, record.paused_by, fires, todo)
     on_time = [fire for fire in todo if now - fire <= grace or _still_due(record, job, fire, now)]
     if opts.catch_up == "all":
         chosen = todo
@@ -194,10 +198,17 @@ def _create_due_runs(
         for fire in chosen
         if (decision := _create(runs, job, fire, now, fire not in on_time, record.fresh, skipped))
     ]
-    with (
-        store.translating_errors()
-    ):  # after the runs exist: a crash before this repeats, harmlessly
-        _record_handled(store, job, fires, skipped)
+    older = missed_runs.older_dates(
+        job, record.handled(grace), now - timedelta(days=opts.catch_up_days)
+    )
+    # After the runs exist: a crash before this repeats, harmlessly. A new job (or a
+    # server that lost its data) missed nothing: nothing expected it.
+    missed = missed_runs.record_handled(
+        store, job, fires, skipped, older=older, count=not record.fresh
+    )
+    if missed and decisions:
+        note = missed_runs.missed_decision(runs, path, job, decisions[-1].run_id, missed)
+        decisions.append(note)
     if first and record.fresh and not decisions:
         decisions.append(Decision("waiting", job.name, _next_fire_note(path, job, now)))
     return decisions
@@ -239,14 +250,18 @@ class _JobRecord:
         """No record of the job's runs: a new job, or a server that lost its data."""
         return self.last_fire is None and self.newest_run is None
 
+    def handled(self, grace: timedelta) -> datetime | None:
+        """The last scheduled time a tick handled; with runs made before any tick, as if
+        it ticked when the newest was made; None with no record."""
+        if self.last_fire is not None:
+            return self.last_fire
+        return None if self.newest_run is None else self.newest_run - grace
+
     def since(self, now: datetime, days: int, grace: timedelta) -> datetime:
         """Where the window of scheduled times to consider begins (exclusive)."""
         since = now - timedelta(days=days)
-        if self.last_fire is not None:
-            return max(since, self.last_fire)
-        if self.newest_run is not None:  # runs made before any tick: as if it ticked then
-            return max(since, self.newest_run - grace)
-        return since
+        handled = self.handled(grace)
+        return since if handled is None else max(since, handled)
 
     @staticmethod
     def without_runs(store: LeaseStore, job: Job, fires: list[datetime]) -> list[datetime]:
@@ -255,50 +270,6 @@ class _JobRecord:
         for fire in fires:
             pipe.zscore(store.keys.job_dates(job.name), business_date(job, fire).isoformat())
         return [fire for fire, seen in zip(fires, pipe.execute(), strict=True) if seen is None]
-
-
-def _skip_paused(
-    store: LeaseStore, job: Job, record: _JobRecord, fires: list[datetime], todo: list[datetime]
-) -> list[Decision]:
-    """A paused job's tick: its due dates are skipped (``backfill`` can make them later)."""
-    why = f"while paused by {record.paused_by}"
-    with store.translating_errors():
-        _record_handled(store, job, fires, todo, why)
-    if not todo:
-        return []
-    days = ", ".join(sorted({business_date(job, fire).isoformat() for fire in todo}))
-    return [
-        Decision(
-            "paused",
-            job.name,
-            f"schedule paused by {record.paused_by}: no run created for {days}; "
-            f"redis-lease schedule resume {job.name} to create new runs again, "
-            "redis-lease backfill to make these",
-        )
-    ]
-
-
-def _record_handled(
-    store: LeaseStore,
-    job: Job,
-    fires: list[datetime],
-    skipped: list[datetime],
-    why: str | None = None,
-) -> None:
-    """Moves ``last_fire_at`` to the newest scheduled time seen; marks skipped dates."""
-    pipe = store.client.pipeline(transaction=False)
-    if fires:
-        pipe.hset(store.keys.job(job.name), "last_fire_at", str(to_ms(fires[-1])))
-    if skipped:
-        days = sorted({business_date(job, fire).isoformat() for fire in skipped})
-        pipe.zadd(store.keys.job_dates(job.name), dict.fromkeys(days, 0), nx=True)
-        pipe.hset(
-            store.keys.job(job.name),
-            "last_catch_up",
-            f"skipped {len(days)} missed dates ({why or f'policy {job.options.catch_up}'}): "
-            + ", ".join(days),
-        )
-    pipe.execute()
 
 
 def _create(
@@ -342,11 +313,6 @@ def _next_fire_note(path: str, job: Job, now: datetime) -> str:
         f"{following:%Y-%m-%d %H:%M} {job.options.timezone}; to run one now: "
         f"redis-lease start {path}"
     )
-
-
-def business_date(job: Job, fire: datetime) -> date:
-    """The business date of a scheduled time: its date in the job's timezone."""
-    return fire.astimezone(job.zone).date()
 
 
 # -- ticking one run --------------------------------------------------------------
@@ -524,7 +490,7 @@ def _burst(
     )
     rate = (status.finished - sample_done) / ((now_ms - sample_at) / 1000)
     projected_ms = now_ms + status.unfinished / rate * 1000 if rate > 0 else float("inf")
-    fields: dict[Any, Any] = {"rate_per_s": f"{rate:.3f}"}
+    fields: dict[Any, Any] = {"rate_per_s": f"{rate:.6g}"}  # a slow run's rate is not 0
     if projected_ms != float("inf"):
         fields["projected_finish_at"] = int(projected_ms)
     with store.translating_errors(run_id):

@@ -1,5 +1,6 @@
 """Operator reads of a run that never load the whole run: pages of items, an item's effects,
-the providers' caps.
+the providers' caps, the run ids and statuses of a listing. The rows the CLI's views and
+the dashboard make of them are in :mod:`redis_lease.run_views`.
 
 A page of one state (pending, leased, dead) comes from that state's index (a sorted set
 per shard: pending by eligible time, leased by lease expiry, dead by time of death) with
@@ -10,16 +11,16 @@ one, ``<shard>:<position>`` (a rank, or an ``HSCAN`` cursor), or None after the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .connection import as_text
 from .effects import SEPARATOR
-from .errors import InvalidInput
+from .errors import InvalidInput, NotFound
 from .gate import GateState, ProviderGate
 from .keys import SHARD_KEY_NAMES, shard_of
-from .lease import COUNT_STATES, TEXT_SUFFIXES, ItemRecord, effect_record
+from .lease import COUNT_STATES, TEXT_SUFFIXES, ItemRecord, RunStatus, effect_record
 from .store import LeaseStore
 
 #: The index (a shard key name) of each state that has one; its score is a time in ms.
@@ -224,3 +225,12 @@ def run_ids_since(store: LeaseStore, since_ms: int | None = None) -> list[str]:
     with store.translating_errors():
         ids = store.client.zrevrangebyscore(store.keys.runs, "+inf", low)
     return [as_text(run_id) for run_id in ids]
+
+
+def run_statuses(store: LeaseStore, run_ids: Iterable[str]) -> Iterator[RunStatus]:
+    """The status of each run, in order; a run whose record expired meanwhile is left out."""
+    for run_id in run_ids:
+        try:
+            yield store.status(run_id)
+        except NotFound:  # listed, but its record has expired since
+            continue

@@ -11,13 +11,15 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 import redis
 
 from redis_lease import LeaseStore, dispatch
+from redis_lease.jobs import Job
 from redis_lease.runs import FINAL_STATES, Runs
 from redis_lease.tick import tick
 
@@ -26,6 +28,8 @@ FLEET_PATH = "tests.fleet_jobs:fleet"
 NIGHTLY_PATH = "tests.fleet_jobs:nightly"
 
 T = TypeVar("T")
+#: Sets the nightly job's options for one test: ``configure(**options) -> Job``.
+Configure = Callable[..., Job]
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.05) -> T:
@@ -203,3 +207,24 @@ def assert_json_job(client: redis.Redis, rq_id: str) -> Any:
 def purge_queue(client: redis.Redis, name: str, extra_job_ids: tuple[str, ...] = ()) -> None:
     """Deletes an RQ queue of this test: its jobs in every registry, its workers, its keys."""
     dispatch.purge_queue(client, name, extra_job_ids)
+
+
+def configure_nightly(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch, items: int
+) -> Iterator[Configure]:
+    """The nightly job (tests.fleet_jobs) on an RQ queue of the test's own, planning ``items``
+    items with no failures (a generator for a fixture: purges the queue afterwards)."""
+    from tests import fleet_jobs  # the jobs module imports the worker; only fixtures need it
+
+    name = f"{store.prefix}-q"
+    for key, value in {"items": items, "fail_after": None, "crash_after": None}.items():
+        monkeypatch.setitem(fleet_jobs.PLAN, key, value)
+
+    def configure(**options: Any) -> Job:
+        job = fleet_jobs.nightly
+        monkeypatch.setattr(job, "options", replace(job.options, queue=name, **options))
+        return job
+
+    configure()
+    yield configure
+    purge_queue(store.client, name)

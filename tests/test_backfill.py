@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import getpass
 import json
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,34 +21,20 @@ import pytest
 from redis_lease import LeaseStore
 from redis_lease.backfill import backfill, backfill_dates
 from redis_lease.errors import InvalidInput
-from redis_lease.jobs import Job
 from redis_lease.runs import Runs, to_ms
 from redis_lease.schedule import pause, pause_state, pause_states, resume
 from redis_lease.tick import tick
-from tests import fleet_jobs
-from tests.fleet_helpers import NIGHTLY_PATH, purge_queue
+from tests.fleet_helpers import NIGHTLY_PATH, Configure, configure_nightly
 from tests.helpers import snapshot
 from tests.test_fleet_frictions import cli, write_module
 
-Configure = Callable[..., Job]
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture
 def nightly(real_store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[Configure]:
     """The nightly job (02:00 UTC daily, catch-up all) on an RQ queue of this test's own."""
-    name = f"{real_store.prefix}-q"
-    for key, value in {"items": 2, "fail_after": None, "crash_after": None}.items():
-        monkeypatch.setitem(fleet_jobs.PLAN, key, value)
-
-    def configure(**options: Any) -> Job:
-        job = fleet_jobs.nightly
-        monkeypatch.setattr(job, "options", replace(job.options, queue=name, **options))
-        return job
-
-    configure()
-    yield configure
-    purge_queue(real_store.client, name)
+    yield from configure_nightly(real_store, monkeypatch, items=2)
 
 
 def test_backfill_all_creates_each_scheduled_date_once(
@@ -284,7 +269,7 @@ def test_pause_returns_what_it_wrote_when_a_resume_comes_at_once(
                 client.hdel(key, "paused_by", "paused_at")
             return replies
 
-        pipe.execute = then_resume
+        pipe.execute = then_resume  # type: ignore[method-assign]
         return pipe
 
     monkeypatch.setattr(client, "pipeline", pipeline)

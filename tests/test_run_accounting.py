@@ -119,7 +119,9 @@ def test_a_commit_after_the_deadline_ends_the_run_partial(
         "deadline passed: 3 done of 3 planned, 1 committed after the deadline"
     )
     assert json.loads(info["final_counts"])["late"] == 1
-    assert scrape(store)[("redis_lease_late_commits_total", (("run", RUN),))] == 1
+    assert (
+        scrape(store)[("redis_lease_late_commits_total", (("job", "nightly"), ("run", RUN)))] == 1
+    )
 
 
 def test_a_run_finished_before_its_deadline_but_ticked_after_it_succeeds(
@@ -161,8 +163,8 @@ def test_items_whose_records_vanished_are_lost_and_the_run_cannot_succeed(
         "check maxmemory-policy and persistence)"
     )
     samples = scrape(store)
-    assert samples[("redis_lease_lost_items", (("run", RUN),))] == lost
-    assert samples[("redis_lease_planned_items", (("run", RUN),))] == 8
+    assert samples[("redis_lease_lost_items", (("job", "nightly"), ("run", RUN)))] == lost
+    assert samples[("redis_lease_planned_items", (("job", "nightly"), ("run", RUN)))] == 8
 
 
 def test_burst_and_finalize_agree_that_a_dead_item_is_neither_work_left_nor_done(
@@ -179,7 +181,7 @@ def test_burst_and_finalize_agree_that_a_dead_item_is_neither_work_left_nor_done
     tick(store, [NIGHTLY_PATH], now=later)
     info = runs.info(RUN)
     # One item finished in 10 s, one unfinished left (the dead one is not work left).
-    assert info["rate_per_s"] == "0.100"
+    assert float(info["rate_per_s"]) == 0.1
     assert int(info["projected_finish_at"]) == to_ms(later) + 10_000
     store.commit(store.claim(RUN, item(3), "w1", ttl=60))
     tick(store, [NIGHTLY_PATH], now=later + timedelta(seconds=1))

@@ -16,25 +16,26 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 import pytest
 
-from redis_lease import LeaseStore
+from redis_lease import LeaseStore, missed_runs
+from redis_lease.backfill import backfill
 from redis_lease.backoff import FAILURE_STREAK_LIMIT
 from redis_lease.capacity import record_pass
 from redis_lease.dispatch import live_jobs, queue
 from redis_lease.errors import InvalidInput, RunClosed
 from redis_lease.job_failures import job_failures, record_job_failure
-from redis_lease.jobs import Job
 from redis_lease.metrics import WORKERS_NEEDED, WORKERS_NEEDED_UNKNOWN
 from redis_lease.output import iso_time
 from redis_lease.runs import PLAN_BATCH, Decision, Runs, to_ms
+from redis_lease.schedule import pause, resume
 from redis_lease.tick import tick
 from redis_lease.worker import _forget_job
 from tests import fleet_jobs
-from tests.fleet_helpers import NIGHTLY_PATH, REPO, purge_queue, text
+from tests.fleet_helpers import NIGHTLY_PATH, REPO, Configure, configure_nightly, text
 from tests.helpers import scrape
 
 #: 30 seconds after the nightly job's 02:00 start tomorrow (UTC).
@@ -43,24 +44,11 @@ T0 = datetime.combine(DAY, time(2, 0, 30), UTC)
 RUN = f"nightly:{DAY.isoformat()}"
 MARCH_10 = "nightly:2026-03-10"
 
-Configure = Callable[..., Job]
-
 
 @pytest.fixture
 def nightly(real_store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[Configure]:
     """Sets the nightly job's options for this test (its own RQ queue) and its planner."""
-    name = f"{real_store.prefix}-q"
-    for key, value in {"items": 4, "fail_after": None, "crash_after": None}.items():
-        monkeypatch.setitem(fleet_jobs.PLAN, key, value)
-
-    def configure(**options: Any) -> Job:
-        job = fleet_jobs.nightly
-        monkeypatch.setattr(job, "options", replace(job.options, queue=name, **options))
-        return job
-
-    configure()
-    yield configure
-    purge_queue(real_store.client, name)
+    yield from configure_nightly(real_store, monkeypatch, items=4)
 
 
 def logged_as(decision: Decision) -> tuple[str, ...]:
@@ -481,7 +469,7 @@ def test_a_failure_is_not_recorded_on_a_run_deleted_meanwhile(
     tick(real_store, [NIGHTLY_PATH], now=T0)
     key = real_store.keys.run(RUN)
     client = real_store.client
-    send = client.execute_command
+    send: Callable[..., Any] = client.execute_command
     deleted: list[bool] = []
 
     def then_retention_deletes(*args: Any, **options: Any) -> Any:
@@ -499,3 +487,67 @@ def test_a_failure_is_not_recorded_on_a_run_deleted_meanwhile(
     assert not client.exists(key), client.hgetall(key)
     assert record_job_failure(real_store, RUN, 0, "RuntimeError: late") is False
     assert not client.exists(key)
+
+
+@pytest.mark.parametrize(("policy", "missed"), [("latest", 2), ("none", 3), ("all", 0)])
+def test_missed_scheduled_runs_are_counted_once(
+    real_store: LeaseStore, nightly: Configure, policy: str, missed: int
+) -> None:
+    job = nightly(catch_up=policy)
+    key = ("redis_lease_missed_runs_total", (("job", "nightly"),))
+    registered = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+    tick(real_store, [NIGHTLY_PATH], now=registered)
+    assert scrape(real_store)[key] == 0  # a new job missed nothing: nothing expected it
+
+    later = registered + timedelta(days=3, hours=4)  # 11, 12 and 13 March passed unticked
+    decisions = tick(real_store, [NIGHTLY_PATH], now=later)
+    assert scrape(real_store)[key] == missed
+    notes = [d for d in decisions if d.kind == "missed"]
+    if policy == "latest":  # on the run created with them, naming them and the fix
+        [note] = notes
+        assert note.run_id == "nightly:2026-03-13"
+        assert note.reason.startswith("2 scheduled runs never created")
+        assert "2026-03-11, 2026-03-12" in note.reason
+        assert note.reason.endswith(
+            f"redis-lease backfill {NIGHTLY_PATH} --from 2026-03-11 --to 2026-03-12"
+        )
+        assert_logged(Runs(real_store), decisions)
+    else:  # none: no run was created to note it on; all: nothing missed
+        assert notes == []
+
+    # Ticking again, and backfilling a missed date, counts nothing again.
+    tick(real_store, [NIGHTLY_PATH], now=later + timedelta(minutes=1))
+    backfill(real_store, job, date(2026, 3, 11), date(2026, 3, 11), now=later)
+    assert scrape(real_store)[key] == missed
+    # Dates skipped while paused were an operator's choice: not missed.
+    pause(real_store, "nightly", by="alice")
+    tick(real_store, [NIGHTLY_PATH], now=later + timedelta(days=2))
+    resume(real_store, "nightly")
+    assert scrape(real_store)[key] == missed
+
+
+@pytest.mark.parametrize(("cap", "older"), [(missed_runs.MAX_OLDER_DATES, 13), (5, 5)])
+def test_dates_older_than_the_catch_up_window_are_missed_too(
+    real_store: LeaseStore,
+    nightly: Configure,
+    monkeypatch: pytest.MonkeyPatch,
+    cap: int,
+    older: int,
+) -> None:
+    monkeypatch.setattr(missed_runs, "MAX_OLDER_DATES", cap)
+    nightly(catch_up="latest")  # looks back catch_up_days=7
+    key = ("redis_lease_missed_runs_total", (("job", "nightly"),))
+    registered = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+    tick(real_store, [NIGHTLY_PATH], now=registered)
+    # 20 days unticked: the window holds 24-30 March (the 30th created, 6 skipped) and
+    # 11-23 March lie before it, after the last scheduled time handled (10 March).
+    later = registered + timedelta(days=20)
+    decisions = tick(real_store, [NIGHTLY_PATH], now=later)
+    assert scrape(real_store)[key] == 6 + older
+    [note] = [d for d in decisions if d.kind == "missed"]
+    assert note.run_id == "nightly:2026-03-30"
+    assert note.reason.startswith(f"{6 + older} scheduled runs never created")
+    first = date(2026, 3, 24) - timedelta(days=older)
+    assert f"--from {first.isoformat()} --to 2026-03-29" in note.reason
+    tick(real_store, [NIGHTLY_PATH], now=later + timedelta(minutes=1))  # once each
+    assert scrape(real_store)[key] == 6 + older

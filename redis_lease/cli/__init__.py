@@ -8,13 +8,14 @@ of :mod:`.app`.
 
 from __future__ import annotations
 
-from . import fleet, leases, operator, status
+from . import dashboard, fleet, leases, operator, status
 from .app import LeaseGroup, Settings, app, open_store, report
 
 __all__ = [
     "LeaseGroup",
     "Settings",
     "app",
+    "dashboard",
     "fleet",
     "leases",
     "main",

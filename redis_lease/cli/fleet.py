@@ -327,9 +327,18 @@ def metrics(
         typer.Option("--serve", help="Serve /metrics on this port (1-65535)."),
     ] = None,
     host: Annotated[str, typer.Option("--host", help="Address to serve on.")] = "127.0.0.1",
-    max_runs: Annotated[int, typer.Option("--max-runs", min=1, help="Newest runs exported.")] = 50,
+    max_runs: Annotated[
+        int,
+        typer.Option(
+            "--max-runs", min=1, help="Newest final runs exported (open runs always are)."
+        ),
+    ] = 50,
 ) -> None:
-    """Print Prometheus metrics of runs and providers, or serve them for scraping."""
+    """Print Prometheus metrics of runs, jobs and providers, or serve them for scraping.
+
+    Served, one collector lives as long as the server: the processing-duration and
+    queue-age histograms it builds from the attempt logs accumulate across scrapes.
+    """
     from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
     from ..metrics import LeaseCollector

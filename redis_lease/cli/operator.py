@@ -7,12 +7,13 @@ effect records and attempts.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 import typer
 
 from ..effects import resolve_effect
-from ..errors import InvalidInput, NotFound
+from ..errors import InvalidInput
 from ..job_failures import job_failures
 from ..lease import ItemRecord, RunStatus
 from ..output import (
@@ -21,13 +22,21 @@ from ..output import (
     print_json,
     print_table,
     progress_bar,
-    same_times,
 )
-from ..runs import FINAL_STATES, OPEN_STATES, Runs
+from ..run_views import attempt_rows, deadline_text, effect_row, record_dict
+from ..runs import FINAL_STATES, OPEN_STATES
 from ..schedule import pause_states
 from ..store import LeaseStore
 from ..validation import check_id
-from ..views import SCORE_MEANING, Page, check_state, item_effects, items_page, run_ids_since
+from ..views import (
+    SCORE_MEANING,
+    Page,
+    check_state,
+    item_effects,
+    items_page,
+    run_ids_since,
+    run_statuses,
+)
 from .app import ItemArg, JsonOpt, RunArg, app, json_option, open_store, parse_since
 
 RUN_STATES = (*OPEN_STATES, *FINAL_STATES)
@@ -35,24 +44,6 @@ LimitOpt = Annotated[int, typer.Option("--limit", "-n", help="Most items in the 
 CursorOpt = Annotated[
     str | None, typer.Option("--cursor", help="Where the page starts: the cursor a page printed.")
 ]
-
-
-def record_dict(record: ItemRecord) -> dict[str, Any]:
-    """An item record as JSON-ready data (times in ISO 8601 UTC)."""
-    return {
-        "run": record.run_id,
-        "item": record.item_id,
-        "shard": record.shard,
-        "state": record.state,
-        "token": record.token,
-        "attempts": record.attempts,
-        "owner": record.owner,
-        "lease_id": record.lease_id,
-        "expires_at": iso_time(record.expires_at_ms),
-        "payload": record.payload,
-        "result": record.result,
-        "error": record.error,
-    }
 
 
 def _page_hint(page: Page, command: str) -> None:
@@ -92,12 +83,7 @@ def runs(
         r for r in run_ids_since(store, since_ms) if job is None or r.startswith(f"{job}:")
     ]
     with progress_bar("reading runs", len(candidates)) as advance:
-        for run_id in candidates:
-            advance(1)
-            try:
-                one = store.status(run_id)
-            except NotFound:  # listed, but its record has expired since
-                continue
+        for one in run_statuses(store, _advancing(candidates, advance)):
             if job is not None and one.info.get("job") != job:
                 continue
             if state is None or one.state == state:
@@ -117,6 +103,13 @@ def runs(
         typer.echo(f"job {name} is {text}")
 
 
+def _advancing(run_ids: list[str], advance: Callable[[int], None]) -> Iterator[str]:
+    """The run ids, advancing the progress bar as each is read."""
+    for run_id in run_ids:
+        advance(1)
+        yield run_id
+
+
 def _run_row(status: RunStatus, paused: dict[str, str]) -> dict[str, Any]:
     failures = job_failures(status.info)
     job = status.info.get("job")
@@ -128,9 +121,7 @@ def _run_row(status: RunStatus, paused: dict[str, str]) -> dict[str, Any]:
         "created_at": iso_time(int(status.info["created_at"]))
         if status.info.get("created_at", "").isdigit()
         else None,
-        "deadline": iso_time(int(status.info["deadline_at"]))
-        if status.info.get("deadline_at", "").isdigit()
-        else None,
+        "deadline": deadline_text(status),
         "counts": dict(status.counts),
         "planned": status.planned,
         "lost": status.lost,
@@ -270,14 +261,14 @@ def inspect(
     store = open_store(ctx)
     record = store.item(run, item)
     effects = item_effects(store, run, item)
-    attempts = _attempts(store, run, item, attempts_limit)
+    attempts = attempt_rows(store, run, item, attempts_limit)
     data = record_dict(record)
     if as_json:
         print_json(
             {
                 **data,
                 "errors": _errors(record),
-                "effects": [{"key": key, **_effect_row(rec)} for key, rec in effects],
+                "effects": [{"key": key, **effect_row(rec)} for key, rec in effects],
                 "attempt_log": attempts,
             }
         )
@@ -292,7 +283,7 @@ def inspect(
                     rec.get("name"),
                     rec.get("state"),
                     rec.get("token"),
-                    _effect_row(rec)["updated_at"],
+                    effect_row(rec)["updated_at"],
                     rec.get("result", rec.get("error")),
                 )
                 for key, rec in effects
@@ -322,32 +313,6 @@ def inspect(
         )
     else:
         typer.echo("attempts: none recorded")
-
-
-def _effect_row(record: dict[str, Any]) -> dict[str, Any]:
-    """An effect record with its time in the CLI's form."""
-    updated = record.get("updated_at")
-    return {**record, "updated_at": iso_time(int(updated)) if isinstance(updated, int) else None}
-
-
-def _attempts(store: LeaseStore, run: str, item: str, limit: int) -> list[dict[str, Any]]:
-    """The item's attempts from the attempt log, newest first, as JSON-ready rows."""
-    return [attempt.to_dict() for attempt in store.attempts(run, item, limit=limit)]
-
-
-def decision_rows(store: LeaseStore, run: str) -> list[dict[str, str | None]]:
-    """The run's recorded decisions, times in the CLI's one form (ISO 8601 UTC, ms)."""
-    rows: list[dict[str, str | None]] = []
-    for decision in Runs(store).decisions(run):
-        at = decision.get("at", "")
-        rows.append(
-            {
-                **decision,
-                "at": iso_time(int(at)) if at.isdigit() else at,
-                "reason": same_times(decision.get("reason", "")),
-            }
-        )
-    return rows
 
 
 @app.command("resolve-effect")
@@ -386,6 +351,6 @@ def resolve_effect_command(
         worker=worker,
     )
     if as_json:
-        print_json({"run": run, "item": item, "effect": effect, **_effect_row(record)})
+        print_json({"run": run, "item": item, "effect": effect, **effect_row(record)})
     else:
         typer.echo(f"effect {effect} of {item} in run {run}: {record.get('state')}")

@@ -13,18 +13,17 @@ import typer
 
 from ..connection import as_text, eviction_danger
 from ..errors import NotFound
-from ..gate import GateState
 from ..job_failures import job_failures
 from ..lease import RunStatus
 from ..output import (
-    iso_time,
     print_fields,
     print_json,
     print_table,
     progress_bar,
     same_times,
 )
-from ..runs import FINAL_STATES, LOST_HINT, Runs
+from ..run_views import deadline_text, decision_rows, projected_finish_text, provider_rows
+from ..runs import LOST_HINT, Runs
 from ..store import LeaseStore
 from ..validation import check_id
 from ..views import providers
@@ -33,7 +32,6 @@ from .app import (
     app,
     open_store,
 )
-from .operator import decision_rows
 
 
 def run_details(
@@ -65,14 +63,6 @@ def _status_row(status: RunStatus) -> list[Any]:
     ]
 
 
-def projected_finish(status: RunStatus) -> str | None:
-    """When the run should finish at its recent rate; None once it is final (or unknown)."""
-    projected = status.info.get("projected_finish_at", "")
-    if status.state in FINAL_STATES or not projected.isdigit():
-        return None
-    return iso_time(int(projected))
-
-
 def effects_by_outcome(status: RunStatus) -> dict[str, int]:
     """The run's effect records by state (intended, applied, failed, unknown), and reconciled."""
     return {
@@ -80,21 +70,6 @@ def effects_by_outcome(status: RunStatus) -> dict[str, int]:
         for name, value in sorted(status.counters.items())
         if name.startswith("effects_") and value
     }
-
-
-def _provider_rows(gates: list[GateState]) -> list[dict[str, Any]]:
-    return [
-        {
-            "provider": gate.name,
-            "cap": gate.cap,
-            "in_use": gate.in_use,
-            "min_cap": gate.min_cap,
-            "max_cap": gate.max_cap,
-            "throttles": gate.throttles,
-            "paused_until": iso_time(gate.paused_until_ms),
-        }
-        for gate in gates
-    ]
 
 
 @app.command()
@@ -143,15 +118,15 @@ def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> 
     decisions, settings = run_details(store, one)
     failures = job_failures(one.info)
     effects = effects_by_outcome(one)
-    gates = _provider_rows(providers(store))
+    gates = provider_rows(providers(store))
     info = one.info
-    deadline = iso_time(int(info["deadline_at"])) if info.get("deadline_at", "").isdigit() else None
+    deadline = deadline_text(one)
     if as_json:
         print_json(
             {
                 **one.to_dict(),
                 "deadline": deadline,
-                "projected_finish": projected_finish(one),
+                "projected_finish": projected_finish_text(one),
                 "failed_jobs": failures.count,
                 "last_job_error": failures.last_error or None,
                 "effects": effects,
@@ -172,7 +147,7 @@ def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> 
             "business date": info.get("business_date"),
             "deadline": deadline,
             "rate (items/s)": info.get("rate_per_s"),
-            "projected finish": projected_finish(one),
+            "projected finish": projected_finish_text(one),
             "shards": one.shards,
             "planned": one.planned,
             **one.counts,

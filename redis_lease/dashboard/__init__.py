@@ -1,0 +1,12 @@
+"""The web dashboard: runs, one run, one item, requeue and resume; RQ's own under ``/rq``.
+
+Build it with :func:`create_app` (a Flask app); ``redis-lease dashboard`` serves it
+with waitress (:func:`serve`).
+"""
+
+from __future__ import annotations
+
+from .app import create_app
+from .server import serve
+
+__all__ = ["create_app", "serve"]
