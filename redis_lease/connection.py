@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -46,6 +46,14 @@ CONNECT_TIMEOUT = 3.0
 SOCKET_TIMEOUT = 30.0
 #: Retries of a command after a connection error or timeout, and their backoff (seconds).
 RETRIES, BACKOFF_BASE, BACKOFF_CAP = 4, 0.1, 2.0
+#: The URL parameters naming TLS files (redis-py's), and the CLI option that sets each.
+TLS_FILE_PARAMS = {
+    "ssl_ca_certs": "--tls-ca",
+    "ssl_certfile": "--tls-cert",
+    "ssl_keyfile": "--tls-key",
+}
+#: Every TLS URL parameter redis-py reads; on a redis:// URL each is a mistake.
+_TLS_PARAM = re.compile(r"ssl_\w+")
 
 _T = TypeVar("_T")
 
@@ -147,6 +155,7 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
         )
     if scheme != "unix":
         _check_network_url(url)
+    _check_tls_params(url, scheme)
     options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
     options.setdefault("socket_timeout", SOCKET_TIMEOUT)
     options.setdefault("health_check_interval", 30)
@@ -191,6 +200,64 @@ def _check_network_url(url: str) -> None:
             f"invalid Redis URL {shown!r}: the database {database!r} must be a number, "
             "e.g. redis://HOST:6379/0"
         )
+
+
+def with_tls(url: str, ca: str | None, cert: str | None, key: str | None) -> str:
+    """``url`` with the TLS files of ``--tls-ca``, ``--tls-cert`` and ``--tls-key`` as its
+    ``ssl_ca_certs``, ``ssl_certfile`` and ``ssl_keyfile`` parameters (replacing the URL's own).
+
+    Every client made from the URL then uses them: the CLI's, a worker's and its RQ
+    connection's, the tick's and the dashboard's.
+
+    Raises:
+        InvalidInput: a file is given for a URL that is not ``rediss://``, a key without a
+            certificate, or a file that cannot be read.
+    """
+    given = {"ssl_ca_certs": ca, "ssl_certfile": cert, "ssl_keyfile": key}
+    files = {name: path for name, path in given.items() if path}
+    if not files:
+        return url
+    options = " ".join(TLS_FILE_PARAMS[name] for name in files)
+    if _scheme(url) != "rediss":
+        raise InvalidInput(
+            f"{options} {'applies' if len(files) == 1 else 'apply'} to TLS only, and "
+            f"{safe_url(url)!r} is not a rediss:// URL: use rediss://HOST:PORT/DB"
+        )
+    if key and not cert:
+        raise InvalidInput("--tls-key needs --tls-cert: give the client certificate too")
+    base, _, fragment = url.partition("#")
+    path, _, query = base.partition("?")
+    kept = [(n, v) for n, v in parse_qsl(query, keep_blank_values=True) if n not in files]
+    pairs = [*kept, *files.items()]
+    url = path + "?" + "&".join(f"{quote(n, safe='')}={quote(v, safe='')}" for n, v in pairs)
+    url += f"#{fragment}" if fragment else ""
+    _check_tls_params(url, "rediss")
+    return url
+
+
+def _check_tls_params(url: str, scheme: str) -> None:
+    """Refuses TLS parameters on a URL without TLS, and TLS files that cannot be read."""
+    query = url.partition("#")[0].partition("?")[2]
+    params = parse_qsl(query, keep_blank_values=True)
+    if scheme != "rediss":
+        names = [name for name, _ in params if _TLS_PARAM.fullmatch(name)]
+        if names:
+            raise InvalidInput(
+                f"{', '.join(names)} in {safe_url(url)!r} "
+                f"{'applies' if len(names) == 1 else 'apply'} to TLS only: use rediss://, "
+                "or drop them"
+            )
+        return
+    for name, value in params:
+        if name in TLS_FILE_PARAMS:
+            try:
+                with open(value, "rb"):
+                    pass
+            except OSError as error:
+                raise InvalidInput(
+                    f"TLS file {value!r} ({name}, {TLS_FILE_PARAMS[name]}) cannot be read: "
+                    f"{error.strerror or error}"
+                ) from None
 
 
 def _fake_client(url: str, options: dict[str, Any]) -> redis.Redis:
@@ -411,7 +478,7 @@ def _permission_denied(error: BaseException, context: dict[str, Any]) -> Permiss
         where = f"script {script!r}" if script else "a script"
         problem = f"not run a command of {where}: grant it"
     return PermissionDenied(
-        f"the Redis user may {problem} (see docs/cli.md)", command=name, **context
+        f"the Redis user may {problem} (see docs/security.md)", command=name, **context
     )
 
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,11 +38,20 @@ from redis_lease.connection import (
     describe,
     resilient,
     safe_url,
+    with_tls,
 )
 from redis_lease.store import CommitRequest
 from tests.redis_server import RedisServer
 
-ENV_NAMES = ("REDIS_LEASE_URL", "REDIS_URL", "REDIS_LEASE_PREFIX", "REDIS_LEASE_DEBUG")
+ENV_NAMES = (
+    "REDIS_LEASE_URL",
+    "REDIS_URL",
+    "REDIS_LEASE_PREFIX",
+    "REDIS_LEASE_DEBUG",
+    "REDIS_LEASE_TLS_CA",
+    "REDIS_LEASE_TLS_CERT",
+    "REDIS_LEASE_TLS_KEY",
+)
 SECRET = "pw-s3cret"
 
 
@@ -181,7 +191,7 @@ def refused(call: Callable[[], Any]) -> PermissionDenied:
     with pytest.raises(PermissionDenied) as info:
         call()
     assert info.value.exit_code == 6 and SECRET not in str(info.value)
-    assert str(info.value).endswith("(see docs/cli.md)"), str(info.value)
+    assert str(info.value).endswith("(see docs/security.md)"), str(info.value)
     return info.value
 
 
@@ -189,7 +199,7 @@ def test_a_refused_plain_command_names_it(acl: Callable[..., str]) -> None:
     url = acl("nohget", "~*", "&*", "+@all", "-hget")
     error = refused(lambda: LeaseStore.from_url(url).shard_count("r"))
     assert error.command == "HGET"
-    assert str(error) == "the Redis user may not run HGET: grant it (see docs/cli.md)"
+    assert str(error) == "the Redis user may not run HGET: grant it (see docs/security.md)"
     line = one_error_line(cli(url, "inspect", "r", "a"), 6)
     assert "may not run HGET: grant it" in line
     assert "unexpected reply" not in line and "refused the login" not in line
@@ -202,7 +212,7 @@ def test_a_refused_command_inside_a_script_is_named(acl: Callable[..., str]) -> 
     message = str(error)  # Redis 7.0 does not say which command; later versions do
     assert "may not run TIME" in message or "a command of script 'claim'" in message, message
     line = one_error_line(cli(url, "claim", "r", "a", "--worker", "w"), 6)
-    assert "the Redis user may not run" in line and "grant it (see docs/cli.md)" in line
+    assert "the Redis user may not run" in line and "grant it (see docs/security.md)" in line
 
 
 def test_a_refused_key_pattern_says_so(acl: Callable[..., str]) -> None:
@@ -219,7 +229,7 @@ def test_a_refusal_inside_a_pipeline_is_translated(acl: Callable[..., str], rule
     store = LeaseStore.from_url(url)
     refused(lambda: store.status("r"))
     line = one_error_line(cli(url, "status", "r"), 6)
-    assert "the Redis user may not" in line and "(see docs/cli.md)" in line
+    assert "the Redis user may not" in line and "(see docs/security.md)" in line
 
 
 def test_pipelined_renewals_and_commits_translate_a_refusal(acl: Callable[..., str]) -> None:
@@ -295,3 +305,46 @@ def test_rediss_against_a_plain_server_fails_fast_naming_tls(
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: TLS handshake with 127.0.0.1:")
     assert SECRET not in done.stderr
+
+
+def test_tls_files_become_url_parameters_of_rediss_urls(tmp_path: Path) -> None:
+    ca, cert, key = (tmp_path / name for name in ("ca.crt", "my cert.crt", "k.key"))
+    for path in (ca, cert, key):
+        path.write_text("pem")
+    url = with_tls(
+        f"rediss://:{SECRET}@h:6380/0?ssl_ca_certs=old&x=1", str(ca), str(cert), str(key)
+    )
+    client = client_from_url(url)
+    kwargs = client.connection_pool.connection_kwargs
+    assert (kwargs["ssl_ca_certs"], kwargs["ssl_certfile"]) == (str(ca), str(cert))
+    assert kwargs["ssl_keyfile"] == str(key) and kwargs["x"] == "1"
+    assert client.connection_pool.connection_class is TLSConnection
+    assert with_tls("redis://h:6379/0", None, None, None) == "redis://h:6379/0"
+
+
+@pytest.mark.parametrize(
+    ("url", "files", "needle"),
+    [
+        ("redis://h:6379/0", {"ca": "CA"}, "--tls-ca applies to TLS only"),
+        ("unix:///tmp/r.sock", {"cert": "CERT"}, "is not a rediss:// URL"),
+        ("rediss://h:6380/0", {"key": "KEY"}, "--tls-key needs --tls-cert"),
+        ("rediss://h:6380/0", {"ca": "missing"}, "cannot be read"),
+    ],
+)
+def test_tls_options_refused_where_they_cannot_work(
+    tmp_path: Path, url: str, files: dict[str, str], needle: str
+) -> None:
+    (tmp_path / "CA").write_text("pem")
+    (tmp_path / "CERT").write_text("pem")
+    (tmp_path / "KEY").write_text("pem")
+    paths = {name: str(tmp_path / value) for name, value in files.items()}
+    with pytest.raises(InvalidInput) as info:
+        with_tls(url, paths.get("ca"), paths.get("cert"), paths.get("key"))
+    assert needle in str(info.value)
+
+
+def test_tls_url_parameters_on_a_plain_url_are_refused() -> None:
+    with pytest.raises(InvalidInput) as info:
+        client_from_url(f"redis://:{SECRET}@h:6379/0?ssl_ca_certs=/etc/hosts")
+    assert "ssl_ca_certs" in str(info.value) and "rediss://" in str(info.value)
+    assert SECRET not in str(info.value)

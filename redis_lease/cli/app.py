@@ -1,6 +1,7 @@
 """The command line's app: global options, the store, error reporting, shared options.
 
-The global options ``--url`` and ``--prefix`` are kept in ``ctx.obj`` (a
+The global options ``--url`` (with the TLS files of ``--tls-ca``, ``--tls-cert``
+and ``--tls-key`` as its parameters) and ``--prefix`` are kept in ``ctx.obj`` (a
 :class:`Settings`); a command gets its store from :func:`open_store`. Every
 failure leaves through :meth:`LeaseGroup.main`: one ``error: ...`` line on stderr
 and the documented exit code (docs/cli.md), never a traceback. The command
@@ -28,6 +29,7 @@ from ..connection import (
     client_from_url,
     translate,
     warn_unless_noeviction,
+    with_tls,
 )
 from ..errors import InvalidInput, RedisLeaseError
 from ..limits import (
@@ -149,6 +151,33 @@ def _global_options(
     prefix: Annotated[
         str, typer.Option("--prefix", envvar="REDIS_LEASE_PREFIX", help="Key prefix.")
     ] = DEFAULT_PREFIX,
+    tls_ca: Annotated[
+        str | None,
+        typer.Option(
+            "--tls-ca",
+            envvar="REDIS_LEASE_TLS_CA",
+            metavar="FILE",
+            help="CA certificates (PEM) that sign the server's certificate (rediss:// only).",
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        str | None,
+        typer.Option(
+            "--tls-cert",
+            envvar="REDIS_LEASE_TLS_CERT",
+            metavar="FILE",
+            help="Client certificate (PEM), for servers that check clients (rediss:// only).",
+        ),
+    ] = None,
+    tls_key: Annotated[
+        str | None,
+        typer.Option(
+            "--tls-key",
+            envvar="REDIS_LEASE_TLS_KEY",
+            metavar="FILE",
+            help="The client certificate's private key (PEM) (rediss:// only).",
+        ),
+    ] = None,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_show_version, is_eager=True, help="Show the version."),
@@ -156,7 +185,8 @@ def _global_options(
 ) -> None:
     """Fenced leases on the items of recoverable batch runs, in Redis."""
     check_id(prefix, "prefix")
-    ctx.obj = Settings(url=url, prefix=prefix)
+    # As URL parameters, the TLS files reach every client made from the URL.
+    ctx.obj = Settings(url=with_tls(url, tls_ca, tls_cert, tls_key), prefix=prefix)
 
 
 def open_store(ctx: typer.Context) -> LeaseStore:

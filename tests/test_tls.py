@@ -1,0 +1,136 @@
+"""TLS with client certificates: the fencing story and a fleet run over a private TLS-only
+server, and a wrong CA or a plain server refused fast with an error naming TLS (exit 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from redis_lease import Item, LeaseLost, LeaseStore
+from redis_lease.connection import with_tls
+from tests.fleet_helpers import Processes
+from tests.helpers import wait_past
+from tests.redis_server import RedisServer, TlsFiles, make_certificates
+from tests.security_helpers import Cli, fleet_env, fleet_run
+
+pytestmark = pytest.mark.slow
+
+
+def tls_options(files: TlsFiles) -> list[str]:
+    """The CLI's global TLS options for ``files``' CA and client certificate."""
+    return [
+        "--tls-ca",
+        str(files.ca),
+        "--tls-cert",
+        str(files.client_cert),
+        "--tls-key",
+        str(files.client_key),
+    ]
+
+
+def certificates(directory: Path) -> TlsFiles:
+    """Certificates made with openssl; without openssl a skip (a failure under CI=true)."""
+    if shutil.which("openssl") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the TLS tests need openssl: apt-get install openssl")
+        pytest.skip("openssl is not installed")
+    directory.mkdir()
+    return make_certificates(directory)
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private TLS-only redis-server that asks clients for a certificate of its CA."""
+    files = certificates(tmp_path / "certs")
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(tmp_path / "redis", tls=files)
+    try:
+        server.start()
+    except RuntimeError as error:  # a redis-server built without TLS
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"redis-server cannot serve TLS: {error}")
+        pytest.skip(f"redis-server cannot serve TLS: {error}")
+    yield server
+    server.kill()
+
+
+def tls_url(server: RedisServer) -> str:
+    """The server's rediss:// URL with its CA and the client certificate as parameters."""
+    assert server.tls is not None
+    files = server.tls
+    return with_tls(server.url, str(files.ca), str(files.client_cert), str(files.client_key))
+
+
+def test_the_fencing_story_over_tls(tls_server: RedisServer, prefix: str) -> None:
+    store = LeaseStore.from_url(tls_url(tls_server), prefix=prefix)
+    store.add("fence:tls", [Item("acct_1", {"v": 1})])
+    a = store.claim("fence:tls", "acct_1", worker="A", ttl=0.05)
+    wait_past(store.client, a.expires_at_ms)
+    b = store.claim("fence:tls", "acct_1", worker="B", ttl=60)
+    assert b.token > a.token and b.takeover
+    with pytest.raises(LeaseLost):
+        store.commit(a, {"by": "A"})
+    store.commit(b, {"by": "B"})
+    record = store.item("fence:tls", "acct_1")
+    assert (record.state, record.result) == ("done", {"by": "B"})
+    store.client.close()
+
+
+def test_a_fleet_run_over_tls_with_cli_options(tls_server: RedisServer, procs: Processes) -> None:
+    assert tls_server.tls is not None
+    worker = Cli(tls_server.url, tls_options(tls_server.tls), fleet_env("tls-q"))
+    run_id = fleet_run(worker, procs, "tls-q", "2031-06-02")
+    assert json.loads(worker.ok("status", run_id, "--json"))["counts"]["done"] == 30
+    # The same options through the environment.
+    env = {
+        "REDIS_LEASE_TLS_CA": str(tls_server.tls.ca),
+        "REDIS_LEASE_TLS_CERT": str(tls_server.tls.client_cert),
+        "REDIS_LEASE_TLS_KEY": str(tls_server.tls.client_key),
+    }
+    assert run_id in Cli(tls_server.url, env=env).ok("runs")
+
+
+def refused_fast(cli: Cli) -> str:
+    """``status`` through ``cli`` fails with exit 6 in under 5 s; its one stderr line."""
+    started = time.monotonic()
+    done = cli.run("status")
+    assert time.monotonic() - started < 5 + 2, "not refused fast"  # + the interpreter's start
+    assert done.returncode == 6, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "TLS" in lines[0], lines
+    return lines[0]
+
+
+def test_a_wrong_ca_is_refused_fast_naming_tls(tls_server: RedisServer, tmp_path: Path) -> None:
+    assert tls_server.tls is not None
+    other = certificates(tmp_path / "other")
+    options = tls_options(tls_server.tls)
+    options[1] = str(other.ca)
+    line = refused_fast(Cli(tls_server.url, options))
+    assert "certificate verify failed" in line.lower() or "CERTIFICATE_VERIFY" in line
+    # A client certificate the server's CA did not sign: the server refuses it.
+    refused_fast(Cli(tls_server.url, [*options[:2], *tls_options(other)[2:]]))
+
+
+def test_a_plain_server_is_refused_fast_naming_tls(
+    tmp_path: Path, private_redis: Callable[..., RedisServer]
+) -> None:
+    files = certificates(tmp_path / "certs")
+    plain = private_redis()
+    line = refused_fast(Cli(f"rediss://127.0.0.1:{plain.port}/0", tls_options(files)))
+    assert "is the server TLS-enabled?" in line
+
+
+def test_tls_options_need_a_rediss_url_and_readable_files(tmp_path: Path) -> None:
+    files = certificates(tmp_path / "certs")
+    done = Cli("redis://127.0.0.1:6379/0", tls_options(files)).run("status")
+    assert done.returncode == 2 and "rediss://" in done.stderr
+    missing = Cli("rediss://127.0.0.1:6379/0", ["--tls-ca", str(tmp_path / "nope.crt")])
+    done = missing.run("status")
+    assert done.returncode == 2 and "nope.crt" in done.stderr and "cannot be read" in done.stderr
