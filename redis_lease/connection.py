@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-import socket
 import ssl
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -39,6 +38,11 @@ from .errors import (
     from_reply,
 )
 from .scripts import KEY_COUNTS, source
+from .tls import TLS_FILE_PARAMS as TLS_FILE_PARAMS  # re-exported: TLS lives in .tls
+from .tls import VERIFIED, check_tls_params, tls_message
+from .tls import InsecureTLSWarning as InsecureTLSWarning
+from .tls import TLSConnection as TLSConnection
+from .tls import with_tls as with_tls
 
 #: Seconds to connect, TLS handshake included (``socket_connect_timeout``).
 CONNECT_TIMEOUT = 3.0
@@ -46,14 +50,6 @@ CONNECT_TIMEOUT = 3.0
 SOCKET_TIMEOUT = 30.0
 #: Retries of a command after a connection error or timeout, and their backoff (seconds).
 RETRIES, BACKOFF_BASE, BACKOFF_CAP = 4, 0.1, 2.0
-#: The URL parameters naming TLS files (redis-py's), and the CLI option that sets each.
-TLS_FILE_PARAMS = {
-    "ssl_ca_certs": "--tls-ca",
-    "ssl_certfile": "--tls-cert",
-    "ssl_keyfile": "--tls-key",
-}
-#: Every TLS URL parameter redis-py reads; on a redis:// URL each is a mistake.
-_TLS_PARAM = re.compile(r"ssl_\w+")
 
 _T = TypeVar("_T")
 
@@ -79,36 +75,6 @@ _NO_DATABASE = re.compile(r"DB index is out of range", re.IGNORECASE)
 
 class EvictionPolicyWarning(UserWarning):
     """Redis may evict keys (``maxmemory-policy`` is not ``noeviction``): leases could vanish."""
-
-
-class TLSConnection(redis.SSLConnection):
-    """An SSL connection whose TLS handshake is bounded by the connect timeout.
-
-    redis-py runs the handshake under the socket (read) timeout; against a
-    server that does not speak TLS it would wait that long. A failed handshake
-    raises :class:`~.errors.TLSFailed`, which is not retried.
-    """
-
-    def _wrap_socket_with_ssl(self, sock: socket.socket) -> Any:
-        sock.settimeout(self.socket_connect_timeout)
-        try:
-            wrapped = super()._wrap_socket_with_ssl(sock)  # type: ignore[no-untyped-call]
-        except OSError as error:  # ssl.SSLError and socket timeouts are OSErrors
-            detail = (
-                f"no TLS answer within {self.socket_connect_timeout}s"
-                if isinstance(error, TimeoutError)
-                else getattr(error, "reason", None) or str(error)
-            )
-            raise TLSFailed(_tls_message(f"{self.host}:{self.port}", detail)) from error
-        wrapped.settimeout(self.socket_timeout)
-        return wrapped
-
-
-def _tls_message(where: str, detail: str) -> str:
-    return (
-        f"TLS handshake with {where} failed ({detail}): is the server TLS-enabled? "
-        "check the CA, certificate and key"
-    )
 
 
 class _TransientRetry(Retry):
@@ -155,13 +121,15 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
         )
     if scheme != "unix":
         _check_network_url(url)
-    _check_tls_params(url, scheme)
+    check_tls_params(url, scheme)
     options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
     options.setdefault("socket_timeout", SOCKET_TIMEOUT)
     options.setdefault("health_check_interval", 30)
     options.setdefault("retry", retry_policy())
     if scheme == "rediss":
         options.setdefault("connection_class", TLSConnection)
+        for name, value in VERIFIED.items():  # the URL's own parameters still win
+            options.setdefault(name, value)
     try:
         return redis.Redis.from_url(url, **options)
     except ValueError:  # its text may quote a piece of the password: not shown
@@ -202,64 +170,6 @@ def _check_network_url(url: str) -> None:
         )
 
 
-def with_tls(url: str, ca: str | None, cert: str | None, key: str | None) -> str:
-    """``url`` with the TLS files of ``--tls-ca``, ``--tls-cert`` and ``--tls-key`` as its
-    ``ssl_ca_certs``, ``ssl_certfile`` and ``ssl_keyfile`` parameters (replacing the URL's own).
-
-    Every client made from the URL then uses them: the CLI's, a worker's and its RQ
-    connection's, the tick's and the dashboard's.
-
-    Raises:
-        InvalidInput: a file is given for a URL that is not ``rediss://``, a key without a
-            certificate, or a file that cannot be read.
-    """
-    given = {"ssl_ca_certs": ca, "ssl_certfile": cert, "ssl_keyfile": key}
-    files = {name: path for name, path in given.items() if path}
-    if not files:
-        return url
-    options = " ".join(TLS_FILE_PARAMS[name] for name in files)
-    if _scheme(url) != "rediss":
-        raise InvalidInput(
-            f"{options} {'applies' if len(files) == 1 else 'apply'} to TLS only, and "
-            f"{safe_url(url)!r} is not a rediss:// URL: use rediss://HOST:PORT/DB"
-        )
-    if key and not cert:
-        raise InvalidInput("--tls-key needs --tls-cert: give the client certificate too")
-    base, _, fragment = url.partition("#")
-    path, _, query = base.partition("?")
-    kept = [(n, v) for n, v in parse_qsl(query, keep_blank_values=True) if n not in files]
-    pairs = [*kept, *files.items()]
-    url = path + "?" + "&".join(f"{quote(n, safe='')}={quote(v, safe='')}" for n, v in pairs)
-    url += f"#{fragment}" if fragment else ""
-    _check_tls_params(url, "rediss")
-    return url
-
-
-def _check_tls_params(url: str, scheme: str) -> None:
-    """Refuses TLS parameters on a URL without TLS, and TLS files that cannot be read."""
-    query = url.partition("#")[0].partition("?")[2]
-    params = parse_qsl(query, keep_blank_values=True)
-    if scheme != "rediss":
-        names = [name for name, _ in params if _TLS_PARAM.fullmatch(name)]
-        if names:
-            raise InvalidInput(
-                f"{', '.join(names)} in {safe_url(url)!r} "
-                f"{'applies' if len(names) == 1 else 'apply'} to TLS only: use rediss://, "
-                "or drop them"
-            )
-        return
-    for name, value in params:
-        if name in TLS_FILE_PARAMS:
-            try:
-                with open(value, "rb"):
-                    pass
-            except OSError as error:
-                raise InvalidInput(
-                    f"TLS file {value!r} ({name}, {TLS_FILE_PARAMS[name]}) cannot be read: "
-                    f"{error.strerror or error}"
-                ) from None
-
-
 def _fake_client(url: str, options: dict[str, Any]) -> redis.Redis:
     try:
         import fakeredis
@@ -293,6 +203,9 @@ def resilient(client: redis.Redis) -> redis.Redis:
     connection_class = pool.connection_class
     if connection_class is redis.SSLConnection:
         connection_class = TLSConnection
+    if issubclass(connection_class, redis.SSLConnection):
+        for name, value in VERIFIED.items():
+            options.setdefault(name, value)
     new_pool = type(pool)(connection_class=connection_class, **options)
     return redis.Redis.from_pool(new_pool)
 
@@ -457,7 +370,7 @@ def _tls_failed(url: str, error: BaseException, context: dict[str, Any]) -> TLSF
         message = error.message
     else:
         cause = _tls_cause(error)
-        message = _tls_message(safe_url(url) or "Redis", str(getattr(cause, "reason", cause)))
+        message = tls_message(safe_url(url) or "Redis", str(getattr(cause, "reason", cause)))
     return TLSFailed(message, **context)
 
 

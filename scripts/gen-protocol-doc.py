@@ -63,7 +63,11 @@ SHARD_KEY_WHAT = {
 SHARD_TAG = "<prefix>:{<run_id>#<shard>}"
 #: Key patterns of the keys that are not a shard's seven or its attempt log.
 OTHER_KEYS = {
-    ("commit", "9..."): f"`{SHARD_TAG}:...` (must carry the shard's tag, not be its own keys)",
+    ("commit", "9..."): (
+        "any key with no hash tag or the shard's `{<run_id>#<shard>}` (never another tag); "
+        f"a key under `<prefix>:` must carry the shard's tag (`{SHARD_TAG}:...`); never one "
+        "of the shard's own keys"
+    ),
     ("create_run", "1"): "`<prefix>:run:{<run_id>}`",
     ("run_transition", "1"): "`<prefix>:run:{<run_id>}`",
     ("run_transition", "2"): "`<prefix>:run:{<run_id>}:events`",
@@ -238,6 +242,8 @@ what a client sends and what it gets back, for every script.
 4. Every argument is sent as a string (integers in decimal). Replies are RESP: Lua
    numbers arrive as integers, strings as bulk strings, tables as arrays.
 5. All keys of one call share one hash tag, so on Redis Cluster each call goes to one slot.
+   A commit's guarded keys may have no tag at all; on Redis Cluster give them the
+   shard's tag too, or the call spans slots and the server refuses it.
 
 ### Expanding includes
 
@@ -251,7 +257,9 @@ expanded at most once per script: a second include of it becomes an empty line. 
 holding, in the order of `limits.json`, only the bounds and defaults whose names occur
 as words (`[A-Za-z_]+`) in the expanded text; strings are written as JSON strings, lists
 as `{a, b}`, tables as `{k = v, ...}`, with `, ` between entries. Files are read as UTF-8
-with `\\n` line ends. (`redis_lease/scripts.py` `source(name)` and
+with `\\n` line ends. `limits.json` holds integers and strings only (in lists and
+tables), never floats: a float's decimal text differs between languages, and so would
+the SHA1. (`redis_lease/scripts.py` `source(name)` and
 `clients/node/scripts.js` `source(name)` do exactly this.)
 
 ### The SHA check

@@ -41,8 +41,13 @@ class TlsFiles:
         }
 
 
-def make_certificates(directory: Path, host: str = "127.0.0.1") -> TlsFiles:
-    """A CA, a server certificate for ``host`` and a client certificate, made with openssl."""
+def make_certificates(
+    directory: Path, host: str = "127.0.0.1", names: str | None = None
+) -> TlsFiles:
+    """A CA, a server certificate for ``host`` and a client certificate, made with openssl.
+
+    ``names`` replaces the certificates' subjectAltName (``IP:HOST,DNS:localhost``).
+    """
     openssl = shutil.which("openssl")
     if openssl is None:
         raise RuntimeError("openssl is not installed: apt-get install openssl")
@@ -65,7 +70,7 @@ def make_certificates(directory: Path, host: str = "127.0.0.1") -> TlsFiles:
         "-out",
         "ca.crt",
     )
-    (directory / "san.ext").write_text(f"subjectAltName=IP:{host},DNS:localhost\n")
+    (directory / "san.ext").write_text(f"subjectAltName={names or f'IP:{host},DNS:localhost'}\n")
     for name in ("server", "client"):
         run(
             "req",
@@ -135,7 +140,7 @@ class RedisServer:
         return f"{'rediss' if self.tls else 'redis'}://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> None:
-        """Starts the server and waits until it answers PING."""
+        """Starts the server and waits until it answers PING; killed again if it does not."""
         ports = ["--port", str(self.port)]
         if self.tls is not None:
             ports = ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "yes"]
@@ -155,7 +160,16 @@ class RedisServer:
         for name, value in self.config.items():
             args += [f"--{name}", value]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        options = self.tls.client_options() if self.tls else {}
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.process is not None
+        # The probe does not check the host name: a test may serve a certificate for another.
+        options = {**self.tls.client_options(), "ssl_check_hostname": False} if self.tls else {}
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, **options)
         deadline = time.monotonic() + timeout
         while True:

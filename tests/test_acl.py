@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import redis
@@ -19,7 +18,7 @@ from redis_lease import Item, LeaseStore
 from redis_lease.dashboard import create_app
 from tests.fleet_helpers import REPO, Processes
 from tests.redis_server import RedisServer
-from tests.security_helpers import Cli, fleet_env, fleet_run
+from tests.security_helpers import FLEET, Cli, fleet_env, fleet_run
 
 pytestmark = pytest.mark.slow
 
@@ -97,6 +96,18 @@ def test_worker_user_runs_a_fleet_run_and_nothing_dangerous(
     assert not [e for e in log if e["username"] != "rl-worker" and e["object"] != "config|get"]
 
 
+def test_worker_user_is_refused_keys_beyond_its_patterns(server: RedisServer) -> None:
+    # Another prefix is outside ~rl:*: the command fails with one line naming the keys.
+    for args in (("--prefix", "team2", "add", "r:1", "x"), ("--prefix", "team2", "status")):
+        done = cli(server, "worker").run(*args)
+        assert done.returncode == 6, done.stderr
+        assert done.stderr.strip() == (
+            "error: the Redis user may not access the keys it needs: grant their key pattern "
+            "(see docs/security.md)"
+        )
+    assert not default_client(server).keys("team2*")
+
+
 def dead_run(server: RedisServer, run_id: str) -> None:
     """A run of two items, ``a`` dead after its one attempt, made by the default user."""
     store = LeaseStore.from_url(server.url)
@@ -129,7 +140,7 @@ def test_reader_user_reads_everything_and_changes_nothing(server: RedisServer) -
         assert client.get(page).status_code == 200, page
     store.client.close()
 
-    for args, command in ((("requeue", "ops:1", "a"), "EVALSHA"), (("cancel", "ops:1"), "")):
+    for args, command in ((("requeue", "ops:1", "a"), "EVALSHA"), (("cancel", "ops:1"), "EVALSHA")):
         done = reader.run(*args)
         assert done.returncode == 6, done.stderr
         lines = done.stderr.strip().splitlines()
@@ -151,8 +162,8 @@ def test_admin_user_requeues_cancels_resumes(server: RedisServer) -> None:
     assert json.loads(admin.ok("status", "ops:3", "--json"))["state"] == "canceled"
     admin.ok("resume", "ops:2", "--deadline", "2h")
     assert json.loads(admin.ok("status", "ops:2", "--json"))["state"] == "running"
-    admin.ok("finalize", "ops:4")
-    assert json.loads(admin.ok("status", "ops:4", "--json"))["state"] != "running"
+    admin.ok("finalize", "ops:4")  # one item dead, one pending: not every item is done
+    assert json.loads(admin.ok("status", "ops:4", "--json"))["state"] == "failed"
     client = redis.Redis.from_url(url(server, "admin"))
     for command in (("FLUSHALL",), ("CONFIG", "SET", "maxmemory", "1"), ("KEYS", "*")):
         with pytest.raises(NoPermissionError):
@@ -179,4 +190,23 @@ def test_documented_lines_name_no_dangerous_command() -> None:
         for command in ("flushall", "flushdb", "keys", "config", "debug", "shutdown", "eval"):
             assert f"+{command}" not in words, (user, command)
         assert "+@all" not in words and "allkeys" not in words and "allcommands" not in words
-        assert Path(REPO / "docs" / "security.md").exists()
+
+
+def test_admin_user_cancels_finalizes_and_resumes_a_jobs_run(server: RedisServer) -> None:
+    # A job's run has its job's keys too (its runs index, its state): the admin reaches them.
+    worker = cli(server, "worker", fleet_env("acl-jobs"))
+    started = [
+        str(json.loads(worker.ok("start", FLEET, "--date", day, "--json"))["run"])
+        for day in ("2031-07-01", "2031-07-02")
+    ]
+    admin = Cli(url(server, "admin"), env=fleet_env("acl-jobs"))
+    admin.ok("cancel", started[0])
+    assert json.loads(admin.ok("status", started[0], "--json"))["state"] == "canceled"
+    admin.ok("finalize", started[1])  # nothing was worked: no item is done
+    assert json.loads(admin.ok("status", started[1], "--json"))["state"] == "failed"
+    admin.ok("resume", started[1], "--deadline", "2h")
+    assert json.loads(admin.ok("status", started[1], "--json"))["state"] == "running"
+    runs = json.loads(admin.ok("runs", "--json"))
+    assert {started[0], started[1]} <= {str(r["run"]) for r in runs}, runs
+    log = default_client(server).acl_log()
+    assert not [e for e in log if e["username"] == "rl-admin" and e["object"] != "config|get"]

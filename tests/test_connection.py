@@ -29,6 +29,7 @@ from redis_lease import (
     RedisUnavailable,
     TLSFailed,
 )
+from redis_lease import tls as tls_module
 from redis_lease.cli import app
 from redis_lease.connection import (
     CONNECT_TIMEOUT,
@@ -51,6 +52,7 @@ ENV_NAMES = (
     "REDIS_LEASE_TLS_CA",
     "REDIS_LEASE_TLS_CERT",
     "REDIS_LEASE_TLS_KEY",
+    "REDIS_LEASE_TLS_INSECURE",
 )
 SECRET = "pw-s3cret"
 
@@ -348,3 +350,57 @@ def test_tls_url_parameters_on_a_plain_url_are_refused() -> None:
         client_from_url(f"redis://:{SECRET}@h:6379/0?ssl_ca_certs=/etc/hosts")
     assert "ssl_ca_certs" in str(info.value) and "rediss://" in str(info.value)
     assert SECRET not in str(info.value)
+
+
+def test_rediss_clients_verify_the_certificate_and_the_host_by_default() -> None:
+    for client in (
+        client_from_url("rediss://127.0.0.1:6380/0"),
+        resilient(redis.Redis.from_url("rediss://127.0.0.1:6380/0")),
+    ):
+        kwargs = client.connection_pool.connection_kwargs
+        assert (kwargs["ssl_cert_reqs"], kwargs["ssl_check_hostname"]) == ("required", True)
+    stricter = client_from_url("rediss://h:6380/0?ssl_cert_reqs=required&ssl_check_hostname=yes")
+    assert stricter.connection_pool.connection_kwargs["ssl_check_hostname"] is True
+
+
+@pytest.mark.parametrize(
+    "param", ["ssl_cert_reqs=none", "ssl_cert_reqs=optional", "ssl_check_hostname=False"]
+)
+def test_url_parameters_turning_verification_off_need_tls_insecure(
+    param: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REDIS_LEASE_TLS_INSECURE", raising=False)
+    url = f"rediss://:{SECRET}@127.0.0.1:1/0?{param}"
+    with pytest.raises(InvalidInput) as info:
+        client_from_url(url)
+    assert param in str(info.value) and "--tls-insecure" in str(info.value)
+    assert one_error_line(cli(url, "runs"), 2).startswith(f"error: {param} turns off TLS")
+    # Allowed explicitly: one warning on stderr, then the (refused) connection.
+    monkeypatch.setattr(tls_module, "_warned_insecure", False)
+    result = CliRunner().invoke(
+        app, ["--url", url, "--tls-insecure", "runs"], env=dict.fromkeys(ENV_NAMES)
+    )
+    assert result.exit_code == 6, result.output
+    warned = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "TLS verification is off" in warned[0], result.stderr
+    assert os.environ.get("REDIS_LEASE_TLS_INSECURE") is None  # restored by the runner
+
+
+def test_tls_insecure_from_the_environment_allows_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_LEASE_TLS_INSECURE", "1")
+    monkeypatch.setattr(tls_module, "_warned_insecure", False)
+    with pytest.warns(tls_module.InsecureTLSWarning):
+        client = client_from_url("rediss://127.0.0.1:6380/0?ssl_check_hostname=false")
+    assert client.connection_pool.connection_kwargs["ssl_check_hostname"] is False
+
+
+def test_a_url_key_file_without_a_certificate_is_refused(tmp_path: Path) -> None:
+    key = tmp_path / "k.key"
+    key.write_text("pem")
+    url = f"rediss://127.0.0.1:6380/0?ssl_keyfile={key}"
+    with pytest.raises(InvalidInput) as info:
+        client_from_url(url)
+    assert "ssl_keyfile needs ssl_certfile" in str(info.value)
+    assert "ssl_keyfile needs ssl_certfile" in one_error_line(cli(url, "runs"), 2)
+    odd = cli("rediss://127.0.0.1:6380/0?ssl_cert_reqs=OPTIONAL", "runs")
+    assert "ssl_cert_reqs=OPTIONAL is not a TLS requirement" in one_error_line(odd, 2)

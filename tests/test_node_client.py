@@ -16,6 +16,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -71,7 +72,12 @@ def node() -> str:
 
 
 class NodeOps:
-    """A Node process running clients/node/ops.js: one JSON request line, one answer line."""
+    """A Node process running clients/node/ops.js: one JSON request line, one answer line.
+
+    A reader thread hands its output lines over, so every answer is awaited with a deadline.
+    """
+
+    ANSWER_TIMEOUT = 30.0
 
     def __init__(self, node: str, url: str, prefix: str) -> None:
         self.proc = subprocess.Popen(
@@ -80,13 +86,25 @@ class NodeOps:
             stdout=subprocess.PIPE,
             text=True,
         )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put("")  # the end of its output
 
     def ask(self, **request: Any) -> dict[str, Any]:
         """Sends one request; returns its answer, ``{"ok": ...}`` or ``{"error": ...}``."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
+        try:
+            line = self.lines.get(timeout=self.ANSWER_TIMEOUT)
+        except queue.Empty:
+            raise AssertionError(f"ops.js gave no answer to {request} within 30 s") from None
         assert line, f"ops.js ended (exit {self.proc.poll()})"
         answer: dict[str, Any] = json.loads(line)
         return answer
@@ -105,11 +123,18 @@ class NodeOps:
         return error
 
     def close(self) -> None:
-        """Ends the process (end of input)."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=10)
-        self.proc.stdout.close()
+        """Ends the process (end of input); killed when it has not ended within 10 s."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            self.reader.join(timeout=10)  # its output ended with the process
+            assert self.proc.stdout is not None
+            self.proc.stdout.close()
 
 
 @pytest.fixture
@@ -118,6 +143,28 @@ def node_ops(node: str, redis_url: str, real_store: LeaseStore) -> Iterator[Node
     ops = NodeOps(node, redis_url, real_store.prefix)
     yield ops
     ops.close()
+
+
+def test_an_unanswered_call_is_not_resent_after_a_reconnect(node: str) -> None:
+    # ioredis resends unanswered commands after a reconnect unless told not to: a commit
+    # could run twice. The client's connection must have that off.
+    program = (
+        "import {connect} from './index.js';"
+        "const c = connect('redis://127.0.0.1:1/0');"
+        "const o = c.redis.options;"
+        "console.log(JSON.stringify([o.autoResendUnfulfilledCommands, o.maxRetriesPerRequest]));"
+        "c.redis.disconnect();"
+    )
+    done = subprocess.run(
+        [node, "--input-type=module", "-e", program],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    resend, retries = json.loads(done.stdout)
+    assert resend is False and isinstance(retries, int) and 0 < retries <= 3
 
 
 def test_every_expanded_script_has_the_same_sha1_in_both_languages(
@@ -328,7 +375,9 @@ def test_python_and_node_workers_share_a_run_and_the_history_holds(
     finally:
         with contextlib.suppress(ProcessLookupError):
             worker.kill()
+        worker.wait(timeout=10)
         python.kill()
+        python.join(timeout=10)
     assert (worker.returncode, python.exitcode) == (0, 0)
     node_summary = json.loads(out.splitlines()[-1])
     assert node_held and python_held

@@ -3,6 +3,7 @@ makes of the lua/ headers now, and it names every script, KEYS, ARGV, bound and 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -75,3 +76,21 @@ def test_the_generator_refuses_an_unknown_option_in_one_line() -> None:
         [sys.executable, str(GENERATOR), "--bogus"], capture_output=True, text=True, timeout=60
     )
     assert (done.returncode, done.stderr) == (2, "usage: scripts/gen-protocol-doc.py [--check]\n")
+
+
+def leaves(value: object) -> list[object]:
+    """The scalars inside nested lists and tables."""
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in leaves(item)]
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in leaves(item)]
+    return [value]
+
+
+def test_limits_hold_integers_and_strings_only() -> None:
+    # A float's decimal text differs between languages: the expanded scripts' SHA1 would too.
+    data = json.loads((lua_dir() / "include" / "limits.json").read_text())
+    for part in ("bounds", "defaults"):
+        odd = [v for v in leaves(data[part]) if type(v) not in (int, str)]
+        assert not odd, f"limits.json {part} holds {odd}: use integers or strings"
+    assert "integers and strings only" in DOC.read_text()

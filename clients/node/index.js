@@ -82,13 +82,25 @@ export function newTraceId() {
 }
 
 /**
+ * The ioredis options of every connection. A command sent but not answered before a
+ * disconnect is not sent again after the reconnect (ioredis would by default): it may
+ * have run, so the call fails with RedisUnavailable and its outcome is unknown (`info`
+ * in a history). A command queued while disconnected was never sent: it waits for up
+ * to 3 reconnect attempts, then fails the same way.
+ */
+export const REDIS_OPTIONS = Object.freeze({
+  autoResendUnfulfilledCommands: false,
+  maxRetriesPerRequest: 3,
+});
+
+/**
  * Connects to the Redis at `url` (redis:// or rediss://).
  * @param {string} url
  * @param {{prefix?: string, observer?: Observer}} [options] prefix: the key prefix (`rl`)
  * @returns {LeaseClient}
  */
 export function connect(url, options = {}) {
-  const redis = new Redis(url, { maxRetriesPerRequest: 3 });
+  const redis = new Redis(url, { ...REDIS_OPTIONS });
   const client = new LeaseClient(redis, { ...options, url });
   redis.on('error', (/** @type {Error} */ error) => {
     client.lastError = error; // reported with the call that fails, not on its own

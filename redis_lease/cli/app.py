@@ -1,7 +1,8 @@
 """The command line's app: global options, the store, error reporting, shared options.
 
 The global options ``--url`` (with the TLS files of ``--tls-ca``, ``--tls-cert``
-and ``--tls-key`` as its parameters) and ``--prefix`` are kept in ``ctx.obj`` (a
+and ``--tls-key`` as its parameters, ``--tls-insecure`` allowing it to turn
+verification off) and ``--prefix`` are kept in ``ctx.obj`` (a
 :class:`Settings`); a command gets its store from :func:`open_store`. Every
 failure leaves through :meth:`LeaseGroup.main`: one ``error: ...`` line on stderr
 and the documented exit code (docs/cli.md), never a traceback. The command
@@ -29,7 +30,6 @@ from ..connection import (
     client_from_url,
     translate,
     warn_unless_noeviction,
-    with_tls,
 )
 from ..errors import InvalidInput, RedisLeaseError
 from ..limits import (
@@ -43,6 +43,7 @@ from ..output import (
 )
 from ..runs import to_ms
 from ..store import LeaseStore
+from ..tls import INSECURE_ENV, allow_insecure, check_tls_params, with_tls
 from ..validation import check_id, parse_json
 from .capacity import plan_capacity
 
@@ -178,6 +179,15 @@ def _global_options(
             help="The client certificate's private key (PEM) (rediss:// only).",
         ),
     ] = None,
+    tls_insecure: Annotated[
+        bool,
+        typer.Option(
+            "--tls-insecure",
+            envvar=INSECURE_ENV,
+            help="Accept URL parameters that turn TLS verification off "
+            "(ssl_cert_reqs=none|optional, ssl_check_hostname=false). Unsafe.",
+        ),
+    ] = False,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_show_version, is_eager=True, help="Show the version."),
@@ -185,8 +195,17 @@ def _global_options(
 ) -> None:
     """Fenced leases on the items of recoverable batch runs, in Redis."""
     check_id(prefix, "prefix")
+    if tls_insecure:
+        allow_insecure()  # also for the processes this one starts (workers)
     # As URL parameters, the TLS files reach every client made from the URL.
-    ctx.obj = Settings(url=with_tls(url, tls_ca, tls_cert, tls_key), prefix=prefix)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tls_url = with_tls(url, tls_ca, tls_cert, tls_key)
+        if tls_url.lower().startswith("rediss://"):
+            check_tls_params(tls_url, "rediss")  # the URL's own parameters, files or not
+    for warning in caught:
+        warning_line(str(warning.message))
+    ctx.obj = Settings(url=tls_url, prefix=prefix)
 
 
 def open_store(ctx: typer.Context) -> LeaseStore:
