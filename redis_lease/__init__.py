@@ -4,6 +4,7 @@ from typing import Any
 
 from .deprecation import renamed_attribute
 from .errors import (
+    ClusterBusy,
     ConditionFailed,
     EffectFailed,
     EffectUnknown,
@@ -50,6 +51,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ActiveLease",
     "Attempt",
+    "ClusterBusy",
     "CommitReply",
     "CommitRequest",
     "ConditionFailed",

@@ -25,11 +25,33 @@ from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import AuthenticationError, NoPermissionError
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    ClusterDownError,
+    MovedError,
+    NoPermissionError,
+    RedisClusterException,
+    RedisClusterUnreachableError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError
 
+from .cluster import (
+    CLUSTER_SCHEMES,
+    SENTINEL_SCHEMES,
+    cluster_client,
+    describe_cluster,
+    describe_sentinel,
+    is_cluster,
+    is_sentinel,
+    sentinel_client,
+)
 from .errors import (
     SCRIPT_CODES,
+    ClusterBusy,
     InvalidInput,
     LeaseError,
     PermissionDenied,
@@ -53,8 +75,15 @@ RETRIES, BACKOFF_BASE, BACKOFF_CAP = 4, 0.1, 2.0
 
 _T = TypeVar("_T")
 
+#: What a call to Redis may raise: redis-py's errors (a cluster's own are not RedisErrors)
+#: and the socket's.
+REDIS_FAILURES = (redis.RedisError, RedisClusterException, OSError)
+#: The URL schemes of real servers (fakeredis:// aside).
+_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
+
 _fake_servers: dict[str, Any] = {}
 _checked_policy: set[str] = set()
+_checked_mode: set[str] = set()
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: One or more hosts with optional ports, as a URL's authority (no userinfo).
@@ -114,18 +143,27 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
     scheme = _scheme(url)
     if scheme == "fakeredis":
         return _fake_client(url, options)
-    if scheme not in ("redis", "rediss", "unix"):
+    if scheme not in _SCHEMES:
         raise InvalidInput(
-            f"unsupported Redis URL {safe_url(url)!r}: use redis://, rediss://, unix:// or "
-            "fakeredis://"
+            f"unsupported Redis URL {safe_url(url)!r}: use redis://, rediss://, unix://, "
+            "redis+cluster://, rediss+cluster://, redis+sentinel:// or fakeredis://"
         )
-    if scheme != "unix":
-        _check_network_url(url)
-    check_tls_params(url, scheme)
+    check_tls_params(url, "rediss" if scheme.startswith("rediss") else scheme)
     options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
     options.setdefault("socket_timeout", SOCKET_TIMEOUT)
-    options.setdefault("health_check_interval", 30)
     options.setdefault("retry", retry_policy())
+    if scheme in CLUSTER_SCHEMES:
+        if scheme == "rediss+cluster":
+            options.setdefault("connection_class", TLSConnection)
+            for name, value in VERIFIED.items():  # the URL's own parameters still win
+                options.setdefault(name, value)
+        with redis_errors(url):  # a cluster client finds the cluster's nodes as it is made
+            return cluster_client(url, safe_url(url), options)
+    options.setdefault("health_check_interval", 30)
+    if scheme in SENTINEL_SCHEMES:
+        return sentinel_client(url, safe_url(url), options)
+    if scheme != "unix":
+        _check_network_url(url)
     if scheme == "rediss":
         options.setdefault("connection_class", TLSConnection)
         for name, value in VERIFIED.items():  # the URL's own parameters still win
@@ -188,8 +226,8 @@ def resilient(client: redis.Redis) -> redis.Redis:
     options are kept, the retry policy is set, and ``client`` is left as it was.
     An embedded (fakeredis) client is returned as it is.
     """
-    if type(client).__module__.startswith("fakeredis"):
-        return client
+    if type(client).__module__.startswith("fakeredis") or is_sentinel(client):
+        return client  # a sentinel's connections got the retry policy where they were made
     pool = client.connection_pool
     # The pool adds these for itself; a new pool makes its own.
     options = {
@@ -212,6 +250,10 @@ def resilient(client: redis.Redis) -> redis.Redis:
 
 def describe(client: redis.Redis) -> str:
     """A URL-like name of the client's server for messages (never with a password)."""
+    if is_cluster(client):
+        return describe_cluster(client)
+    if is_sentinel(client):
+        return describe_sentinel(client)
     kwargs = client.connection_pool.connection_kwargs
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
@@ -233,6 +275,30 @@ def warn_unless_noeviction(client: redis.Redis, url: str) -> None:
         danger = eviction_danger(client)
     if danger:
         warnings.warn(f"Redis at {safe_url(url)}: {danger}", EvictionPolicyWarning, stacklevel=3)
+
+
+def refuse_cluster_node(client: redis.Redis, url: str) -> None:
+    """Refuses a ``redis://`` URL naming a node of a cluster, before anything is written
+    (its writes would stop at the first key of another node's slot).
+
+    Checked once per URL; a server that refuses ``INFO`` (an ACL) is not checked.
+
+    Raises:
+        InvalidInput: the server runs in cluster mode.
+    """
+    if url in _checked_mode or _scheme(url) not in ("redis", "rediss", "unix"):
+        return
+    with redis_errors(url):
+        try:
+            enabled = client.info("cluster").get("cluster_enabled")
+        except redis.ResponseError:
+            return
+    _checked_mode.add(url)
+    if enabled in (1, "1"):
+        raise InvalidInput(
+            f"{_where(url)} is a Redis Cluster node: use redis+cluster://HOST:PORT"
+            "[,HOST:PORT...] (README 'Scaling out')"
+        )
 
 
 def eviction_danger(client: redis.Redis) -> str | None:
@@ -319,6 +385,16 @@ def translate(
         return denied
     if isinstance(error, AuthenticationError) or _reply_code(error) in ("NOAUTH", "WRONGPASS"):
         return _login_refused(url, error, context)
+    moving = _cluster_moving(url, error, context)
+    if moving is not None:
+        return moving
+    if isinstance(error, MasterNotFoundError):  # its text holds the sentinels' clients
+        service = str(error).partition("'")[2].partition("'")[0]
+        return RedisUnavailable(
+            f"{_where(url)}: no sentinel answers with a primary for {service!r}; check the "
+            "sentinels' addresses and the service name in --url",
+            **context,
+        )
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
         return RedisUnavailable(
             f"{_where(url)} is unreachable ({error}); check --url or REDIS_URL", **context
@@ -330,6 +406,59 @@ def translate(
     if isinstance(error, LeaseError):
         return error
     return LeaseError(f"unexpected reply from {_where(url)}: {error}", **context)
+
+
+def _cluster_moving(url: str, error: BaseException, context: dict[str, Any]) -> LeaseError | None:
+    """The error for a cluster's redirection or refusal the client could not follow; None
+    for other errors.
+
+    The server checks a script's keys before running it, so a refused call wrote nothing.
+    """
+    code = _reply_code(error)
+    if isinstance(error, (TryAgainError, ClusterDownError, SlotNotCoveredError)) or code in (
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+    ):
+        return ClusterBusy(
+            f"{_where(url)} is moving or missing hash slots ({code or type(error).__name__}): "
+            "the call wrote nothing; retry (workers do)",
+            **context,
+        )
+    if isinstance(error, (MovedError, AskError)) or code in ("MOVED", "ASK"):
+        if is_cluster_url(url):
+            return ClusterBusy(
+                f"{_where(url)} kept redirecting the call ({code}): the call wrote nothing; "
+                "retry (workers do)",
+                **context,
+            )
+        return InvalidInput(
+            f"{_where(url)} is a Redis Cluster node (it answered {code}): use "
+            "redis+cluster://HOST:PORT[,HOST:PORT...] (README 'Scaling out')",
+            **context,
+        )
+    if isinstance(error, RedisClusterUnreachableError):
+        return RedisUnavailable(
+            f"{_where(url)}: no node of the cluster answers; check --url or REDIS_URL", **context
+        )
+    if isinstance(error, RedisClusterException) and "TTL" in str(error):
+        return ClusterBusy(
+            f"{_where(url)} kept redirecting the call: it wrote nothing; retry (workers do)",
+            **context,
+        )
+    if code == "CROSSSLOT" or (
+        isinstance(error, RedisClusterException) and "same key slot" in str(error)
+    ):
+        return InvalidInput(
+            "the keys of one call span hash slots (CROSSSLOT): on Redis Cluster every guarded "
+            "key must carry the shard's hash tag {<run_id>#<shard>} (README 'Scaling out')",
+            **context,
+        )
+    return None
+
+
+def is_cluster_url(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster (``redis+cluster://``, ``rediss+cluster://``)."""
+    return url.partition("://")[0].lower() in CLUSTER_SCHEMES
 
 
 def _no_database(url: str, context: dict[str, Any]) -> InvalidInput:
@@ -430,7 +559,15 @@ def redis_errors(
     """Raises what :func:`translate` makes of any Redis failure inside the block."""
     try:
         yield
-    except (redis.RedisError, OSError) as error:
+    except REDIS_FAILURES as error:
         if isinstance(error, LeaseError):
             raise
         raise translate(url, error, run_id=run_id, item_id=item_id, token=token) from None
+
+
+def queue_time(pipe: Any) -> None:
+    """Queues ``TIME`` in a non-transactional pipeline; its reply is (seconds, micros).
+
+    A cluster's pipeline refuses its ``time()`` method, not the command itself (sent to one node).
+    """
+    pipe.execute_command("TIME")

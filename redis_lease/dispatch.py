@@ -22,7 +22,7 @@ from rq.job_lifecycle import call_exception_handlers
 from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 
-from .connection import as_text
+from .connection import as_text, queue_time
 from .errors import RedisLeaseError
 from .job_failures import record_job_failure
 from .store import LeaseStore
@@ -182,7 +182,7 @@ def enqueue_shard(
     rq_id = f"rl-{uuid.uuid4().hex}"
     with store.translating_errors(run_id):
         store.client.hset(store.keys.run_jobs(run_id), rq_id, str(shard))
-        queue(store.client, queue_name).enqueue_call(
+        queue(store.rq, queue_name).enqueue_call(
             func=SHARD_FUNC,
             args=[job_path, run_id, shard, store.prefix],
             job_id=rq_id,
@@ -214,15 +214,17 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
         if not known:
             return {}
         ids = list(known)
-        jobs = RQJob.fetch_many(ids, connection=store.client, serializer=JSONSerializer)
+        jobs = RQJob.fetch_many(ids, connection=store.rq, serializer=JSONSerializer)
+        waiting_in = store.rq.pipeline(transaction=False)
         pipe = store.client.pipeline(transaction=False)
         for rq_id, rq_job in zip(ids, jobs, strict=True):
             pipe.exists(store.keys.run_beat(run_id, rq_id))
             origin = rq_job.origin if rq_job is not None else ""
-            pipe.lpos(Queue.redis_queue_namespace_prefix + origin, rq_id)
+            waiting_in.lpos(Queue.redis_queue_namespace_prefix + origin, rq_id)
         pipe.hgetall(missing_key)
-        pipe.time()
-        *answers, missing_raw, (seconds, micros) = pipe.execute()
+        queue_time(pipe)
+        *beats, missing_raw, (seconds, micros) = pipe.execute()
+        positions = waiting_in.execute()
         missing = {as_text(k): int(v) for k, v in missing_raw.items()}
         now_ms = int(seconds) * 1000 + int(micros) // 1000
         live: dict[int, list[str]] = {}
@@ -230,9 +232,7 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
         found_missing: list[str] = []
         found_again: list[str] = []
         failed: list[tuple[str, RQJob]] = []
-        for rq_id, rq_job, beat, waiting in zip(
-            ids, jobs, answers[::2], answers[1::2], strict=True
-        ):
+        for rq_id, rq_job, beat, waiting in zip(ids, jobs, beats, positions, strict=True):
             status = rq_job.get_status(refresh=False) if rq_job is not None else None
             if (
                 status in LIVE_STATUSES

@@ -37,6 +37,7 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .connection import queue_time
 from .errors import (
     EffectFailed,
     EffectUnknown,
@@ -346,9 +347,9 @@ def _check_claimable(store: LeaseStore, run_id: str, item_id: str) -> None:
     shard = store.shard_for(run_id, item_id)
     meta = store.keys.shard(run_id, shard)[0]
     with store.translating_errors(run_id):
-        pipe = store.client.pipeline(transaction=True)
+        pipe = store.client.pipeline(transaction=not store.on_cluster)
         pipe.hmget(meta, "closed", "deadline_at")
-        pipe.time()
+        queue_time(pipe)
         (closed, deadline), (seconds, micros) = pipe.execute()
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     deadline_ms = int(deadline or 0)

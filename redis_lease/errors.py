@@ -12,7 +12,8 @@
     │   ├── NotFound                 exit 5
     │   └── RedisUnavailable         exit 6
     │       ├── PermissionDenied
-    │       └── TLSFailed
+    │       ├── TLSFailed
+    │       └── ClusterBusy
     └── HandlerError                 raised by a job's handler and the effects it applies
         ├── PermanentError
         │   └── NeedsReconciliation
@@ -189,6 +190,13 @@ class PermissionDenied(RedisUnavailable):
     def __init__(self, message: str, *, command: str | None = None, **context: Any) -> None:
         super().__init__(message, **context)
         self.command = command
+
+
+class ClusterBusy(RedisUnavailable):
+    """A Redis Cluster refused a call while moving or missing hash slots; it wrote nothing.
+
+    ``TRYAGAIN``, ``CLUSTERDOWN``, or redirections past the client's bound.
+    """
 
 
 class TLSFailed(RedisUnavailable, redis.RedisError):

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .connection import as_text, redis_errors
+from .connection import as_text, queue_time, redis_errors
 from .errors import SlotTimeout as SlotTimeout  # re-exported: its earlier home
 from .errors import Throttled
 from .limits import CAP_MAX
@@ -146,7 +146,7 @@ class ProviderGate:
         """The current cap, slots in use and throttle counters."""
         with redis_errors(self.store.url):
             pipe = self.store.client.pipeline(transaction=False)
-            pipe.time()
+            queue_time(pipe)
             pipe.zrange(self.keys[0], 0, -1, withscores=True)
             pipe.hgetall(self.keys[1])
             (seconds, micros), slots, raw = pipe.execute()

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from .connection import as_text, redis_errors
+from .connection import REDIS_FAILURES, as_text, redis_errors
 from .effects import apply_effect
 from .errors import LeaseLost, RedisLeaseError
 from .jobs import CONCURRENCY_MAX
@@ -268,7 +268,7 @@ class LeaseKeeper(threading.Thread):
         while not self._done.wait(self.interval):
             try:
                 self.tick()
-            except (RedisLeaseError, redis.RedisError) as error:
+            except (RedisLeaseError, *REDIS_FAILURES) as error:
                 log.warning("lease keeper: %s", error)
 
     def tick(self) -> None:
@@ -279,20 +279,25 @@ class LeaseKeeper(threading.Thread):
         commands: list[Command] = []
         if self.beat_key:
             commands.append(Command(("SET", self.beat_key, os.getpid(), "PX", self._beat_ms())))
-        if self.stop_flag:
+        # RQ's worker record rides along unless RQ has a Redis of its own (a cluster's store).
+        flag_apart = self.stop_flag is not None and self.store.rq is not self.store.client
+        if self.stop_flag and not flag_apart:
             commands.append(Command(("HGET", *self.stop_flag)))
-        if not held and not commands:
-            return
-        leases = [active.lease for active in held]
-        renewed, replies = self.store.renew_with(leases, self.ttl, commands)
-        for active, lease in zip(held, renewed, strict=True):
-            if lease is None:
-                self.drop(active)
-                active.mark_lost()
-            else:
-                active.lease = lease
+        if held or commands:
+            leases = [active.lease for active in held]
+            renewed, replies = self.store.renew_with(leases, self.ttl, commands)
+            for active, lease in zip(held, renewed, strict=True):
+                if lease is None:
+                    self.drop(active)
+                    active.mark_lost()
+                else:
+                    active.lease = lease
         if self.stop_flag:
-            flag = replies[-1]
+            if flag_apart:
+                with redis_errors(self.store.url):
+                    flag = self.store.rq.hget(*self.stop_flag)
+            else:
+                flag = replies[-1]
             if flag is not None and not isinstance(flag, redis.ResponseError) and as_text(flag):
                 self.on_stop_requested()
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from . import age_history, job_tallies
 from .capacity import capacity_key
-from .connection import as_text
+from .connection import as_text, queue_time
 from .deprecation import warn_renamed
 from .errors import InvalidInput, NotFound
 from .jobs import Job, Planner
@@ -313,7 +313,7 @@ class Runs:
             pipe.sismember(self.keys.job_open_runs(job), run_id)
             pipe.exists(self.keys.run_events(run_id))
             pipe.hget(self.keys.job(job), "retention_days")
-            pipe.time()
+            queue_time(pipe)
             created, listed_open, logged, retention, (seconds, _micros) = pipe.execute()
         if created is None and not listed_open and not logged:
             return None

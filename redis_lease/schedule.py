@@ -76,7 +76,7 @@ def scheduler_for(store: LeaseStore, job: Job) -> Scheduler:
     """An rq-scheduler Scheduler that writes JSON jobs onto the job's queue."""
     from rq_scheduler import Scheduler
 
-    return Scheduler(queue_name=job.options.queue, connection=store.client, job_class=JsonJob)
+    return Scheduler(queue_name=job.options.queue, connection=store.rq, job_class=JsonJob)
 
 
 def next_fire(job: Job, now: datetime) -> datetime:
@@ -223,10 +223,10 @@ def pause(store: LeaseStore, job_name: str, by: str | None = None) -> Pause:
     with store.translating_errors():
         seconds, micros = store.client.time()
         at_ms = int(seconds) * 1000 + int(micros) // 1000
-        pipe = store.client.pipeline(transaction=True)
+        store.client.sadd(store.keys.jobs, job_name)
+        pipe = store.client.pipeline(transaction=True)  # one key: one slot on a cluster
         pipe.hsetnx(key, "paused_by", who)
         pipe.hsetnx(key, "paused_at", str(at_ms))
-        pipe.sadd(store.keys.jobs, job_name)
         pipe.hmget(key, ["paused_by", "paused_at"])
         paused_by, paused_at = pipe.execute()[-1]
     return Pause(as_text(paused_by or who), int(paused_at or at_ms))

@@ -22,6 +22,7 @@ from typing import Any
 
 from .deprecation import renamed_attribute
 from .errors import (
+    ClusterBusy,
     ConditionFailed,
     InvalidInput,
     LeaseError,
@@ -45,6 +46,8 @@ __all__ = ["SLOT_RETRY_DELAY", "HandlerResult", "ShardReport", "work_shard"]
 
 #: Seconds before an item released for want of a provider slot is due again.
 SLOT_RETRY_DELAY = 1.0
+#: Seconds before claiming again after a cluster refused a claim while moving slots.
+CLUSTER_RETRY_DELAY = 0.2
 #: The longest the shard loop waits for a handler before it looks at the stop request again.
 _STOP_POLL = 0.05
 #: A settlement to send and the report's counter its success adds to; None: nothing to send.
@@ -186,6 +189,9 @@ class _ShardLoop:
                 except RunClosed:
                     report.closed = True
                     return
+                except ClusterBusy as error:  # the claim wrote nothing: claim again soon
+                    log.info("claim on run %r shard %s: %s", self.run_id, self.shard, error)
+                    stop.wait(CLUSTER_RETRY_DELAY)
             while waiting and (self.pool.queues or self.in_pool < self.size):
                 if stop.is_set() or time.monotonic() >= ends:
                     break

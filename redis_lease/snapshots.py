@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from .connection import as_text
+from .connection import as_text, queue_time
 from .lease import COUNT_STATES, RunStatus
 
 if TYPE_CHECKING:
@@ -42,8 +42,9 @@ def read(store: LeaseStore, run_id: str) -> tuple[dict[str, str], list[ShardSnap
     """The run's record and a snapshot of each of its shards, in one round trip."""
     count = store.shard_count(run_id)
     with store.translating_errors(run_id):
-        pipe = store.client.pipeline(transaction=True)
-        pipe.time()
+        # One moment on one server; on a cluster each node answers for its own shards.
+        pipe = store.client.pipeline(transaction=not store.on_cluster)
+        queue_time(pipe)
         pipe.hgetall(store.keys.run(run_id))
         for shard in range(count):
             _meta, counts, _items, due, leases, held, dead = store.keys.shard(run_id, shard)

@@ -12,7 +12,14 @@ from typing import Any
 import redis
 
 from . import attempt_log, guards, settlement, snapshots, tracing
-from .connection import as_text, client_from_url, warn_unless_noeviction
+from .cluster import is_cluster
+from .connection import (
+    REDIS_FAILURES,
+    as_text,
+    client_from_url,
+    refuse_cluster_node,
+    warn_unless_noeviction,
+)
 from .connection import translate as translate_error
 from .deprecation import warn_renamed
 from .errors import InvalidInput, LeaseError, NotClaimable, NotFound, RedisUnavailable
@@ -68,27 +75,66 @@ class LeaseStore:
     """Runs, items and fenced leases in one Redis database.
 
     Args:
-        client: a redis-py client (or a fakeredis one).
+        client: a redis-py client (or a fakeredis one, or a RedisCluster).
         prefix: the key prefix; stores with different prefixes never meet.
         url: the URL the client came from, used in error messages.
+        rq_client: the Redis of RQ's queues, jobs and workers when it is not ``client``:
+            required with a cluster, where RQ does not run (see :attr:`rq`).
     """
 
     def __init__(
-        self, client: redis.Redis, prefix: str = DEFAULT_PREFIX, url: str = "redis"
+        self,
+        client: redis.Redis,
+        prefix: str = DEFAULT_PREFIX,
+        url: str = "redis",
+        rq_client: redis.Redis | None = None,
     ) -> None:
         self.client = client
         self.url = url
         self.prefix = check_id(prefix, "prefix")
         self.keys = Keys(prefix)
         self.scripts = Scripts(client)
+        self.on_cluster = is_cluster(client)
+        self._rq = rq_client if rq_client is not None or self.on_cluster else client
         self._shards: dict[str, int] = {}
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, **options: Any) -> LeaseStore:
-        """A store on the Redis at ``url`` (redis://, rediss://, unix:// or fakeredis://)."""
+    def from_url(
+        cls,
+        url: str,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        queue_url: str | None = None,
+        **options: Any,
+    ) -> LeaseStore:
+        """A store on the Redis at ``url`` (redis://, rediss://, unix://, redis+cluster://,
+        redis+sentinel:// or fakeredis://); RQ's queues on ``queue_url`` when given."""
         client = client_from_url(url, **options)
+        refuse_cluster_node(client, url)
         warn_unless_noeviction(client, url)
-        return cls(client, prefix=prefix, url=url)
+        rq_client = client_from_url(queue_url) if queue_url else None
+        return cls(client, prefix=prefix, url=url, rq_client=rq_client)
+
+    @property
+    def rq(self) -> redis.Redis:
+        """The Redis of RQ's queues, jobs and workers: the store's own, or on a cluster
+        the plain Redis given as the queue URL (RQ's commands span hash slots).
+
+        Raises:
+            InvalidInput: the store is on a cluster and no queue URL was given.
+        """
+        if self._rq is None:
+            raise InvalidInput(
+                "RQ does not run on Redis Cluster: give its queues a plain Redis with "
+                "--queue-url redis://HOST:PORT/DB (REDIS_LEASE_QUEUE_URL)"
+            )
+        return self._rq
+
+    def close(self) -> None:
+        """Closes the store's connections (RQ's too, when they are its own)."""
+        if self._rq is not None and self._rq is not self.client:
+            self._rq.close()
+        self.client.close()
 
     # -- plumbing -------------------------------------------------------------
 
@@ -100,7 +146,7 @@ class LeaseStore:
         library's errors (RedisUnavailable, LeaseLost, NotFound, ...), at one place."""
         try:
             yield
-        except (redis.RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             raise self.translate(error, run_id, item_id, token) from None
 
     def errors(
@@ -136,7 +182,7 @@ class LeaseStore:
             keys += extra_keys
         try:  # the hot path: a plain try rather than the errors() context manager
             return self.scripts.call(name, keys, args)
-        except (redis.RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             raise self.translate(error, run_id, item_id, token) from None
 
     def shard_count(self, run_id: str) -> int:

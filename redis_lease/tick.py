@@ -27,6 +27,7 @@ from .due_runs import NO_RECORD as NO_RECORD
 from .due_runs import create_due_runs
 from .errors import NotFound, RedisLeaseError, RedisUnavailable
 from .job_failures import job_failures
+from .job_store import close_job_store, job_store
 from .jobs import Job, load_job
 from .lease import RunStatus
 from .limits import DEFAULT_PREFIX
@@ -358,7 +359,14 @@ def tick_entry(job_paths: list[str], prefix: str = DEFAULT_PREFIX, arm: bool = F
     rq_job = get_current_job()
     if rq_job is None:
         raise RedisLeaseError("tick_entry runs inside an RQ worker; call tick() directly")
-    store = LeaseStore(rq_job.connection, prefix=prefix)
+    store = job_store(rq_job.connection, prefix)
+    try:
+        return _tick_job(store, job_paths, arm)
+    finally:
+        close_job_store(store, rq_job.connection)
+
+
+def _tick_job(store: LeaseStore, job_paths: list[str], arm: bool) -> list[str]:
     result = tick(store, job_paths)
     if arm:
         from . import schedule

@@ -102,7 +102,7 @@ def with_tls(url: str, ca: str | None, cert: str | None, key: str | None) -> str
         return url
     options = " ".join(TLS_FILE_PARAMS[name] for name in files)
     scheme = url.partition("://")[0].lower() if "://" in url else ""
-    if scheme != "rediss":
+    if scheme not in ("rediss", "rediss+cluster"):
         raise InvalidInput(
             f"{options} {'applies' if len(files) == 1 else 'apply'} to TLS only, and "
             f"{_safe(url)!r} is not a rediss:// URL: use rediss://HOST:PORT/DB"

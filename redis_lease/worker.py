@@ -23,10 +23,11 @@ import redis
 from rq import get_current_job
 
 from . import capacity, dispatch
-from .connection import describe, eviction_danger, redis_errors, resilient, safe_url
+from .connection import eviction_danger, redis_errors, safe_url
 from .deprecation import renamed_attribute
 from .errors import InvalidInput, LeaseError, RedisLeaseError
 from .job_failures import end_failure_streak, record_job_failure
+from .job_store import close_job_store, job_store
 from .jobs import check_concurrency, load_job
 from .keeper import ActiveLease, LeaseKeeper
 from .limits import DEFAULT_PREFIX
@@ -68,8 +69,8 @@ def process_shard(
 ) -> dict[str, Any]:
     """The RQ job: works one shard for up to the job's shard budget, then re-enqueues itself.
 
-    Its store talks to RQ's server through a client of its own that retries
-    connection errors and timeouts (:func:`~.connection.resilient`), so a reset
+    Its store (:func:`~.job_store.job_store`: RQ's server, or the lease store the
+    worker was started with) retries connection errors and timeouts, so a reset
     costs a reconnect, not the job. SIGTERM (to this process) or a warm shutdown
     of its RQ worker drains it: the current item is finished and the unstarted
     ones released. Returns a report.
@@ -83,8 +84,7 @@ def process_shard(
     rq_job = get_current_job()
     if rq_job is None:
         raise LeaseError("process_shard runs inside an RQ worker; use work_shard directly")
-    client = resilient(rq_job.connection)
-    store = LeaseStore(client, prefix=prefix, url=describe(client))
+    store = job_store(rq_job.connection, prefix)
     ended = False
     try:
         report = _process(store, rq_job, job_path, run_id, shard)
@@ -97,8 +97,7 @@ def process_shard(
         # Whether or not the setup (import, first beat) got through: a job left among
         # the run's jobs would be counted failed a second time by the tick.
         _forget_job(store, run_id, rq_job.id, ended)
-        if client is not rq_job.connection:
-            client.close()
+        close_job_store(store, rq_job.connection)
 
 
 def _process(
@@ -192,9 +191,9 @@ def _forget_job(store: LeaseStore, run_id: str, rq_id: str, ended: bool) -> None
             pipe.delete(store.keys.run_beat(run_id, rq_id))
             pipe.hdel(store.keys.run_jobs(run_id), rq_id)
             pipe.hdel(store.keys.run_jobs_missing(run_id), rq_id)
-            if ended:
-                end_failure_streak(store, run_id, client=pipe)
             pipe.execute()
+        if ended:  # apart: a cluster's pipeline does not load scripts
+            end_failure_streak(store, run_id)
     except RedisLeaseError as error:
         log.warning("could not remove the heartbeat of job %s of run %r: %s", rq_id, run_id, error)
 

@@ -21,6 +21,7 @@ import redis
 from redis_lease import LeaseStore
 from redis_lease.dispatch import purge_queue
 from tests.fleet_helpers import Processes
+from tests.redis_cluster import ClusterServers
 from tests.redis_server import RedisServer
 
 LOCAL_URL = "redis://127.0.0.1:6379/0"
@@ -84,14 +85,46 @@ def fake_store(prefix: str) -> LeaseStore:
     return LeaseStore(client, prefix=prefix, url="fakeredis://test")
 
 
-@pytest.fixture(params=["redis", "fakeredis"])
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterServers]:
+    """A private 3-primary Redis Cluster for the session, on free loopback ports."""
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        pytest.fail("cluster tests need redis-server and redis-cli: apt-get install redis-server")
+    cluster = ClusterServers(tmp_path_factory.mktemp("cluster"))
+    cluster.start()
+    yield cluster
+    cluster.kill()
+
+
+@pytest.fixture
+def cluster_store(
+    redis_cluster: ClusterServers, redis_url: str, prefix: str
+) -> Iterator[LeaseStore]:
+    """A store on the session's cluster, under this test's prefix; RQ on the real Redis
+    (RQ does not run on a cluster: the deployment's queue URL)."""
+    store = LeaseStore.from_url(redis_cluster.url, prefix=prefix, queue_url=redis_url)
+    yield store
+    _delete_prefix(store.client, prefix)  # SCAN and DEL fan out over the primaries
+    store.close()
+
+
+@pytest.fixture(params=["redis", "fakeredis", "cluster"])
 def store(request: pytest.FixtureRequest) -> LeaseStore:
-    """The core suite's store: once on real Redis, once on the embedded backend."""
+    """The core suite's store: on real Redis, on the embedded backend, on a Redis Cluster.
+
+    ``@pytest.mark.real_redis_only(why)`` skips the embedded run, ``not_on_cluster(why)``
+    the cluster run, of a test that needs what the other lacks.
+    """
     if request.param == "fakeredis":
         marker = request.node.get_closest_marker("real_redis_only")
         if marker is not None:
             pytest.skip(f"fakeredis lacks this: {marker.args[0]}")
         return request.getfixturevalue("fake_store")  # type: ignore[no-any-return]
+    if request.param == "cluster":
+        marker = request.node.get_closest_marker("not_on_cluster")
+        if marker is not None:
+            pytest.skip(f"not on a cluster: {marker.args[0]}")
+        return request.getfixturevalue("cluster_store")  # type: ignore[no-any-return]
     return request.getfixturevalue("real_store")  # type: ignore[no-any-return]
 
 

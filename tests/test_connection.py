@@ -124,7 +124,12 @@ MALFORMED = [
     f"redis://:{SECRET}@h/notadb",
     f"redis://:{SECRET}@h:6379/0?db=x",
     f"http://:{SECRET}@h:6379",
-    f"redis+sentinel://:{SECRET}@h1:26379,h2:26379/mymaster",
+    f"redis+sentinel://:{SECRET}@h1:26379,h2:26379",  # no service
+    f"redis+sentinel://:{SECRET}@h1:26379/mymaster/x",
+    f"rediss+sentinel://:{SECRET}@h1:26379/mymaster",  # TLS to sentinels: not supported
+    f"redis+cluster://:{SECRET}@h1:7000,h2:x",
+    f"redis+cluster://:{SECRET}@h1:7000,:7001",
+    f"redis+cluster://:{SECRET}@h1:7000/2",  # a cluster has database 0 only
     "127.0.0.1:6379",
     f"redis://:top#{SECRET}@127.0.0.1:6379/0",  # an unencoded '#' ends the authority early
     f"redis://:top?{SECRET}@127.0.0.1:6379/0",

@@ -323,6 +323,7 @@ def foreign_keys(scene: Scene) -> list[str]:
     ]
 
 
+@pytest.mark.not_on_cluster("the cluster client refuses keys of two slots before sending")
 def test_a_guarded_key_that_is_not_the_callers_own_is_refused(store: LeaseStore) -> None:
     scene = Scene(store)
     delete = json.dumps([{"do": "del", "key": 1}])

@@ -20,14 +20,16 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
-import redis
 import typer
 from typer.core import TyperGroup
 
 from .. import __version__
 from ..connection import (
+    REDIS_FAILURES,
     EvictionPolicyWarning,
     client_from_url,
+    is_cluster_url,
+    refuse_cluster_node,
     translate,
     warn_unless_noeviction,
 )
@@ -60,6 +62,8 @@ class Settings:
     url: str = DEFAULT_URL
     prefix: str = DEFAULT_PREFIX
     store: LeaseStore | None = None
+    #: RQ's Redis when it is not the store's (required with a cluster URL).
+    queue_url: str | None = None
 
 
 def report(error: Exception) -> int:
@@ -68,7 +72,7 @@ def report(error: Exception) -> int:
     Every redis-lease error carries its exit code (docs/cli.md); a Redis error
     that reached here untranslated (e.g. from RQ) is translated first.
     """
-    if isinstance(error, redis.RedisError) and not isinstance(error, RedisLeaseError):
+    if isinstance(error, REDIS_FAILURES) and not isinstance(error, RedisLeaseError):
         error = translate("", error)
     if isinstance(error, RedisLeaseError):
         error_line(str(error))
@@ -146,9 +150,19 @@ def _global_options(
         typer.Option(
             "--url",
             envvar=["REDIS_LEASE_URL", "REDIS_URL"],
-            help="Redis URL: redis://, rediss://, unix:// or fakeredis://NAME (in-process).",
+            help="Redis URL: redis://, rediss://, unix://, redis+cluster://HOST:PORT[,...], "
+            "redis+sentinel://HOST:PORT[,...]/SERVICE or fakeredis://NAME (in-process).",
         ),
     ] = DEFAULT_URL,
+    queue_url: Annotated[
+        str | None,
+        typer.Option(
+            "--queue-url",
+            envvar="REDIS_LEASE_QUEUE_URL",
+            help="Redis of RQ's queues when it is not --url's: required when --url is a "
+            "cluster, where RQ does not run (a plain redis://, rediss:// or sentinel URL).",
+        ),
+    ] = None,
     prefix: Annotated[
         str, typer.Option("--prefix", envvar="REDIS_LEASE_PREFIX", help="Key prefix.")
     ] = DEFAULT_PREFIX,
@@ -201,11 +215,17 @@ def _global_options(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tls_url = with_tls(url, tls_ca, tls_cert, tls_key)
-        if tls_url.lower().startswith("rediss://"):
+        if tls_url.lower().startswith("rediss"):
             check_tls_params(tls_url, "rediss")  # the URL's own parameters, files or not
+        tls_queue_url = with_tls(queue_url, tls_ca, tls_cert, tls_key) if queue_url else None
     for warning in caught:
         warning_line(str(warning.message))
-    ctx.obj = Settings(url=tls_url, prefix=prefix)
+    if tls_queue_url is not None and is_cluster_url(tls_queue_url):
+        raise InvalidInput(
+            "--queue-url cannot be a cluster: RQ does not run on Redis Cluster; give a plain "
+            "redis://HOST:PORT/DB"
+        )
+    ctx.obj = Settings(url=tls_url, prefix=prefix, queue_url=tls_queue_url)
 
 
 def open_store(ctx: typer.Context) -> LeaseStore:
@@ -224,9 +244,13 @@ def open_store(ctx: typer.Context) -> LeaseStore:
     if settings.store is None:
         client = client_from_url(settings.url)
         ctx.find_root().call_on_close(client.close)
-        store = LeaseStore(client, prefix=settings.prefix, url=settings.url)
+        rq_client = client_from_url(settings.queue_url) if settings.queue_url else None
+        if rq_client is not None:
+            ctx.find_root().call_on_close(rq_client.close)
+        store = LeaseStore(client, prefix=settings.prefix, url=settings.url, rq_client=rq_client)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            refuse_cluster_node(client, settings.url)
             warn_unless_noeviction(client, settings.url)
         for warning in caught:
             if issubclass(warning.category, EvictionPolicyWarning):

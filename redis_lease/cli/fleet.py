@@ -16,8 +16,9 @@ from typing import Annotated, Any
 
 import typer
 
-from ..connection import as_text, client_from_url, safe_url
+from ..connection import as_text, safe_url
 from ..errors import InvalidInput
+from ..job_store import use_lease_url
 from ..jobs import check_concurrency, load_job, parse_duration, with_cwd_on_path
 from ..output import error_line, print_json, print_table, same_times
 from ..runs import Runs
@@ -197,10 +198,13 @@ def worker(
         check_id(queue_name, "queue")
     if concurrency is not None:  # read by the shard jobs, forked or not
         os.environ[CONCURRENCY_ENV] = str(check_concurrency(concurrency))
-    client = client_from_url(settings.url)
     store = open_store(ctx)
     with store.translating_errors():
         store.client.ping()
+        client = store.rq  # RQ's Redis: the store's, or --queue-url's
+        if client is not store.client:
+            client.ping()
+    use_lease_url(settings.url if settings.queue_url else None)
     worker_class = SimpleLeaseWorker if simple else LeaseWorker
     rq_worker = worker_class(
         [queue(client, n) for n in names],
@@ -217,6 +221,7 @@ def worker(
         f"worker {rq_worker.name}: queues {', '.join(names)}, {handlers}, "
         f"{'in-process' if simple else 'forking'}{', burst' if burst else ''}, "
         f"Redis {safe_url(settings.url)}"
+        + (f", queues on {safe_url(settings.queue_url)}" if settings.queue_url else "")
     )
     rq_worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
     done, failed = rq_worker.shard_jobs, rq_worker.failed_shard_jobs
@@ -302,6 +307,7 @@ def demo(
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     config = DemoConfig(
         url=settings.url if given else None,
+        queue_url=settings.queue_url if given else None,
         backend=backend,
         items=items,
         workers=workers,

@@ -89,7 +89,7 @@ def mount_rq(app: flask.Flask, store: LeaseStore, *, read_only: bool) -> None:
     funcs[:] = [f for f in funcs if f is not web.push_rq_connection]
     funcs.append(_only_instance_zero)
     funcs.append(_writes_guard(state_changing_endpoints(app), read_only=read_only))
-    app.redis_conn = store.client  # type: ignore[attr-defined]  # where its views look
+    app.redis_conn = store.rq  # type: ignore[attr-defined]  # where its views look
 
     @app.after_request
     def _csrf_cookie(response: flask.Response) -> flask.Response:

@@ -51,6 +51,8 @@ class DemoConfig:
     """How big the demo is and where it runs."""
 
     url: str | None = None
+    #: RQ's Redis when it is not ``url``'s (required when ``url`` is a cluster).
+    queue_url: str | None = None
     backend: str = "auto"
     items: int = 2000
     shards: int = 8
@@ -111,9 +113,18 @@ def _environment(
     }
 
 
-def start_workers(url: str, queue: str, count: int, env: dict[str, str], logs: Path) -> Fleet:
-    """Starts ``count`` ``redis-lease worker`` processes on ``queue``."""
+def start_workers(
+    url: str,
+    queue: str,
+    count: int,
+    env: dict[str, str],
+    logs: Path,
+    queue_url: str | None = None,
+) -> Fleet:
+    """Starts ``count`` ``redis-lease worker`` processes on ``queue`` (on ``queue_url``'s
+    Redis when given)."""
     fleet = Fleet()
+    urls = ["--url", url, *(["--queue-url", queue_url] if queue_url else [])]
     for n in range(count):
         log = (logs / f"worker-{n}.log").open("wb")
         fleet.logs.append(log)
@@ -121,7 +132,7 @@ def start_workers(url: str, queue: str, count: int, env: dict[str, str], logs: P
             subprocess.Popen(
                 # --simple: the shard job runs in the worker process, so a signal to the
                 # worker reaches the job (a forking worker's work horse has its own session).
-                [*WORKER_COMMAND, "--url", url, "worker", "--simple", "--queue", queue],
+                [*WORKER_COMMAND, *urls, "worker", "--simple", "--queue", queue],
                 env={**os.environ, **env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -214,10 +225,12 @@ def run_demo(
         env = _environment(config, queue, provider.url, deadline)
         os.environ.update(env)
         job = importlib.reload(importlib.import_module("redis_lease.demo.payments")).reconcile
-        store = LeaseStore.from_url(backend.url, prefix=prefix)
+        store = LeaseStore.from_url(backend.url, prefix=prefix, queue_url=config.queue_url)
         runs = Runs(store)
         run_id, _ = runs.ensure(job, runs.server_now().date(), runs.server_now())
-        fleet = start_workers(backend.url, queue, config.workers, env, Path(logs))
+        fleet = start_workers(
+            backend.url, queue, config.workers, env, Path(logs), queue_url=config.queue_url
+        )
         try:
             state = _drive(
                 store,
@@ -259,8 +272,8 @@ def run_demo(
         }
         if not backend.owned and not config.keep:
             _delete_prefix(store, prefix)
-            purge_queue(store.client, queue)
-        store.client.close()
+            purge_queue(store.rq, queue)
+        store.close()
         return report
 
 
