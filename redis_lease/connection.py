@@ -281,7 +281,8 @@ def refuse_cluster_node(client: redis.Redis, url: str) -> None:
     """Refuses a ``redis://`` URL naming a node of a cluster, before anything is written
     (its writes would stop at the first key of another node's slot).
 
-    Checked once per URL; a server that refuses ``INFO`` (an ACL) is not checked.
+    Checked once per URL with ``HELLO`` (which every ACL user may send); a server
+    too old to answer it without a protocol version is not checked.
 
     Raises:
         InvalidInput: the server runs in cluster mode.
@@ -290,11 +291,14 @@ def refuse_cluster_node(client: redis.Redis, url: str) -> None:
         return
     with redis_errors(url):
         try:
-            enabled = client.info("cluster").get("cluster_enabled")
+            reply = client.execute_command("HELLO")  # type: ignore[no-untyped-call]
         except redis.ResponseError:
             return
     _checked_mode.add(url)
-    if enabled in (1, "1"):
+    if not isinstance(reply, dict):  # RESP2: a flat list of names and values
+        reply = dict(zip(reply[::2], reply[1::2], strict=False))
+    mode = reply.get("mode", reply.get(b"mode"))
+    if as_text(mode or "") == "cluster":
         raise InvalidInput(
             f"{_where(url)} is a Redis Cluster node: use redis+cluster://HOST:PORT"
             "[,HOST:PORT...] (README 'Scaling out')"

@@ -26,14 +26,18 @@ ADMIN_PASSWORD = "default-Pw-7"
 USERS = ("worker", "reader", "admin")
 
 
-def documented_acl_lines() -> dict[str, str]:
-    """The ``ACL SETUSER rl-NAME ...`` lines of docs/security.md's fenced block, by name."""
-    text = (REPO / "docs" / "security.md").read_text()
+def documented_acl_lines(doc: str = "docs/security.md") -> dict[str, str]:
+    """The ``ACL SETUSER rl-NAME ...`` lines of ``doc``'s fenced text blocks, by name."""
+    text = (REPO / doc).read_text()
     blocks = re.findall(r"```text\n(.*?)```", text, re.DOTALL)
     lines = [line for block in blocks for line in block.splitlines() if "ACL SETUSER" in line]
     found = {line.split()[2].removeprefix("rl-"): line for line in lines}
     assert sorted(found) == sorted(USERS), lines
     return found
+
+
+def test_the_readme_gives_the_same_acl_lines() -> None:
+    assert documented_acl_lines("README.md") == documented_acl_lines()
 
 
 def password(user: str) -> str:

@@ -228,8 +228,11 @@ def _global_options(
     ctx.obj = Settings(url=tls_url, prefix=prefix, queue_url=tls_queue_url)
 
 
-def open_store(ctx: typer.Context) -> LeaseStore:
+def open_store(ctx: typer.Context, *, needs_rq: bool = False) -> LeaseStore:
     """The store for this invocation (made once, closed when the command ends).
+
+    ``needs_rq``: the command enqueues or reads RQ jobs, so a cluster URL without a
+    queue URL is refused before anything is written (exit 2).
 
     Warnings become ``warning: ...`` lines on stderr; a server that may evict keys
     (``maxmemory-policy`` other than ``noeviction``) is a ``danger: ...`` line.
@@ -258,6 +261,8 @@ def open_store(ctx: typer.Context) -> LeaseStore:
             else:
                 warning_line(str(warning.message))
         settings.store = store
+    if needs_rq:
+        settings.store.rq  # noqa: B018  # raises InvalidInput when RQ has no Redis
     return settings.store
 
 

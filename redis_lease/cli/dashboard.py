@@ -67,7 +67,7 @@ def dashboard(
         )
     auth = (user, password) if user is not None and password is not None else None
     check_exposure(bind, auth=auth is not None, insecure=insecure, behind_proxy=behind_proxy)
-    store = open_store(ctx)
+    store = open_store(ctx, needs_rq=True)
     flask_app = create_app(
         store,
         read_only=read_only,

@@ -105,7 +105,7 @@ def tick(
             "no jobs known yet: name a job path, e.g. redis-lease tick app.jobs:nightly"
         )
     with planning_progress() as progress:
-        decisions = run_tick(open_store(ctx), paths, progress=progress)
+        decisions = run_tick(open_store(ctx, needs_rq=True), paths, progress=progress)
     if as_json:
         print_json([{"kind": d.kind, "run": d.run_id, "reason": d.reason} for d in decisions])
     elif decisions:
@@ -139,7 +139,7 @@ def start(
 ) -> None:
     """Create (once) and plan a job's run for a business date now, outside its schedule."""
     job = load_job(job_path)
-    store = open_store(ctx)
+    store = open_store(ctx, needs_rq=True)
     runs = Runs(store)
     now = runs.server_now()
     day = parse_date(business_date, "--date") if business_date else now.astimezone(job.zone).date()
@@ -198,7 +198,7 @@ def worker(
         check_id(queue_name, "queue")
     if concurrency is not None:  # read by the shard jobs, forked or not
         os.environ[CONCURRENCY_ENV] = str(check_concurrency(concurrency))
-    store = open_store(ctx)
+    store = open_store(ctx, needs_rq=True)
     with store.translating_errors():
         store.client.ping()
         client = store.rq  # RQ's Redis: the store's, or --queue-url's

@@ -55,7 +55,7 @@ def schedule_install(
     rqscheduler --url URL -j redis_lease.dispatch.JsonJob
     """
     job = load_job(job_path)
-    ids = install(open_store(ctx), job_path, job, interval)
+    ids = install(open_store(ctx, needs_rq=True), job_path, job, interval)
     if as_json:
         print_json({"job": job.name, "installed": ids, "queue": job.options.queue})
     else:
@@ -68,7 +68,7 @@ def schedule_show(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = False
     its next scheduled time, and whether its schedule is paused (--json: the entries,
     each with the pause)."""
     job = load_job(job_path)
-    store = open_store(ctx)
+    store = open_store(ctx, needs_rq=True)
     rows = entries(store, job)
     paused = pause_state(store, job.name)
     with store.translating_errors():
@@ -107,7 +107,7 @@ def _pause_json(paused: Pause | None) -> dict[str, object] | None:
 def schedule_remove(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = False) -> None:
     """Remove the job's tick entries."""
     job = load_job(job_path)
-    removed = remove(open_store(ctx), job)
+    removed = remove(open_store(ctx, needs_rq=True), job)
     if as_json:
         print_json({"job": job.name, "removed": removed})
     else:
@@ -190,7 +190,7 @@ def backfill_command(
         raise InvalidInput(f"unknown --policy {policy!r}: use {' or '.join(BACKFILL_POLICIES)}")
     start, end = parse_date(first, "--from"), parse_date(last, "--to")
     job = load_job(job_path)
-    store = open_store(ctx)
+    store = open_store(ctx, needs_rq=True)
     created = backfill(store, job, start, end, policy)
     from ..tick import tick
 

@@ -11,7 +11,11 @@ checks the run's history, final state, marks and provider log with
 acknowledged write: worker SIGSTOP past its lease, SIGKILL and SIGTERM (then a
 restart), connections reset, delayed and held, Redis SIGSTOP past the lease
 TTL, Redis SIGKILL and restart from its AOF, and ``SCRIPT FLUSH`` once and in a
-storm. Faults that lose data on purpose (``everysec``, a restart without data,
+storm. With ``--redis-cluster`` the lease state lives on a private 3-primary
+Redis Cluster (RQ's queues on the private server, no proxy): the worker faults
+and ``SCRIPT FLUSH`` (every primary) mix with moving the hash slot of one of the
+run's shards to another primary, in steps with work going on between them.
+Faults that lose data on purpose (``everysec``, a restart without data,
 eviction) have their own tests in ``tests/test_faults_redis.py``.
 
 Run it with ``make chaos N=200 SEED=1`` (or ``python -m tests.faults.chaos``);
@@ -151,6 +155,24 @@ def flush_scripts(cluster: Cluster, rng: random.Random, at: float) -> Fault:
     return "redis", [(at + n * 0.05, cluster.script_flush) for n in range(count)]
 
 
+def move_slot(cluster: Cluster, rng: random.Random, at: float) -> Fault:
+    """Move the hash slot of one of the run's shards to another primary (Redis Cluster):
+    begin, MIGRATE a few keys at a time with work going on between, then the rest and
+    the new owner on every node."""
+    slot = cluster.shard_slot(cluster.current_run, rng.randrange(SHARDS))
+    pick = rng.randrange(2)
+    steps: list[tuple[float, Callable[[], object]]] = [
+        (at, lambda: cluster.begin_slot_move(slot, pick=pick))
+    ]
+    when = at
+    for _ in range(rng.randint(1, 3)):
+        when += rng.uniform(0.2, 0.6)
+        count = rng.randint(1, 3)
+        steps.append((when, lambda count=count: cluster.move_slot_keys(slot, count)))  # type: ignore[misc]
+    steps.append((when + rng.uniform(0.2, 0.6), lambda: cluster.finish_slot_move(slot)))
+    return f"slot {slot}", steps
+
+
 #: Every fault kind the chaos mixes, by name.
 FAULTS: dict[str, Planner] = {
     "pause-worker": pause_worker,
@@ -163,6 +185,25 @@ FAULTS: dict[str, Planner] = {
     "kill-redis": kill_redis,
     "script-flush": flush_scripts,
 }
+
+#: The fault kinds of a run whose lease state is on a Redis Cluster: no proxy and no one
+#: server to stop, kill or restart; hash slots move instead.
+CLUSTER_FAULTS: dict[str, Planner] = {
+    "pause-worker": pause_worker,
+    "kill-worker": kill_worker,
+    "term-worker": term_worker,
+    "script-flush": flush_scripts,
+    "move-slot": move_slot,
+}
+
+#: What a script call that a Redis Cluster refused while moving slots was recorded with.
+CLUSTER_REFUSALS = ("TRYAGAIN", "TTL exhausted", "CLUSTERDOWN", "ClusterDown", "TryAgain")
+
+
+def cluster_refused(op: Op) -> bool:
+    """Whether a recorded operation ended on a cluster's refusal (a slot moving)."""
+    error = str(op.get("error", ""))
+    return op.type != "ok" and any(sign in error for sign in CLUSTER_REFUSALS)
 
 
 class HistoryTail:
@@ -204,6 +245,8 @@ class Outcome:
     takeovers: int = 0
     refused: int = 0
     unknown: int = 0
+    #: Operations a Redis Cluster refused while a slot moved (TRYAGAIN, ...).
+    cluster_refused: int = 0
 
 
 @dataclass
@@ -225,15 +268,17 @@ class Chaos:
         run_id, _ = runs.ensure(
             cluster.job, business_date, now, deadline=now + timedelta(minutes=10)
         )
+        cluster.current_run = run_id
+        menu = FAULTS if cluster.redis_cluster is None else CLUSTER_FAULTS
         started = time.monotonic()
         actions: list[Action] = []
         kinds = []
         order = itertools.count()
         busy_until: dict[str, float] = {}
         for _ in range(rng.randint(1, 3)):
-            kind = rng.choice(sorted(FAULTS))
+            kind = rng.choice(sorted(menu))
             kinds.append(kind)
-            target, steps = FAULTS[kind](cluster, rng, rng.uniform(0.1, 1.5))
+            target, steps = menu[kind](cluster, rng, rng.uniform(0.1, 1.5))
             # one fault at a time per target: a later one waits for the earlier to heal
             shift = max(0.0, busy_until.get(target, 0.0) + 0.1 - steps[0][0])
             for at, act in steps:
@@ -261,6 +306,7 @@ class Chaos:
             state, stuck = "stuck", f"the run did not end: {error}"
         ops = self.tail.new_ops()
         outcome = Outcome(seed, run_id, state, kinds, len(ops), time.monotonic() - started)
+        outcome.cluster_refused = sum(cluster_refused(op) for op in ops)
         if stuck:
             outcome.violation = stuck
             return outcome
@@ -284,15 +330,23 @@ class Chaos:
 
 
 def chaos_cluster(
-    directory: Path, prefix: str, items: int, workers: int, skew: bool, concurrency: int = 1
+    directory: Path,
+    prefix: str,
+    items: int,
+    workers: int,
+    skew: bool,
+    concurrency: int = 1,
+    redis_cluster: bool = False,
 ) -> Cluster:
     """The cluster every iteration runs on (``skew``: two workers on skewed clocks;
-    ``concurrency``: handlers per worker at once)."""
+    ``concurrency``: handlers per worker at once; ``redis_cluster``: the lease state on a
+    private Redis Cluster)."""
     return Cluster(
         directory,
         prefix,
         workers=workers,
         concurrency=concurrency,
+        redis_cluster=redis_cluster,
         clocks=SKEWED_CLOCKS if skew else (),
         # The provider honours idempotency keys, as the promise needs: a holder paused
         # past its lease with its request on the way sends it late, and only the key
@@ -307,14 +361,20 @@ def chaos_cluster(
 
 
 def run(
-    seed: int, iterations: int, items: int, workers: int, out: Path, concurrency: int = 1
+    seed: int,
+    iterations: int,
+    items: int,
+    workers: int,
+    out: Path,
+    concurrency: int = 1,
+    redis_cluster: bool = False,
 ) -> int:
     """Runs ``iterations`` seeds from ``seed``; prints each and a summary; 1 on a violation."""
     skew = faketime_library() is not None
     prefix = f"chaos-{uuid.uuid4().hex[:8]}"
     began = time.monotonic()
     outcomes: list[Outcome] = []
-    with chaos_cluster(out, prefix, items, workers, skew, concurrency) as cluster:
+    with chaos_cluster(out, prefix, items, workers, skew, concurrency, redis_cluster) as cluster:
         chaos = Chaos(cluster)
         print(
             f"chaos: seeds {seed}..{seed + iterations - 1}, {items} items, {workers} workers "
@@ -341,6 +401,8 @@ def run(
         f"takeovers: {sum(o.takeovers for o in outcomes)}, refused calls: "
         f"{sum(o.refused for o in outcomes)}, unknown outcomes: {sum(o.unknown for o in outcomes)}"
     )
+    if redis_cluster:
+        print(f"calls the cluster refused: {sum(o.cluster_refused for o in outcomes)}")
     print("faults by kind: " + ", ".join(f"{k}={n}" for k, n in sorted(injected.items())))
     print(f"violations: {len(failed)}")
     print(f"time: {time.monotonic() - began:.0f}s")
@@ -357,16 +419,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=48)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=1, help="handlers per worker at once")
+    parser.add_argument(
+        "--redis-cluster", action="store_true", help="the lease state on a private Redis Cluster"
+    )
     parser.add_argument("--dir", type=Path, default=None, help="keep the files here")
     args = parser.parse_args(argv)
     # SIGTERM ends the run like Ctrl-C: the cluster's processes and files go with it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
-        return run(args.seed, args.iterations, args.items, args.workers, args.dir, args.concurrency)
+        return run(
+            args.seed,
+            args.iterations,
+            args.items,
+            args.workers,
+            args.dir,
+            args.concurrency,
+            args.redis_cluster,
+        )
     with tempfile.TemporaryDirectory(prefix="chaos-") as scratch:
         return run(
-            args.seed, args.iterations, args.items, args.workers, Path(scratch), args.concurrency
+            args.seed,
+            args.iterations,
+            args.items,
+            args.workers,
+            Path(scratch),
+            args.concurrency,
+            args.redis_cluster,
         )
 
 

@@ -6,6 +6,11 @@ A :class:`Cluster` owns everything one fault test (or a chaos run) needs:
   in its own directory;
 - a :class:`~tests.faults.proxy.Proxy` in front of it, through which every worker
   talks to Redis (the test's own :attr:`Cluster.store` goes direct);
+- or, with ``redis_cluster=True``, a private 3-primary Redis Cluster
+  (:class:`~tests.redis_cluster.ClusterServers`) for the lease state, the server
+  for RQ's queues only (``--queue-url``), and no proxy (a cluster's redirections
+  name its nodes): the proxy's and the one server's faults are refused, and
+  moving a hash slot to another primary while the run works is offered instead;
 - the loopback payment provider (:class:`~redis_lease.demo.provider.ProviderServer`);
 - N ``redis-lease worker --simple`` processes (``--concurrency`` handlers each)
   running the effects job of :mod:`tests.effect_jobs`, each recording its script
@@ -37,6 +42,7 @@ from typing import Any
 import pytest
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import key_slot
 from redis.retry import Retry
 
 from redis_lease import LeaseStore
@@ -52,6 +58,7 @@ from tests.faults.evidence import Evidence, collect
 from tests.faults.proxy import Proxy
 from tests.faults.recorder import Op, read_lines, read_ops
 from tests.helpers import server_ms
+from tests.redis_cluster import HOST, ClusterServers
 from tests.redis_server import RedisServer
 
 #: Where Debian and source builds put libfaketime.
@@ -87,6 +94,19 @@ def require_faketime() -> str:
 
 
 @dataclass
+class SlotMove:
+    """A hash slot on its way from one primary to another (see :meth:`Cluster.begin_slot_move`)."""
+
+    slot: int
+    source: int
+    target: int
+    #: Seconds since the cluster started when the move began.
+    began: float
+    #: Keys MIGRATEd so far.
+    moved: int = 0
+
+
+@dataclass
 class Worker:
     """One worker slot: its process (replaced on restart), clock offset and log."""
 
@@ -103,6 +123,11 @@ class Worker:
         return self.process.poll() is None
 
 
+def _node(port: int) -> redis.Redis:
+    """A plain client of one cluster node, for admin commands (the caller closes it)."""
+    return redis.Redis(host=HOST, port=port, decode_responses=True, socket_timeout=5)
+
+
 class Cluster:
     """Redis, proxy, provider and workers of one test, with a method per fault.
 
@@ -115,6 +140,8 @@ class Cluster:
             ``appendfsync always``.
         provider: the provider's state (default: one that honours idempotency keys).
         concurrency: handlers each worker's shard job runs at once (``worker --concurrency``).
+        redis_cluster: the lease state on a private 3-primary Redis Cluster, RQ's queues
+            on the private server (``redis_config`` applies to it), no proxy.
         settings: fields of :class:`~tests.effect_jobs.EffectConfig` (items, ttl, ...).
     """
 
@@ -128,6 +155,7 @@ class Cluster:
         redis_config: Mapping[str, str] | None = None,
         provider: ProviderState | None = None,
         concurrency: int = 1,
+        redis_cluster: bool = False,
         **settings: Any,
     ) -> None:
         self.directory, self.prefix = directory, prefix
@@ -138,10 +166,18 @@ class Cluster:
         #: Every decision the test's ticks made.
         self.decisions: list[Decision] = []
         self.workers: list[Worker] = []
+        #: The run a chaos iteration works on now (its slot moves pick this run's shards).
+        self.current_run = ""
         for name in ("redis", "history", "hooks", "logs"):
             (directory / name).mkdir(parents=True, exist_ok=True)
         config = {"appendonly": "yes", "appendfsync": "always", **(redis_config or {})}
         self.server = RedisServer(directory / "redis", config)
+        #: The lease state's Redis Cluster (``redis_cluster=True``), else None.
+        self.redis_cluster = ClusterServers(directory / "cluster") if redis_cluster else None
+        #: Slots whose move has begun and not finished, by slot.
+        self.slot_moves: dict[int, SlotMove] = {}
+        #: Seconds each finished slot move took, begin to every node agreeing.
+        self.slot_move_seconds: list[float] = []
         self.config = EffectConfig(
             queue=f"{prefix}-q",
             hook_dir=str(self.hooks),
@@ -161,15 +197,29 @@ class Cluster:
     def __enter__(self) -> Cluster:
         try:
             self.server.start()
-            self.proxy = Proxy(self.server.port)
+            if self.redis_cluster is None:
+                self.proxy = Proxy(self.server.port)
+            else:
+                self.redis_cluster.start()
             self.provider.start()
             self._serving = True
             self.config = replace(self.config, provider_url=self.provider.url)
             self.job = effect_jobs.make_effects_job(self.config)
-            # The test's own connection: direct, failing fast (drive rides out an outage).
-            self.store = LeaseStore.from_url(
-                self.server.url, prefix=self.prefix, socket_timeout=2.0, retry=Retry(NoBackoff(), 0)
-            )
+            if self.redis_cluster is None:
+                # The test's own connection: direct, failing fast (drive rides out an outage).
+                self.store = LeaseStore.from_url(
+                    self.server.url,
+                    prefix=self.prefix,
+                    socket_timeout=2.0,
+                    retry=Retry(NoBackoff(), 0),
+                )
+            else:  # the cluster client's own retries follow redirections and TRYAGAIN
+                self.store = LeaseStore.from_url(
+                    self.redis_cluster.url,
+                    prefix=self.prefix,
+                    queue_url=self.server.url,
+                    socket_timeout=2.0,
+                )
             for clock in self._clocks:
                 self.start_worker(clock)
         except BaseException:
@@ -207,7 +257,7 @@ class Cluster:
                 # time.sleep mended for libfaketime (see faketime_site/sitecustomize.py)
                 PYTHONPATH=os.pathsep.join([str(FAKETIME_SITE), env.get("PYTHONPATH", "")]),
             )
-        args = [*effect_jobs.WORKER_COMMAND, "--url", self.proxy.url, "worker", "--simple"]
+        args = [*effect_jobs.WORKER_COMMAND, *self.url_options(), "worker", "--simple"]
         if self.concurrency > 1:
             args += ["--concurrency", str(self.concurrency)]
         with log.open("ab") as out:
@@ -220,6 +270,13 @@ class Cluster:
                 cwd=effect_jobs.ROOT,
             )
 
+    def url_options(self) -> list[str]:
+        """The global options naming the workers' Redis: the proxy, or the cluster and
+        RQ's server."""
+        if self.redis_cluster is None:
+            return ["--url", self.proxy.url]
+        return ["--url", self.redis_cluster.url, "--queue-url", self.server.url]
+
     def start_worker(self, clock: str = "") -> int:
         """Starts one more worker (on a clock skewed by ``clock``); returns its index."""
         index = len(self.workers)
@@ -231,7 +288,7 @@ class Cluster:
         """Waits until every live worker has registered with RQ (it is taking jobs)."""
         key = f"rq:workers:{self.config.queue}"
         deadline = time.monotonic() + timeout
-        while self.store.client.scard(key) < sum(w.alive for w in self.workers):
+        while self.store.rq.scard(key) < sum(w.alive for w in self.workers):
             if time.monotonic() > deadline:
                 raise AssertionError(f"workers not ready after {timeout}s\n{self.describe()}")
             time.sleep(0.02)
@@ -307,24 +364,33 @@ class Cluster:
 
     # -- the network ----------------------------------------------------------------
 
+    def _one_server(self, fault: str) -> None:
+        """Refuses a fault of the proxy or of the one server when the state is on a cluster."""
+        if self.redis_cluster is not None:
+            raise RuntimeError(f"{fault} needs the proxy and one server: not on a Redis Cluster")
+
     def reset_connections(self) -> int:
         """Resets every worker connection now; returns how many there were."""
+        self._one_server("reset")
         count = self.proxy.reset()
         self.note("reset", f"{count} connections")
         return count
 
     def delay(self, seconds: float, direction: str = "both") -> None:
         """Delays every byte between the workers and Redis by ``seconds`` (0: off)."""
+        self._one_server("delay")
         self.proxy.delay(seconds, direction)
         self.note("delay", f"{seconds}s {direction}")
 
     def refuse(self, seconds: float) -> None:
         """Resets the workers' new connections for ``seconds``."""
+        self._one_server("refuse")
         self.proxy.refuse(seconds)
         self.note("refuse", f"{seconds}s")
 
     def blackhole(self, seconds: float) -> None:
         """Holds the workers' new connections without relaying for ``seconds``."""
+        self._one_server("blackhole")
         self.proxy.blackhole(seconds)
         self.note("blackhole", f"{seconds}s")
 
@@ -339,12 +405,14 @@ class Cluster:
         self._signal_redis(signal.SIGCONT, "cont-redis")
 
     def _signal_redis(self, sig: int, kind: str) -> None:
+        self._one_server(kind)
         assert self.server.process is not None
         os.kill(self.server.process.pid, sig)
         self.note(kind)
 
     def kill_redis(self) -> int:
         """SIGKILLs redis-server; returns the machine's clock (ms) just before."""
+        self._one_server("kill-redis")
         at = int(time.time() * 1000)
         self.server.kill()
         self.note("kill-redis")
@@ -355,6 +423,7 @@ class Cluster:
 
         Every script the server ran before the returned time is in the copy.
         """
+        self._one_server("disk-image")
         at = server_ms(self.store.client)
         image = self.directory / f"disk-{len(self.faults)}"
         shutil.copytree(self.directory / "redis", image, ignore=shutil.ignore_patterns("redis.log"))
@@ -367,6 +436,7 @@ class Cluster:
         ``empty``: its files are deleted first (a server that lost everything);
         ``disk``: its files are replaced by an image from :meth:`disk_image`.
         """
+        self._one_server("restart-redis")
         self.server.kill()
         directory = self.directory / "redis"
         if empty or disk is not None:
@@ -382,8 +452,13 @@ class Cluster:
         return at
 
     def script_flush(self) -> None:
-        """Makes the server forget every loaded script."""
-        self.store.client.script_flush()
+        """Makes the server (on a cluster: every primary) forget every loaded script."""
+        if self.redis_cluster is None:
+            self.store.client.script_flush()
+        else:
+            for port in self.redis_cluster.primaries():
+                with _node(port) as node:
+                    node.script_flush()
         self.note("script-flush")
 
     def squeeze(self, keys: int, policy: str = "allkeys-lru", samples: int = 5) -> None:
@@ -395,6 +470,7 @@ class Cluster:
         ``samples``: keys the server samples per eviction (64: about exact LRU on a
         small database).
         """
+        self._one_server("squeeze")
         client = self.store.client
 
         def evicted() -> int:
@@ -409,6 +485,66 @@ class Cluster:
             client.config_set("maxmemory", str(used))  # evicts down to it at once
         client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) + 2**26))
         self.note("squeeze", f"{policy}: {evicted() - before} keys evicted")
+
+    # -- hash slots (on a Redis Cluster) ------------------------------------------
+
+    def _nodes(self) -> ClusterServers:
+        if self.redis_cluster is None:
+            raise RuntimeError("hash slots move on a Redis Cluster only (redis_cluster=True)")
+        return self.redis_cluster
+
+    def shard_slot(self, run_id: str, shard: int) -> int:
+        """The hash slot of a shard's keys (its tag ``{<run_id>#<shard>}``)."""
+        return int(key_slot(self.store.keys.shard(run_id, shard)[0].encode()))
+
+    def begin_slot_move(self, slot: int, target: int | None = None, pick: int = 0) -> SlotMove:
+        """Marks ``slot`` IMPORTING on ``target`` and MIGRATING on its owner; no key moves yet.
+
+        ``target``: a primary's port; None: the other primaries' ``pick``-th (modulo).
+        """
+        nodes = self._nodes()
+        if slot in self.slot_moves:
+            raise RuntimeError(f"slot {slot} is moving already")
+        source = nodes.slot_owner(slot)
+        if target is None:
+            others = [port for port in nodes.primaries() if port != source]
+            target = others[pick % len(others)]
+        nodes.begin_migration(slot, target)
+        move = SlotMove(slot, source, target, time.monotonic() - self.started)
+        self.slot_moves[slot] = move
+        self.note("slot-move-begin", f"slot {slot} {source} -> {target}")
+        return move
+
+    def move_slot_keys(self, slot: int, count: int) -> int:
+        """MIGRATEs up to ``count`` of a moving slot's keys still on its source; returns
+        how many moved (the rest stay, so the slot stays half moved)."""
+        move = self.slot_moves[slot]
+        with _node(move.source) as source:
+            keys = source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, count)
+            if keys:
+                source.execute_command("MIGRATE", HOST, move.target, "", 0, 5000, "KEYS", *keys)
+        move.moved += len(keys)
+        self.note("slot-move-keys", f"slot {slot}: {len(keys)} keys")
+        return len(keys)
+
+    def finish_slot_move(self, slot: int) -> SlotMove:
+        """Moves the slot's remaining keys, assigns it to its target on every node and waits
+        until they all agree."""
+        move = self.slot_moves.pop(slot)
+        nodes = self._nodes()
+        move.moved += nodes.move_keys(slot, batch=100)
+        nodes.finish_migration(slot, move.target)
+        took = time.monotonic() - self.started - move.began
+        self.slot_move_seconds.append(took)
+        self.note(
+            "slot-move-finish", f"slot {slot} on {move.target}: {move.moved} keys, {took:.2f}s"
+        )
+        return move
+
+    def finish_slot_moves(self) -> None:
+        """Finishes every slot move still under way (a test ending early heals with it)."""
+        for slot in sorted(self.slot_moves):
+            self.finish_slot_move(slot)
 
     # -- runs -----------------------------------------------------------------------
 
@@ -510,7 +646,10 @@ class Cluster:
         self.provider.server_close()
         if hasattr(self, "store"):
             with contextlib.suppress(redis.RedisError):  # a server down: its files go below
-                effect_jobs.delete_rq_queue(self.store.client, self.config.queue)
-            self.store.client.close()
+                effect_jobs.delete_rq_queue(self.store.rq, self.config.queue)
+            self.store.close()
         self.server.kill()
         shutil.rmtree(self.directory / "redis", ignore_errors=True)
+        if self.redis_cluster is not None:
+            self.redis_cluster.kill()
+            shutil.rmtree(self.directory / "cluster", ignore_errors=True)

@@ -1,0 +1,228 @@
+"""Redis Cluster: every script in one hash slot, a fleet run spread over every primary, the
+CLI, the tick and the dashboard on a cluster URL (RQ on a plain Redis: --queue-url).
+
+The cluster is the session's private 3-primary one (``redis_cluster`` in conftest.py).
+The core suite runs on it too (the ``store`` fixture's ``cluster`` backend); the chaos
+run and live resharding are in tests/test_cluster_faults.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+from redis.cluster import key_slot
+
+from redis_lease import Item, LeaseStore, ProviderGate
+from redis_lease.dashboard.app import create_app
+from redis_lease.job_tallies import counted_runs_key, tallies_key
+from redis_lease.lease import CommitRequest
+from redis_lease.locks import lock
+from redis_lease.runs import Runs
+from redis_lease.scripts import KEY_COUNTS, observe
+from tests import fleet_jobs
+from tests.fleet_helpers import FLEET_PATH, Processes, all_records, drive, fleet_env
+from tests.redis_cluster import ClusterServers
+from tests.test_fleet import assert_all_done_once, configure, effects, start_run  # noqa: F401
+
+REPO_PYTHON = [sys.executable, "-m", "redis_lease"]
+
+
+class SlotRecorder:
+    """Sees every script call of this process: its name and the slots of its keys."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, set[int]]] = []
+
+    def sent(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
+        """Records the call's slots."""
+        self.calls.append((name, {key_slot(key.encode()) for key in keys}))
+
+    def answered(self, ticket: Any, reply: Any) -> None:
+        """Nothing to record."""
+
+    def unanswered(self, ticket: Any, error: BaseException) -> None:
+        """Nothing to record."""
+
+
+@pytest.fixture
+def recorder() -> Iterator[SlotRecorder]:
+    """Every script call of the test, with its keys' slots."""
+    seen = SlotRecorder()
+    remove = observe(seen)
+    yield seen
+    remove()
+
+
+def test_every_script_touches_one_hash_slot(
+    cluster_store: LeaseStore, recorder: SlotRecorder
+) -> None:
+    store = cluster_store
+    store.add("r", [Item(f"i{n}") for n in range(12)], shards=3)
+    first = store.claim("r", "i0", "w1", ttl=30)
+    store.renew(first)
+    store.commit(first, {"ok": 1})
+    batch = store.claim_next("r", "w1", limit=6, ttl=30)
+    store.record_effect(batch[0], "pay-1", "payment", "intended")
+    store.commit_many([CommitRequest(batch[0], {"ok": 2})])
+    store.fail(batch[1], "permanent: no such account", permanent=True)
+    store.release(batch[2])
+    store.requeue("r", [batch[1].item_id])
+    store.claim_next("r", "w2", limit=3, ttl=0.001)
+    store.reap("r")
+    store.status("r")
+    store.scripts.call("shard_status", store.keys.shard("r", 1), [])  # the protocol's own read
+    store.set_closed("r", True)
+    store.set_closed("r", False)
+    Runs(store).transition("r", ("running",), "partial", "test")
+    with lock(store, store.keys.run_planner("r"), 5000) as taken:
+        assert taken
+    with ProviderGate(store, "provider", max_concurrency=2).slot(wait=1):
+        pass
+    names = {name for name, _ in recorder.calls}
+    assert names == set(KEY_COUNTS), f"not exercised: {set(KEY_COUNTS) - names}"
+    spanning = [(name, slots) for name, slots in recorder.calls if len(slots) != 1]
+    assert not spanning, spanning
+
+
+def test_the_keys_of_the_inline_scripts_share_a_slot(cluster_store: LeaseStore) -> None:
+    store = cluster_store
+    pairs = [
+        (tallies_key(store, "nightly"), counted_runs_key(store, "nightly")),
+        (tallies_key(store, "nightly"), store.keys.job_dates("nightly")),
+        (tallies_key(store, ""), counted_runs_key(store, "")),
+        (store.keys.run("r"), f"{store.keys.run('r')}:ages"),
+    ]
+    for one, other in pairs:
+        assert key_slot(one.encode()) == key_slot(other.encode()), (one, other)
+
+
+def _worker(
+    procs: Processes,
+    cluster: ClusterServers,
+    redis_url: str,
+    queue: str,
+    env: dict[str, str],
+    n: int,
+) -> None:
+    urls = ["--url", cluster.url, "--queue-url", redis_url]
+    procs.start([*REPO_PYTHON, *urls, "worker", "--simple", "--queue", queue], env, f"w{n}")
+
+
+def test_a_16_shard_fleet_run_completes_once_with_work_on_every_primary(
+    cluster_store: LeaseStore,
+    redis_cluster: ClusterServers,
+    redis_url: str,
+    queue_name: str,
+    procs: Processes,
+    configure: Callable[[dict[str, str]], None],  # noqa: F811
+) -> None:
+    store = cluster_store
+    items = 320
+    env = fleet_env(queue_name, items=items, shards=16, ttl=5, batch=10, delay=0.001)
+    for n in range(3):
+        _worker(procs, redis_cluster, redis_url, queue_name, env, n)
+    configure(env)
+    run_id = start_run(store)
+    state = drive(store, FLEET_PATH, run_id, timeout=90)
+    assert state == "succeeded", (Runs(store).info(run_id), procs.log("w0"))
+    assert_all_done_once(store, run_id, items)
+    assert effects(store) == {fleet_jobs.item_id(n): 1 for n in range(items)}
+    done_on: Counter[int] = Counter()
+    for record in all_records(store, run_id):
+        shard = store.shard_for(run_id, record.item_id)
+        slot = key_slot(store.keys.shard(run_id, shard)[0].encode())
+        done_on[redis_cluster.slot_owner(slot)] += 1
+    assert set(done_on) == set(redis_cluster.primaries()), done_on
+    assert all(count >= items // 16 for count in done_on.values()), done_on
+    # RQ's keys are on the queue's Redis, none on the cluster
+    rq_on_cluster = [k for k in store.client.scan_iter(match="rq:*", count=1000)]
+    assert rq_on_cluster == []
+
+
+def _cli(cluster: ClusterServers, prefix: str, *args: str, queue_url: str | None = None) -> Any:
+    urls = ["--url", cluster.url, "--prefix", prefix]
+    if queue_url:
+        urls += ["--queue-url", queue_url]
+    return subprocess.run(
+        [*REPO_PYTHON, *urls, *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_the_cli_works_a_run_on_a_cluster(
+    cluster_store: LeaseStore, redis_cluster: ClusterServers
+) -> None:
+    prefix = cluster_store.prefix
+    added = _cli(redis_cluster, prefix, "add", "r", "a", "b", "c", "d", "--shards", "4")
+    assert added.returncode == 0, added.stderr
+    claimed = _cli(redis_cluster, prefix, "claim", "r", "a", "-w", "ops", "--json")
+    assert claimed.returncode == 0, claimed.stderr
+    token = json.loads(claimed.stdout)["token"]
+    committed = _cli(redis_cluster, prefix, "commit", "r", "a", "-t", str(token))
+    assert committed.returncode == 0, committed.stderr
+    status = _cli(redis_cluster, prefix, "status", "r", "--json")
+    assert status.returncode == 0, status.stderr
+    counts = json.loads(status.stdout)["counts"]
+    assert (
+        counts
+        == cluster_store.status("r").counts
+        == {
+            "pending": 3,
+            "leased": 0,
+            "done": 1,
+            "dead": 0,
+        }
+    )
+    runs = _cli(redis_cluster, prefix, "runs")
+    assert runs.returncode == 0 and "r\t" in runs.stdout, runs
+
+
+def test_rq_commands_on_a_cluster_without_a_queue_url_say_how(
+    cluster_store: LeaseStore, redis_cluster: ClusterServers
+) -> None:
+    result = _cli(redis_cluster, cluster_store.prefix, "worker", "--burst")
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith(
+        "--queue-url redis://HOST:PORT/DB (REDIS_LEASE_QUEUE_URL)"
+    )
+    assert "Traceback" not in result.stderr
+    refused = _cli(redis_cluster, cluster_store.prefix, "status", "r", queue_url=redis_cluster.url)
+    assert refused.returncode == 2 and "cannot be a cluster" in refused.stderr
+
+
+def test_a_plain_url_to_a_cluster_node_is_refused_before_any_write(
+    redis_cluster: ClusterServers, prefix: str
+) -> None:
+    node = redis_cluster.node_urls[0]
+    result = subprocess.run(
+        [*REPO_PYTHON, "--url", node, "--prefix", prefix, "add", "r", "a", "b", "c"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result
+    assert "is a Redis Cluster node: use redis+cluster://" in result.stderr
+    client = redis_cluster.client()
+    try:
+        assert list(client.scan_iter(match=f"{prefix}:*")) == []
+    finally:
+        client.close()
+
+
+def test_the_dashboard_shows_a_cluster_run(cluster_store: LeaseStore) -> None:
+    store = cluster_store
+    store.add("r", [Item(f"i{n}") for n in range(6)], shards=3)
+    store.commit(store.claim("r", "i0", "w1"))
+    client = create_app(store, secret_key="test").test_client()
+    page = client.get("/runs/r")
+    assert page.status_code == 200, page.data[:500]
+    body = page.get_data(as_text=True)
+    assert "i0" in body or ">1<" in body
+    assert client.get("/").status_code == 200
+    assert client.get("/rq/").status_code in (200, 302, 308)
