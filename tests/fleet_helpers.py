@@ -114,10 +114,19 @@ class Processes:
         return process
 
     def worker(
-        self, url: str, queue: str, env: dict[str, str], *, simple: bool = True, name: str = "w"
+        self,
+        url: str,
+        queue: str,
+        env: dict[str, str],
+        *,
+        simple: bool = True,
+        name: str = "w",
+        queue_url: str | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Starts ``redis-lease worker`` on ``queue`` (``--simple`` unless told otherwise)."""
-        args = [sys.executable, "-m", "redis_lease", "--url", url, "worker", "--queue", queue]
+        """Starts ``redis-lease worker`` on ``queue`` (``--simple`` unless told otherwise),
+        with RQ on ``queue_url`` when given."""
+        urls = ["--url", url, *(["--queue-url", queue_url] if queue_url else [])]
+        args = [sys.executable, "-m", "redis_lease", *urls, "worker", "--queue", queue]
         return self.start([*args, "--simple"] if simple else args, env, name)
 
     def log(self, name: str) -> str:

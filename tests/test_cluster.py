@@ -102,18 +102,6 @@ def test_the_keys_of_the_inline_scripts_share_a_slot(cluster_store: LeaseStore) 
         assert key_slot(one.encode()) == key_slot(other.encode()), (one, other)
 
 
-def _worker(
-    procs: Processes,
-    cluster: ClusterServers,
-    redis_url: str,
-    queue: str,
-    env: dict[str, str],
-    n: int,
-) -> None:
-    urls = ["--url", cluster.url, "--queue-url", redis_url]
-    procs.start([*REPO_PYTHON, *urls, "worker", "--simple", "--queue", queue], env, f"w{n}")
-
-
 def test_a_16_shard_fleet_run_completes_once_with_work_on_every_primary(
     cluster_store: LeaseStore,
     redis_cluster: ClusterServers,
@@ -126,7 +114,7 @@ def test_a_16_shard_fleet_run_completes_once_with_work_on_every_primary(
     items = 320
     env = fleet_env(queue_name, items=items, shards=16, ttl=5, batch=10, delay=0.001)
     for n in range(3):
-        _worker(procs, redis_cluster, redis_url, queue_name, env, n)
+        procs.worker(redis_cluster.url, queue_name, env, name=f"w{n}", queue_url=redis_url)
     configure(env)
     run_id = start_run(store)
     state = drive(store, FLEET_PATH, run_id, timeout=90)

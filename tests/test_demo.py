@@ -20,6 +20,7 @@ import redis
 
 from redis_lease.demo.runner import demo_deadline
 from tests.fleet_helpers import REPO, children_of, pid_alive, processes_mentioning, purge_queue
+from tests.redis_cluster import ClusterServers
 
 pytestmark = pytest.mark.slow
 
@@ -117,3 +118,25 @@ def test_demo_on_the_embedded_backend() -> None:
     assert report["deadline"] == demo_deadline(600, embedded=True) == "60s"
     assert report["backend"].startswith("embedded fakeredis")
     assert_no_workers_left(queues, workers)
+
+
+def test_demo_on_a_redis_cluster(redis_cluster: ClusterServers, redis_url: str) -> None:
+    """The lease state on the 3-primary cluster, RQ's queue on the plain Redis."""
+    urls = ["--url", redis_cluster.url, "--queue-url", redis_url]
+    client = redis.Redis.from_url(redis_url)
+    cluster = redis_cluster.client()
+    queues: set[str] = set()
+    try:
+        report, queues, workers = run_demo([*urls, "demo", "--json", "--items", "600"], 120)
+        assert report["items"] == 600
+        assert_clean_report(report)
+        assert report["backend"].startswith("Redis at redis+cluster://")
+        assert_no_workers_left(queues, workers)
+        (queue,) = queues
+        prefix = queue.removesuffix("-shards")
+        assert list(cluster.scan_iter(match=f"{prefix}:*", count=1000)) == []
+    finally:
+        for queue in queues:
+            purge_queue(client, queue)
+        client.close()
+        cluster.close()

@@ -47,15 +47,22 @@ def stop_gracefully(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=15)
 
 
+@pytest.mark.parametrize("backend", ["redis", "cluster"])
 def test_rqscheduler_triggers_the_tick_and_the_run_is_created(
-    real_store: LeaseStore,
+    backend: str,
+    request: pytest.FixtureRequest,
     redis_url: str,
     procs: Processes,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    runs = Runs(real_store)
+    """On one Redis, and with the lease state on a cluster (rq-scheduler, RQ and their
+    jobs on the plain Redis: the queue URL)."""
+    fixture = "real_store" if backend == "redis" else "cluster_store"
+    store: LeaseStore = request.getfixturevalue(fixture)
+    lease_url = request.getfixturevalue("redis_cluster").url if backend == "cluster" else redis_url
+    runs = Runs(store)
     fire = (runs.server_now() - timedelta(minutes=3)).replace(second=0, microsecond=0)
-    queue_name = f"{real_store.prefix}-q"
+    queue_name = f"{store.prefix}-q"
     env = fleet_env(
         queue_name, items=6, shards=2, ttl=5, schedule=f"{fire.minute} {fire.hour} * * *",
         grace=3600,
@@ -66,18 +73,18 @@ def test_rqscheduler_triggers_the_tick_and_the_run_is_created(
     run_id = job.run_id(fire.date())
     ids: list[str] = []
     try:
-        ids = install(real_store, FLEET_PATH, job, interval=2)
-        assert sorted(e["id"] for e in entries(real_store, job)) == sorted(ids)
+        ids = install(store, FLEET_PATH, job, interval=2)
+        assert sorted(e["id"] for e in entries(store, job)) == sorted(ids)
         # The entry at the next scheduled time is lost: the interval tick arms it again.
         at_id = ids[0]
-        scheduler_for(real_store, job).cancel(at_id)
-        assert [e["id"] for e in entries(real_store, job)] == [ids[1]]
+        scheduler_for(store, job).cancel(at_id)
+        assert [e["id"] for e in entries(store, job)] == [ids[1]]
         scheduler = procs.start(
             [RQSCHEDULER, "--url", redis_url, "-i", "1", "-j", "redis_lease.dispatch.JsonJob"],
             env,
             "rqscheduler",
         )
-        procs.worker(redis_url, queue_name, env, name="worker")
+        procs.worker(lease_url, queue_name, env, name="worker", queue_url=redis_url)
 
         def created() -> list[dict[str, str]] | None:
             # The tick writes the run, then its "create" decision: wait for both.
@@ -92,7 +99,7 @@ def test_rqscheduler_triggers_the_tick_and_the_run_is_created(
         assert info["business_date"] == fire.date().isoformat()
         assert len(create) == 1
         assert create[0]["reason"] == f"scheduled at {fire.isoformat()}; {NO_RECORD}"
-        registered = real_store.client.hget(real_store.keys.job(job.name), "registered_at")
+        registered = store.client.hget(store.keys.job(job.name), "registered_at")
         assert registered is not None
 
         # The repeating tick plans, dispatches and finally closes the run.
@@ -104,24 +111,24 @@ def test_rqscheduler_triggers_the_tick_and_the_run_is_created(
             procs.log("worker"),
             procs.log("rqscheduler"),
         )
-        assert real_store.status(run_id).counts["done"] == 6
+        assert store.status(run_id).counts["done"] == 6
 
         def armed() -> list[dict[str, str]] | None:
-            return [e for e in entries(real_store, job) if e["id"] == at_id] or None
+            return [e for e in entries(store, job) if e["id"] == at_id] or None
 
         again = wait_for(armed, 30, "the tick to arm the next scheduled time", every=0.2)
         assert again[0]["next_utc"] == (fire + timedelta(days=1)).isoformat()
         assert again[0]["cron"] == job.options.schedule
-        assert real_store.run_ids() == [run_id]  # one run, however often it ticked
+        assert store.run_ids() == [run_id]  # one run, however often it ticked
         for rq_id in ids:  # what the scheduler wrote and moved stayed JSON
-            payload = assert_json_job(real_store.client, rq_id)
+            payload = assert_json_job(store.rq, rq_id)
             assert payload[0] == "redis_lease.tick.tick_entry"
         stop_gracefully(scheduler)
         assert scheduler.returncode is not None
     finally:
-        remove(real_store, job)
-        purge_queue(real_store.client, queue_name, extra_job_ids=tuple(ids))
+        remove(store, job)
+        purge_queue(store.rq, queue_name, extra_job_ids=tuple(ids))
         monkeypatch.undo()
         importlib.reload(fleet_jobs)
-    assert entries(real_store, job) == []
-    assert text(real_store.client.exists(*[f"rq:job:{i}" for i in ids])) == "0"
+    assert entries(store, job) == []
+    assert text(store.rq.exists(*[f"rq:job:{i}" for i in ids])) == "0"
