@@ -9,6 +9,7 @@ run and live resharding are in tests/test_cluster_faults.py.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -16,9 +17,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+import redis
 from redis.cluster import key_slot
 
-from redis_lease import Item, LeaseStore, ProviderGate
+from redis_lease import Item, LeaseStore, PermissionDenied, ProviderGate
 from redis_lease.dashboard.app import create_app
 from redis_lease.job_tallies import counted_runs_key, tallies_key
 from redis_lease.lease import CommitRequest
@@ -26,8 +28,9 @@ from redis_lease.locks import lock
 from redis_lease.runs import Runs
 from redis_lease.scripts import KEY_COUNTS, observe
 from tests import fleet_jobs
-from tests.fleet_helpers import FLEET_PATH, Processes, all_records, drive, fleet_env
+from tests.fleet_helpers import FLEET_PATH, REPO, Processes, all_records, drive, fleet_env
 from tests.redis_cluster import ClusterServers
+from tests.test_acl import documented_acl_lines
 from tests.test_fleet import assert_all_done_once, configure, effects, start_run  # noqa: F401
 
 REPO_PYTHON = [sys.executable, "-m", "redis_lease"]
@@ -214,3 +217,46 @@ def test_the_dashboard_shows_a_cluster_run(cluster_store: LeaseStore) -> None:
     assert "i0" in body or ">1<" in body
     assert client.get("/").status_code == 200
     assert client.get("/rq/").status_code in (200, 302, 308)
+
+
+def test_the_documented_acl_users_work_on_a_cluster(
+    redis_cluster: ClusterServers, prefix: str
+) -> None:
+    text = (REPO / "docs" / "security.md").read_text()
+    (extra,) = re.findall(r"```cluster-acl\n(.*?)\n```", text, re.DOTALL)
+    passwords = {name: f"{name}-Cluster-9" for name in ("worker", "reader", "admin")}
+    users = {}
+    for name, line in documented_acl_lines().items():
+        user = f"rl-{name}-{prefix[-6:]}"  # users of this test's own on the session cluster
+        pattern = line.replace("~rl:*", f"~{prefix}:*").replace(f"rl-{name}", user)
+        pattern = pattern.replace(f"{name.upper()}_PASSWORD", passwords[name])
+        users[name] = user
+        for port in redis_cluster.ports:
+            node = redis.Redis(port=port)
+            try:
+                node.execute_command(*pattern.split(), *extra.split())
+            finally:
+                node.close()
+
+    def store_of(name: str) -> LeaseStore:
+        auth = f"redis+cluster://{users[name]}:{passwords[name]}@"
+        return LeaseStore.from_url(redis_cluster.url.replace("redis+cluster://", auth), prefix)
+
+    worker, reader, admin = store_of("worker"), store_of("reader"), store_of("admin")
+    try:
+        worker.add("r", [Item("a"), Item("b"), Item("c")], shards=3)
+        worker.commit(worker.claim("r", "a", "w"))
+        worker.fail(worker.claim("r", "b", "w"), "permanent: no", permanent=True)
+        assert reader.status("r").counts == {"pending": 1, "leased": 0, "done": 1, "dead": 1}
+        assert admin.requeue("r", ["b"]) == 1
+        with pytest.raises(PermissionDenied):
+            reader.requeue("r", ["b"])
+    finally:
+        for store in (worker, reader, admin):
+            store.close()
+        for port in redis_cluster.ports:
+            node = redis.Redis(port=port)
+            try:
+                node.execute_command("ACL", "DELUSER", *users.values())
+            finally:
+                node.close()
