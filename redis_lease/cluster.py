@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import parse_qsl, quote, unquote
+from urllib.parse import parse_qsl, quote
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
@@ -153,7 +153,7 @@ def sentinel_client(url: str, shown: str, options: dict[str, Any]) -> redis.Redi
     }
     sentinels = Sentinel(
         list(parsed.hosts),
-        sentinel_kwargs={**timeouts, **{k: unquote(v) for k, v in login.items()}},
+        sentinel_kwargs={**timeouts, **login},
         **{**options, **settings},
     )
     client: redis.Redis = sentinels.master_for(service)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from redis.cluster import key_slot
+from redis.crc import key_slot
 
 from redis_lease import Item, LeaseStore, PermissionDenied, ProviderGate
 from redis_lease.dashboard.app import create_app
@@ -234,7 +234,7 @@ def test_the_documented_acl_users_work_on_a_cluster(
         for port in redis_cluster.ports:
             node = redis.Redis(port=port)
             try:
-                node.execute_command(*pattern.split(), *extra.split())
+                node.execute_command(*pattern.split(), *extra.split())  # type: ignore[no-untyped-call]
             finally:
                 node.close()
 
@@ -257,6 +257,6 @@ def test_the_documented_acl_users_work_on_a_cluster(
         for port in redis_cluster.ports:
             node = redis.Redis(port=port)
             try:
-                node.execute_command("ACL", "DELUSER", *users.values())
+                node.execute_command("ACL", "DELUSER", *users.values())  # type: ignore[no-untyped-call]
             finally:
                 node.close()

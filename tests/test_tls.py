@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,12 +15,15 @@ import pytest
 
 from redis_lease import Item, LeaseLost, LeaseStore
 from redis_lease.connection import with_tls
-from tests.fleet_helpers import Processes
+from tests.fleet_helpers import Processes, wait_for
 from tests.helpers import wait_past
-from tests.redis_server import RedisServer, TlsFiles, make_certificates
+from tests.redis_server import RedisServer, TlsFiles, free_port, make_certificates
 from tests.security_helpers import Cli, fleet_env, fleet_run
 
 pytestmark = pytest.mark.slow
+
+#: ``redis-cli --cluster create`` flags: primaries only, no question asked.
+CREATE_FLAGS = ("--cluster-replicas", "0", "--cluster-yes")
 
 
 def tls_options(files: TlsFiles) -> list[str]:
@@ -165,3 +169,46 @@ def test_a_certificate_for_another_host_is_refused(tmp_path: Path) -> None:
         assert done.stderr.count("warning: TLS verification is off") == 1, done.stderr
     finally:
         server.kill()
+
+
+def test_a_tls_cluster_works_a_run_and_refuses_an_unknown_ca(tmp_path: Path, prefix: str) -> None:
+    """``rediss+cluster://``: three TLS-only primaries (cluster bus over TLS too)."""
+    files = certificates(tmp_path / "certs")
+    cluster_tls = {"cluster-enabled": "yes", "tls-cluster": "yes", "cluster-node-timeout": "2000"}
+    nodes = [RedisServer(tmp_path / f"node-{n}", cluster_tls, tls=files) for n in range(3)]
+    try:
+        for node in nodes:
+            node.directory.mkdir()
+            node.config["cluster-config-file"] = str(node.directory / "nodes.conf")
+            node.config["cluster-port"] = str(free_port())
+            node.start()
+        files_args = ["--cacert", str(files.ca), "--cert", str(files.client_cert)]
+        files_args += ["--key", str(files.client_key)]
+        hosts = [f"127.0.0.1:{node.port}" for node in nodes]
+        subprocess.run(
+            ["redis-cli", "--tls", *files_args, "--cluster", "create", *hosts, *CREATE_FLAGS],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        url = f"rediss+cluster://{','.join(hosts)}"
+        cli = Cli(url, ["--prefix", prefix, *tls_options(files)])
+
+        def agreed() -> bool | None:
+            return cli.run("runs").returncode == 0 or None
+
+        wait_for(agreed, 30, "the TLS cluster to serve every slot", every=0.2)
+        added = cli.run("add", "r", "a", "b", "c", "--shards", "3")
+        assert added.returncode == 0, added.stderr
+        claimed = cli.run("claim", "r", "a", "-w", "w", "--json")
+        token = json.loads(claimed.stdout)["token"]
+        assert cli.run("commit", "r", "a", "-t", str(token)).returncode == 0
+        status = cli.run("status", "r", "--json")
+        assert json.loads(status.stdout)["counts"]["done"] == 1
+        line = refused_fast(Cli(url, ["--prefix", prefix]))  # no CA: the server is not trusted
+        assert (
+            "TLS handshake with rediss+cluster://" in line and "CERTIFICATE_VERIFY_FAILED" in line
+        )
+    finally:
+        for node in nodes:
+            node.kill()
