@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 import redis
 from redis.backoff import NoBackoff
-from redis.cluster import key_slot
+from redis.crc import key_slot
 from redis.retry import Retry
 
 from redis_lease import LeaseStore
