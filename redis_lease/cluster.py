@@ -16,6 +16,8 @@ RQ's queues live on a plain Redis of their own (the queue URL).
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import parse_qsl, quote
@@ -30,6 +32,8 @@ from .errors import InvalidInput
 #: The URL schemes of a cluster, and of a primary found through sentinels.
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SENTINEL_SCHEMES = ("redis+sentinel",)
+#: Seconds between two questions to the sentinels about which server is the primary.
+PRIMARY_CHECK = 0.5
 #: The options read by the sentinel client itself, not by the primary's connections.
 _SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
 
@@ -156,8 +160,39 @@ def sentinel_client(url: str, shown: str, options: dict[str, Any]) -> redis.Redi
         sentinel_kwargs={**timeouts, **login},
         **{**options, **settings},
     )
-    client: redis.Redis = sentinels.master_for(service)
+    client: redis.Redis = sentinels.master_for(service, connection_pool_class=FollowingPool)
     return client
+
+
+class FollowingPool(SentinelConnectionPool):
+    """A sentinel pool that asks the sentinels which server is the primary at most every
+    :data:`PRIMARY_CHECK` seconds as connections are taken, and leaves a former one at once.
+
+    redis-py asks only when it connects, so a client would go on writing to a former
+    primary until the sentinel demotes it (8 to 16 s after ``SENTINEL FAILOVER``), and
+    those writes are lost when that server resyncs. This narrows the window to the
+    check's interval; asynchronous replication still keeps one (docs/durability.md).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._checked = 0.0
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        """A connection to the primary the sentinels name (asked again when it is time)."""
+        now = time.monotonic()
+        if now - self._checked >= PRIMARY_CHECK:
+            self._checked = now
+            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                # on a new primary, idle connections are dropped
+                self.get_master_address()  # type: ignore[no-untyped-call]
+        connection = super().get_connection(*args, **kwargs)
+        primary = self.master_address
+        where = (connection.host, connection.port)
+        if primary is not None and connection.host and where != primary:
+            # its next command connects to the primary named now
+            connection.disconnect()  # type: ignore[no-untyped-call]
+        return connection
 
 
 def is_cluster(client: Any) -> bool:
