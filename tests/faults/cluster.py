@@ -102,6 +102,9 @@ class SlotMove:
     target: int
     #: Seconds since the cluster started when the move began.
     began: float
+    #: The machine's clock (ms) when it began and when every node agreed on the target.
+    began_ms: int
+    ended_ms: int = 0
     #: Keys MIGRATEd so far.
     moved: int = 0
 
@@ -121,6 +124,10 @@ class Worker:
     def alive(self) -> bool:
         """True while the process runs."""
         return self.process.poll() is None
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _node(port: int) -> redis.Redis:
@@ -178,6 +185,8 @@ class Cluster:
         self.slot_moves: dict[int, SlotMove] = {}
         #: Seconds each finished slot move took, begin to every node agreeing.
         self.slot_move_seconds: list[float] = []
+        #: Every finished slot move, in order.
+        self.finished_moves: list[SlotMove] = []
         self.config = EffectConfig(
             queue=f"{prefix}-q",
             hook_dir=str(self.hooks),
@@ -510,7 +519,7 @@ class Cluster:
             others = [port for port in nodes.primaries() if port != source]
             target = others[pick % len(others)]
         nodes.begin_migration(slot, target)
-        move = SlotMove(slot, source, target, time.monotonic() - self.started)
+        move = SlotMove(slot, source, target, time.monotonic() - self.started, _now_ms())
         self.slot_moves[slot] = move
         self.note("slot-move-begin", f"slot {slot} {source} -> {target}")
         return move
@@ -535,7 +544,9 @@ class Cluster:
         move.moved += nodes.move_keys(slot, batch=100)
         nodes.finish_migration(slot, move.target)
         took = time.monotonic() - self.started - move.began
+        move.ended_ms = _now_ms()
         self.slot_move_seconds.append(took)
+        self.finished_moves.append(move)
         self.note(
             "slot-move-finish", f"slot {slot} on {move.target}: {move.moved} keys, {took:.2f}s"
         )
