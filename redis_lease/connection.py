@@ -29,6 +29,7 @@ from redis.exceptions import (
     AskError,
     AuthenticationError,
     ClusterDownError,
+    ClusterError,
     MovedError,
     NoPermissionError,
     RedisClusterException,
@@ -444,9 +445,10 @@ def _cluster_moving(url: str, error: BaseException, context: dict[str, Any]) -> 
         return RedisUnavailable(
             f"{_where(url)}: no node of the cluster answers; check --url or REDIS_URL", **context
         )
-    if isinstance(error, RedisClusterException) and "TTL" in str(error):
+    if isinstance(error, (RedisClusterException, ClusterError)) and "TTL" in str(error):
         return ClusterBusy(
-            f"{_where(url)} kept redirecting the call: it wrote nothing; retry (workers do)",
+            f"{_where(url)} is moving or missing hash slots (the client's retries ran out): "
+            "the call wrote nothing; retry (workers do)",
             **context,
         )
     if code == "CROSSSLOT" or (

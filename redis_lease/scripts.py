@@ -235,6 +235,21 @@ class Scripts:
                     if index in watches:
                         watches[index].unanswered(error)
                 raise
+            # An error that is not the server's reply: a cluster client gave up on a call
+            # (TTL exhausted), so whether the others ran is the caller's unknown too.
+            gave_up = next(
+                (
+                    a
+                    for a in answers
+                    if isinstance(a, Exception) and not isinstance(a, redis.ResponseError)
+                ),
+                None,
+            )
+            if gave_up is not None:
+                for index in todo:
+                    if index in watches:
+                        watches[index].unanswered(gave_up)
+                raise gave_up
             retry: list[int] = []
             missing: set[str] = set()
             for index, answer in zip(todo, answers, strict=True):
