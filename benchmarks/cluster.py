@@ -67,6 +67,7 @@ if str(PEERS_DIR) not in sys.path:
 import peer_lease_jobs  # type: ignore[import-not-found]  # noqa: E402
 
 from benchmarks.bench_fleet import Fleet, log, machine, worker_env  # noqa: E402
+from benchmarks.peers import Snapshot, snapshot  # noqa: E402
 from benchmarks.peers_report import median, ratio  # noqa: E402
 from redis_lease.connection import client_from_url  # noqa: E402
 from redis_lease.dispatch import enqueue_shard  # noqa: E402
@@ -100,25 +101,6 @@ _LOAD_AT_START = os.getloadavg()
 
 
 # -- server counters ------------------------------------------------------------
-
-
-@dataclass
-class Snapshot:
-    """One server's CPU seconds and command calls (by command) at one moment."""
-
-    cpu: float
-    calls: dict[str, int]
-
-
-def snapshot(client: redis.Redis) -> Snapshot:
-    """One ``INFO cpu commandstats`` of one server."""
-    info = client.info("cpu", "commandstats")
-    calls = {
-        key.removeprefix("cmdstat_"): int(value["calls"])
-        for key, value in info.items()
-        if key.startswith("cmdstat_")
-    }
-    return Snapshot(float(info["used_cpu_user"]) + float(info["used_cpu_sys"]), calls)
 
 
 @dataclass

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -80,20 +79,9 @@ class SentinelCluster(Cluster):
             raise
         return self
 
-    def _spawn(self, clock: str, log: Path) -> subprocess.Popen[bytes]:
-        if clock:
-            raise ValueError("the sentinel runs have no skewed clocks")
-        env = {**effect_jobs.worker_env(), **self.config.env()}
-        args = [*effect_jobs.WORKER_COMMAND, "--url", self.group.url, "worker", "--simple"]
-        with log.open("ab") as out:
-            return subprocess.Popen(
-                [*args, "--queue", self.config.queue],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=effect_jobs.ROOT,
-            )
+    def url_options(self) -> list[str]:
+        """The workers' Redis: the group's primary, through its sentinel."""
+        return ["--url", self.group.url]
 
     def close(self) -> None:
         """Kills the workers and the group, stops the provider (safe always)."""
