@@ -17,6 +17,7 @@ RQ's queues live on a plain Redis of their own (the queue URL).
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, cast
@@ -169,23 +170,29 @@ class FollowingPool(SentinelConnectionPool):
     :data:`PRIMARY_CHECK` seconds as connections are taken, and leaves a former one at once.
 
     redis-py asks only when it connects, so a client would go on writing to a former
-    primary until the sentinel demotes it (8 to 16 s after ``SENTINEL FAILOVER``), and
-    those writes are lost when that server resyncs. This narrows the window to the
-    check's interval; asynchronous replication still keeps one (docs/durability.md).
+    primary until the sentinel demotes it (10 to 16 s after ``SENTINEL FAILOVER`` in the
+    tests), and those writes are lost when that server resyncs. This narrows the window
+    to the check's interval; asynchronous replication still keeps one
+    (docs/durability.md).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self._checked = 0.0
+        self._asking = threading.Lock()  # one thread asks; the others go on meanwhile
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         """A connection to the primary the sentinels name (asked again when it is time)."""
-        now = time.monotonic()
-        if now - self._checked >= PRIMARY_CHECK:
-            self._checked = now
-            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
-                # on a new primary, idle connections are dropped
-                self.get_master_address()  # type: ignore[no-untyped-call]
+        if time.monotonic() - self._checked >= PRIMARY_CHECK and self._asking.acquire(
+            blocking=False
+        ):
+            try:
+                self._checked = time.monotonic()
+                with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                    # on a new primary, idle connections are dropped
+                    self.get_master_address()  # type: ignore[no-untyped-call]
+            finally:
+                self._asking.release()
         connection = super().get_connection(*args, **kwargs)
         primary = self.master_address
         where = (connection.host, connection.port)

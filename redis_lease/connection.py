@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import RedisCluster
 from redis.exceptions import (
     AskError,
     AuthenticationError,
@@ -278,6 +279,14 @@ def warn_unless_noeviction(client: redis.Redis, url: str) -> None:
         warnings.warn(f"Redis at {safe_url(url)}: {danger}", EvictionPolicyWarning, stacklevel=3)
 
 
+def check_server(client: redis.Redis, url: str) -> None:
+    """The checks of a server a store is about to use, once per URL: a cluster node behind a
+    plain URL is refused (:func:`refuse_cluster_node`), an evicting one warned about
+    (:func:`warn_unless_noeviction`)."""
+    refuse_cluster_node(client, url)
+    warn_unless_noeviction(client, url)
+
+
 def refuse_cluster_node(client: redis.Redis, url: str) -> None:
     """Refuses a ``redis://`` URL naming a node of a cluster, before anything is written
     (its writes would stop at the first key of another node's slot).
@@ -314,10 +323,20 @@ def eviction_danger(client: redis.Redis) -> str | None:
     (``volatile-*``); see docs/durability.md.
     """
     try:
-        policy = as_text(client.config_get("maxmemory-policy").get("maxmemory-policy", ""))
+        if is_cluster(client):  # every primary's own setting
+            replies: Any = client.config_get(
+                "maxmemory-policy", target_nodes=RedisCluster.PRIMARIES
+            )
+            found = (
+                [r for r in replies.values()] if "maxmemory-policy" not in replies else [replies]
+            )
+        else:
+            found = [client.config_get("maxmemory-policy")]  # one reply: a dict
     except redis.ResponseError:  # CONFIG disabled (managed Redis): nothing to check
         return None
-    if not policy or policy == "noeviction":
+    policies = {as_text(dict(reply or {}).get("maxmemory-policy", "")) for reply in found}
+    policy = next((p for p in sorted(policies) if p and p != "noeviction"), "")
+    if not policy:
         return None
     return (
         f"maxmemory-policy is {policy}: Redis may evict item records, leases and tokens, and "
@@ -417,7 +436,8 @@ def _cluster_moving(url: str, error: BaseException, context: dict[str, Any]) -> 
     """The error for a cluster's redirection or refusal the client could not follow; None
     for other errors.
 
-    The server checks a script's keys before running it, so a refused call wrote nothing.
+    The server checks a script's keys before running it, so the refused attempt ran
+    nothing (an earlier attempt that timed out may have).
     """
     code = _reply_code(error)
     if isinstance(error, (TryAgainError, ClusterDownError, SlotNotCoveredError)) or code in (
@@ -426,13 +446,13 @@ def _cluster_moving(url: str, error: BaseException, context: dict[str, Any]) -> 
     ):
         return ClusterBusy(
             f"{_where(url)} is moving or missing hash slots ({code or type(error).__name__}): "
-            "the call wrote nothing; retry (workers do)",
+            "the server refused the call before running it; retry (workers do)",
             **context,
         )
     if isinstance(error, (MovedError, AskError)) or code in ("MOVED", "ASK"):
         if is_cluster_url(url):
             return ClusterBusy(
-                f"{_where(url)} kept redirecting the call ({code}): the call wrote nothing; "
+                f"{_where(url)} kept redirecting the call ({code}): the server did not run it; "
                 "retry (workers do)",
                 **context,
             )
@@ -448,7 +468,7 @@ def _cluster_moving(url: str, error: BaseException, context: dict[str, Any]) -> 
     if isinstance(error, (RedisClusterException, ClusterError)) and "TTL" in str(error):
         return ClusterBusy(
             f"{_where(url)} is moving or missing hash slots (the client's retries ran out): "
-            "the call wrote nothing; retry (workers do)",
+            "the server refused the call before running it; retry (workers do)",
             **context,
         )
     if code == "CROSSSLOT" or (

@@ -215,16 +215,22 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
             return {}
         ids = list(known)
         jobs = RQJob.fetch_many(ids, connection=store.rq, serializer=JSONSerializer)
-        waiting_in = store.rq.pipeline(transaction=False)
         pipe = store.client.pipeline(transaction=False)
+        # RQ's queues ride along when RQ shares the store's Redis (one round trip).
+        apart = store.rq is not store.client
+        waiting_in = store.rq.pipeline(transaction=False) if apart else pipe
         for rq_id, rq_job in zip(ids, jobs, strict=True):
-            pipe.exists(store.keys.run_beat(run_id, rq_id))
             origin = rq_job.origin if rq_job is not None else ""
             waiting_in.lpos(Queue.redis_queue_namespace_prefix + origin, rq_id)
+        for rq_id in ids:
+            pipe.exists(store.keys.run_beat(run_id, rq_id))
         pipe.hgetall(missing_key)
         queue_time(pipe)
-        *beats, missing_raw, (seconds, micros) = pipe.execute()
-        positions = waiting_in.execute()
+        positions = waiting_in.execute() if apart else []
+        answers = pipe.execute()
+        if not apart:
+            positions, answers = answers[: len(ids)], answers[len(ids) :]
+        *beats, missing_raw, (seconds, micros) = answers
         missing = {as_text(k): int(v) for k, v in missing_raw.items()}
         now_ms = int(seconds) * 1000 + int(micros) // 1000
         live: dict[int, list[str]] = {}

@@ -185,6 +185,7 @@ def apply_effect(
     *,
     lookup: Callable[[str], Any] | None = None,
     honours_keys: bool = False,
+    before_call: Callable[[], None] | None = None,
 ) -> Any:
     """Applies an effect at most once per idempotency key, under the fence.
 
@@ -196,6 +197,8 @@ def apply_effect(
         lookup: asks the provider for the key's outcome: the result when it was
             applied, None when it was not; raises EffectUnknown when it cannot tell.
         honours_keys: the provider dedupes by key, so a retry with the same key is safe.
+        before_call: runs just before ``call`` (after the intent is recorded); raising
+            EffectFailed there means the call is not sent (a lease that ran out meanwhile).
 
     Returns:
         The provider's result, the stored one when the effect was applied before.
@@ -242,6 +245,8 @@ def apply_effect(
             )
         store.record_effect(lease, key, name, "intended", None)
     try:
+        if before_call is not None:
+            before_call()
         result = call(key)
     except BaseException as error:
         _settle_error(store, lease, key, name, error, lookup is not None or honours_keys)

@@ -193,9 +193,11 @@ class PermissionDenied(RedisUnavailable):
 
 
 class ClusterBusy(RedisUnavailable):
-    """A Redis Cluster refused a call while moving or missing hash slots; it wrote nothing.
+    """A Redis Cluster refused a call while moving or missing hash slots, before running it.
 
-    ``TRYAGAIN``, ``CLUSTERDOWN``, or redirections past the client's bound.
+    ``TRYAGAIN``, ``CLUSTERDOWN``, or redirections past the client's bound. Like any
+    call retried after a timeout, an earlier attempt may have run: the outcome is
+    unknown only then, and the fence handles it as for any unanswered call.
     """
 
 

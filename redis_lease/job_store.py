@@ -32,7 +32,12 @@ def job_store(rq_connection: redis.Redis, prefix: str = DEFAULT_PREFIX) -> Lease
     rq_client = resilient(rq_connection)
     if _lease_url is None:
         return LeaseStore(rq_client, prefix=prefix, url=describe(rq_client))
-    client = client_from_url(_lease_url)
+    try:
+        client = client_from_url(_lease_url)
+    except BaseException:
+        if rq_client is not rq_connection:
+            rq_client.close()
+        raise
     return LeaseStore(client, prefix=prefix, url=_lease_url, rq_client=rq_client)
 
 

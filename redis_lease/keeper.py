@@ -15,6 +15,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -22,9 +23,9 @@ from typing import Any
 
 import redis
 
-from .connection import REDIS_FAILURES, as_text, redis_errors
+from .connection import REDIS_FAILURES, as_text, describe, redis_errors
 from .effects import apply_effect
-from .errors import LeaseLost, RedisLeaseError
+from .errors import EffectFailed, LeaseLost, RedisLeaseError
 from .jobs import CONCURRENCY_MAX
 from .lease import Lease
 from .scripts import Command
@@ -52,10 +53,16 @@ class ActiveLease:
         lease: the current Lease (its expiry moves as it is renewed).
     """
 
-    def __init__(self, store: LeaseStore, lease: Lease, ttl: float) -> None:
+    def __init__(
+        self, store: LeaseStore, lease: Lease, ttl: float, sent_at: float | None = None
+    ) -> None:
         self.store = store
         self.lease = lease
         self.ttl = ttl
+        #: When the lease runs out by this process's monotonic clock: ``ttl`` after the
+        #: claim or last renewal was sent (``sent_at``; now by default), so never later
+        #: than the server's expiry (each renewal moves it on).
+        self.valid_until = (time.monotonic() if sent_at is None else sent_at) + ttl
         self._lost = False
         self._event: threading.Event | None = None  # made by wait_lost only
         self._on_lost: list[Callable[[], object]] = []
@@ -130,8 +137,17 @@ class ActiveLease:
             event = self._event
         return event.wait(timeout)
 
+    def renewed(self, lease: Lease, sent_at: float) -> None:
+        """Takes the lease a renewal sent at ``sent_at`` (monotonic) returned."""
+        self.lease = lease
+        self.valid_until = sent_at + self.ttl
+
     def check(self) -> None:
-        """Raises LeaseLost when a renewal was refused: call it between steps to stop early."""
+        """Raises LeaseLost when a renewal was refused, or when the lease ran out by this
+        process's clock (no renewal got through in time: Redis slow or cut off, the
+        process paused): call it between steps to stop early."""
+        if not self._lost and time.monotonic() >= self.valid_until:
+            self.mark_lost()
         if self._lost:
             raise LeaseLost(
                 f"the lease on item {self.item_id!r} of run {self.run_id!r} (token {self.token}) "
@@ -157,7 +173,13 @@ class ActiveLease:
         """
         self.check()
         return apply_effect(
-            self.store, self.lease, name, call, lookup=lookup, honours_keys=honours_keys
+            self.store,
+            self.lease,
+            name,
+            call,
+            lookup=lookup,
+            honours_keys=honours_keys,
+            before_call=self.check_before_call,
         )
 
     async def effect_async(
@@ -189,29 +211,52 @@ class ActiveLease:
         # thread that call may need from the loop's default executor.
         return await loop.run_in_executor(_ledger_threads(), apply)
 
+    def check_before_call(self) -> None:
+        """Raises EffectFailed (the call is not sent) when the lease is lost or ran out.
+
+        It does not mark the lease lost itself: that would cancel the call it guards,
+        and a cancelled call's outcome is unknown, where this one is known unsent.
+        """
+        if self._lost or time.monotonic() >= self.valid_until:
+            raise EffectFailed(
+                f"not sent: the lease on item {self.item_id!r} (token {self.token}) was lost "
+                "or ran out before the call",
+                run_id=self.run_id,
+                item_id=self.item_id,
+                token=self.token,
+            )
+
     def _on_loop(
         self, loop: asyncio.AbstractEventLoop, func: Callable[[str], Any], key: str
     ) -> Any:
-        """Runs ``func(key)`` from a ledger thread; an awaitable it returns runs on ``loop``."""
+        """Runs ``func(key)`` from a ledger thread; an awaitable it returns runs on ``loop``,
+        the lease checked again there just before it starts (the loop may have been busy)."""
         self.check()
         result = func(key)
         if not inspect.isawaitable(result):
             return result
-        future = asyncio.run_coroutine_threadsafe(_awaited(result), loop)
+        future = asyncio.run_coroutine_threadsafe(_awaited(result, self.check_before_call), loop)
         self.on_lost(future.cancel)
         return future.result()
 
     def renew(self) -> None:
         """Renews now; raises LeaseLost (and marks the lease lost) when refused."""
         self.check()
+        sent_at = time.monotonic()
         try:
-            self.lease = self.store.renew(self.lease, self.ttl)
+            self.renewed(self.store.renew(self.lease, self.ttl), sent_at)
         except LeaseLost:
             self.mark_lost()
             raise
 
 
-async def _awaited(awaitable: Awaitable[Any]) -> Any:
+async def _awaited(awaitable: Awaitable[Any], before: Callable[[], None]) -> Any:
+    try:
+        before()
+    except BaseException:
+        if inspect.iscoroutine(awaitable):
+            awaitable.close()  # never started: nothing was sent
+        raise
     return await awaitable
 
 
@@ -285,16 +330,17 @@ class LeaseKeeper(threading.Thread):
             commands.append(Command(("HGET", *self.stop_flag)))
         if held or commands:
             leases = [active.lease for active in held]
+            sent_at = time.monotonic()
             renewed, replies = self.store.renew_with(leases, self.ttl, commands)
             for active, lease in zip(held, renewed, strict=True):
                 if lease is None:
                     self.drop(active)
                     active.mark_lost()
                 else:
-                    active.lease = lease
+                    active.renewed(lease, sent_at)
         if self.stop_flag:
             if flag_apart:
-                with redis_errors(self.store.url):
+                with redis_errors(describe(self.store.rq)):  # RQ's server, not the store's
                     flag = self.store.rq.hget(*self.stop_flag)
             else:
                 flag = replies[-1]

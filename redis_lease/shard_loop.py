@@ -189,7 +189,7 @@ class _ShardLoop:
                 except RunClosed:
                     report.closed = True
                     return
-                except ClusterBusy as error:  # the claim wrote nothing: claim again soon
+                except ClusterBusy as error:  # refused before running: claim again soon
                     log.info("claim on run %r shard %s: %s", self.run_id, self.shard, error)
                     stop.wait(CLUSTER_RETRY_DELAY)
             while waiting and (self.pool.queues or self.in_pool < self.size):
@@ -217,11 +217,12 @@ class _ShardLoop:
         ttl = self.job.options.lease_ttl
         held = self.in_pool + len(self.waiting)
         limit = min(self.job.options.batch_size, self.size + self.ahead - held)
+        sent_at = time.monotonic()
         leases = self.store.claim_next(
             self.run_id, self.worker, shard=self.shard, limit=limit, ttl=ttl
         )
         for lease in leases:
-            active = ActiveLease(self.store, lease, ttl)
+            active = ActiveLease(self.store, lease, ttl, sent_at)
             self.keeper.hold(active)
             self.waiting.append(active)
         return bool(leases)

@@ -16,9 +16,9 @@ from .cluster import is_cluster
 from .connection import (
     REDIS_FAILURES,
     as_text,
+    check_server,
     client_from_url,
-    refuse_cluster_node,
-    warn_unless_noeviction,
+    is_cluster_url,
 )
 from .connection import translate as translate_error
 from .deprecation import warn_renamed
@@ -109,10 +109,25 @@ class LeaseStore:
     ) -> LeaseStore:
         """A store on the Redis at ``url`` (redis://, rediss://, unix://, redis+cluster://,
         redis+sentinel:// or fakeredis://); RQ's queues on ``queue_url`` when given."""
-        client = client_from_url(url, **options)
-        refuse_cluster_node(client, url)
-        warn_unless_noeviction(client, url)
-        rq_client = client_from_url(queue_url) if queue_url else None
+        if queue_url and is_cluster_url(queue_url):
+            raise InvalidInput(
+                "the queue URL cannot be a cluster: RQ does not run on Redis Cluster; give a "
+                "plain redis://HOST:PORT/DB"
+            )
+        opened: list[redis.Redis] = []
+        try:
+            client = client_from_url(url, **options)
+            opened.append(client)
+            check_server(client, url)
+            rq_client = None
+            if queue_url:
+                rq_client = client_from_url(queue_url)
+                opened.append(rq_client)
+                check_server(rq_client, queue_url)
+        except BaseException:
+            for made in opened:
+                made.close()
+            raise
         return cls(client, prefix=prefix, url=url, rq_client=rq_client)
 
     @property

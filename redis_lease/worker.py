@@ -19,11 +19,10 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-import redis
 from rq import get_current_job
 
 from . import capacity, dispatch
-from .connection import eviction_danger, redis_errors, safe_url
+from .connection import REDIS_FAILURES, eviction_danger, redis_errors, safe_url
 from .deprecation import renamed_attribute
 from .errors import InvalidInput, LeaseError, RedisLeaseError
 from .job_failures import end_failure_streak, record_job_failure
@@ -192,8 +191,8 @@ def _forget_job(store: LeaseStore, run_id: str, rq_id: str, ended: bool) -> None
             pipe.hdel(store.keys.run_jobs(run_id), rq_id)
             pipe.hdel(store.keys.run_jobs_missing(run_id), rq_id)
             pipe.execute()
-        if ended:  # apart: a cluster's pipeline does not load scripts
-            end_failure_streak(store, run_id)
+            if ended:  # apart: a cluster's pipeline does not load scripts
+                end_failure_streak(store, run_id)
     except RedisLeaseError as error:
         log.warning("could not remove the heartbeat of job %s of run %r: %s", rq_id, run_id, error)
 
@@ -208,7 +207,7 @@ def _log_danger(store: LeaseStore) -> None:
     _dangers_logged.add(store.url)
     try:
         danger = eviction_danger(store.client)
-    except redis.RedisError:  # the check must never stop the work
+    except REDIS_FAILURES:  # the check must never stop the work
         return
     if danger:
         log.error("danger: Redis at %s: %s", safe_url(store.url), danger)

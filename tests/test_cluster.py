@@ -22,6 +22,7 @@ from redis.crc import key_slot
 
 from redis_lease import Item, LeaseStore, PermissionDenied, ProviderGate
 from redis_lease.dashboard.app import create_app
+from redis_lease.dispatch import purge_queue, queue
 from redis_lease.job_tallies import counted_runs_key, tallies_key
 from redis_lease.lease import CommitRequest
 from redis_lease.locks import lock
@@ -206,17 +207,27 @@ def test_a_plain_url_to_a_cluster_node_is_refused_before_any_write(
         client.close()
 
 
-def test_the_dashboard_shows_a_cluster_run(cluster_store: LeaseStore) -> None:
+def test_the_dashboard_shows_a_cluster_run_and_rq_from_the_queue_url(
+    cluster_store: LeaseStore,
+) -> None:
     store = cluster_store
     store.add("r", [Item(f"i{n}") for n in range(6)], shards=3)
     store.commit(store.claim("r", "i0", "w1"))
-    client = create_app(store, secret_key="test").test_client()
-    page = client.get("/runs/r")
-    assert page.status_code == 200, page.data[:500]
-    body = page.get_data(as_text=True)
-    assert "i0" in body or ">1<" in body
-    assert client.get("/").status_code == 200
-    assert client.get("/rq/").status_code in (200, 302, 308)
+    name = f"{store.prefix}-dash"
+    job = queue(store.rq, name).enqueue_call(func="builtins.print", args=["queued"])
+    try:
+        client = create_app(store, secret_key="test").test_client()
+        page = client.get("/runs/r")
+        assert page.status_code == 200, page.data[:500]
+        assert store.status("r").counts["done"] == 1
+        assert "i0" in client.get("/runs/r/items/i0").get_data(as_text=True)
+        listed = client.get("/rq/0/data/queues.json")  # rq-dashboard reads RQ's Redis
+        assert listed.status_code == 200
+        assert name in {q["name"] for q in listed.get_json()["queues"]}
+        shown = client.get(f"/rq/0/data/job/{job.id}.json").get_json()
+        assert shown["id"] == job.id
+    finally:
+        purge_queue(store.rq, name)
 
 
 def test_the_documented_acl_users_work_on_a_cluster(

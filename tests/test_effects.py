@@ -7,10 +7,12 @@ against the HTTP provider with real worker processes.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -768,3 +770,61 @@ def test_resolving_an_effect_of_a_closed_run_writes_nothing(store: LeaseStore) -
         resolve_effect(store, RUN, ITEM, EFFECT, applied=True)
     assert snapshot(store.client, store.prefix) == before
     assert store.item(RUN, ITEM).state == "dead"
+
+
+# -- a lease that ran out by the process's own clock ------------------------------------
+
+
+def test_a_lease_run_out_by_the_local_clock_sends_nothing(store: LeaseStore) -> None:
+    """No renewal got through for a whole TTL (Redis stalled, the process paused): the
+    server may have given the item to another holder, so no effect is sent."""
+    provider = Provider()
+    active = ActiveLease(store, claim(store), ttl=30.0, sent_at=time.monotonic() - 31.0)
+    with pytest.raises(LeaseLost):
+        active.effect(EFFECT, provider.call, lookup=provider.lookup)
+    assert provider.calls == [] and active.lost
+    assert store.effect(RUN, ITEM, KEY) is None  # stopped before recording an intent
+
+
+def test_a_lease_that_runs_out_after_the_intent_is_recorded_sends_nothing(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider = Provider()
+    active = ActiveLease(store, claim(store), ttl=30.0)
+    recorded = store.begin_effect
+
+    def begin_then_stall(*args: Any, **kwargs: Any) -> Any:
+        answer = recorded(*args, **kwargs)
+        active.valid_until = time.monotonic()  # the process stalls past its lease here
+        return answer
+
+    monkeypatch.setattr(store, "begin_effect", begin_then_stall)
+    with pytest.raises(EffectFailed, match="not sent: the lease"):
+        active.effect(EFFECT, provider.call, lookup=provider.lookup)
+    assert provider.calls == []
+    record = store.effect(RUN, ITEM, KEY)
+    assert record is not None and record["state"] == "failed"  # the next attempt sends it
+
+
+def test_an_async_call_whose_lease_ran_out_while_the_loop_was_busy_is_not_started(
+    store: LeaseStore,
+) -> None:
+    started: list[str] = []
+    active = ActiveLease(store, claim(store), ttl=30.0)
+
+    async def send(key: str) -> Any:
+        started.append(key)
+        return {"id": "corr_1"}
+
+    def call(key: str) -> Any:
+        active.valid_until = time.monotonic()  # runs out before the loop gets to it
+        return send(key)
+
+    async def handler() -> Any:
+        return await active.effect_async(EFFECT, call)
+
+    with pytest.raises(EffectFailed, match="not sent: the lease"):
+        asyncio.run(handler())
+    assert started == []
+    record = store.effect(RUN, ITEM, KEY)
+    assert record is not None and record["state"] == "failed"

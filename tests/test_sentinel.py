@@ -15,9 +15,7 @@ workers do (:mod:`tests.faults.cluster`).
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -85,14 +83,8 @@ class SentinelCluster(Cluster):
 
     def close(self) -> None:
         """Kills the workers and the group, stops the provider (safe always)."""
-        for worker in self.workers:
-            worker.ended_on_purpose = True
-            if worker.alive:
-                os.killpg(worker.process.pid, signal.SIGKILL)
-            worker.process.wait(timeout=10)
-        if self._serving:
-            self.provider.shutdown()
-        self.provider.server_close()
+        self.kill_workers()
+        self.stop_provider()
         if hasattr(self, "store"):
             self.store.close()
         self.group.kill()

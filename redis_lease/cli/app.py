@@ -27,11 +27,10 @@ from .. import __version__
 from ..connection import (
     REDIS_FAILURES,
     EvictionPolicyWarning,
+    check_server,
     client_from_url,
     is_cluster_url,
-    refuse_cluster_node,
     translate,
-    warn_unless_noeviction,
 )
 from ..errors import InvalidInput, RedisLeaseError
 from ..limits import (
@@ -253,8 +252,9 @@ def open_store(ctx: typer.Context, *, needs_rq: bool = False) -> LeaseStore:
         store = LeaseStore(client, prefix=settings.prefix, url=settings.url, rq_client=rq_client)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            refuse_cluster_node(client, settings.url)
-            warn_unless_noeviction(client, settings.url)
+            check_server(client, settings.url)
+            if rq_client is not None and settings.queue_url:
+                check_server(rq_client, settings.queue_url)
         for warning in caught:
             if issubclass(warning.category, EvictionPolicyWarning):
                 danger_line(str(warning.message))

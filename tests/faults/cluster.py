@@ -640,21 +640,29 @@ class Cluster:
 
     # -- cleanup --------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Kills every process, deletes the RQ keys, removes the server's files (safe always)."""
+    def kill_workers(self) -> None:
+        """SIGKILL to every worker's process group; waits for each."""
         for worker in self.workers:
             worker.ended_on_purpose = True
             if worker.alive:
                 os.killpg(worker.process.pid, signal.SIGKILL)
             worker.process.wait(timeout=10)
+
+    def stop_provider(self) -> None:
+        """Stops the provider (whether or not it was serving)."""
+        if self._serving:
+            self.provider.shutdown()
+        self.provider.server_close()
+
+    def close(self) -> None:
+        """Kills every process, deletes the RQ keys, removes the server's files (safe always)."""
+        self.kill_workers()
         process = self.server.process
         if process is not None and process.poll() is None:
             os.kill(process.pid, signal.SIGCONT)  # a stopped server answers the cleanup
         if hasattr(self, "proxy"):
             self.proxy.close()
-        if self._serving:
-            self.provider.shutdown()
-        self.provider.server_close()
+        self.stop_provider()
         if hasattr(self, "store"):
             with contextlib.suppress(redis.RedisError):  # a server down: its files go below
                 effect_jobs.delete_rq_queue(self.store.rq, self.config.queue)
