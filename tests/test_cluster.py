@@ -20,7 +20,8 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from redis_lease import Item, LeaseStore, PermissionDenied, ProviderGate
+from redis_lease import InvalidInput, Item, LeaseStore, PermissionDenied, ProviderGate
+from redis_lease.connection import client_from_url, eviction_danger
 from redis_lease.dashboard.app import create_app
 from redis_lease.dispatch import purge_queue, queue
 from redis_lease.job_tallies import counted_runs_key, tallies_key
@@ -271,3 +272,21 @@ def test_the_documented_acl_users_work_on_a_cluster(
                 node.execute_command("ACL", "DELUSER", *users.values())  # type: ignore[no-untyped-call]
             finally:
                 node.close()
+
+
+def test_an_evicting_primary_is_a_danger_and_a_cluster_queue_url_is_refused(
+    redis_cluster: ClusterServers,
+) -> None:
+    client = client_from_url(redis_cluster.url)
+    node = redis.Redis(port=redis_cluster.ports[-1])
+    try:
+        assert eviction_danger(client) is None
+        node.config_set("maxmemory-policy", "allkeys-lru")  # one primary of three
+        danger = eviction_danger(client)
+        assert danger is not None and "allkeys-lru" in danger
+    finally:
+        node.config_set("maxmemory-policy", "noeviction")
+        node.close()
+        client.close()
+    with pytest.raises(InvalidInput, match="queue URL cannot be a cluster"):
+        LeaseStore.from_url(redis_cluster.url, queue_url=redis_cluster.url)
