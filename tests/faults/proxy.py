@@ -55,6 +55,9 @@ class _Link:
         self.client = client
         self.upstream: socket.socket | None = None
         self.done = False
+        #: A command was relayed to be cut: the server's next reply is dropped and the
+        #: client's connection closed then (so the server surely ran it first).
+        self.cut_pending = False
         self._lock = threading.Lock()
 
     def start(self, hold_until: float) -> None:
@@ -80,7 +83,7 @@ class _Link:
         for source, sink, way in ((self.client, upstream, UP), (upstream, self.client, DOWN)):
             chunks: queue.Queue[tuple[float, bytes, bool] | None] = queue.Queue()
             threading.Thread(target=self._read, args=(source, chunks, way), daemon=True).start()
-            threading.Thread(target=self._write, args=(sink, chunks), daemon=True).start()
+            threading.Thread(target=self._write, args=(sink, chunks, way), daemon=True).start()
 
     def _read(
         self,
@@ -98,18 +101,22 @@ class _Link:
             chunks.put(None)
 
     def _write(
-        self, sink: socket.socket, chunks: queue.Queue[tuple[float, bytes, bool] | None]
+        self,
+        sink: socket.socket,
+        chunks: queue.Queue[tuple[float, bytes, bool] | None],
+        direction: str,
     ) -> None:
         try:
             while (entry := chunks.get()) is not None:
                 due, chunk, cut = entry
                 if (wait := due - time.monotonic()) > 0:
                     time.sleep(wait)  # the delay itself: this byte is held back until due
+                if direction == DOWN and self.cut_pending:
+                    break  # the server ran the command: the client never sees the reply
                 sink.sendall(chunk)
-                if cut:  # the server has the command; the client will never see its reply
-                    _soft_close(self.client)
-                    threading.Timer(0.2, self.close).start()
-                    return
+                if cut:  # cut when the reply comes (or after a while without one)
+                    self.cut_pending = True
+                    threading.Timer(5.0, self.close).start()
         except OSError:
             pass
         self.close()
@@ -226,9 +233,9 @@ class CuttingProxy(Proxy):
     """A proxy that cuts connections in mid-command.
 
     Every ``every``-th chunk from a client that contains all ``markers`` (up to
-    ``most`` of them) is relayed to the server, and then the client's connection
-    is closed before the reply comes back: the server ran the command, the
-    client sees a reset.
+    ``most`` of them) is relayed to the server, and the client's connection is
+    closed when the server's reply comes back, instead of the reply: the server
+    ran the command, the client sees a reset.
     """
 
     def __init__(
