@@ -23,9 +23,10 @@ from typing import Any
 
 import redis
 
-from .connection import REDIS_FAILURES, as_text, describe, redis_errors
+from .connection import as_text, describe
 from .effects import apply_effect
 from .errors import EffectFailed, LeaseLost, RedisLeaseError
+from .failures import REDIS_FAILURES, redis_errors
 from .jobs import CONCURRENCY_MAX
 from .lease import Lease
 from .scripts import Command
@@ -137,6 +138,11 @@ class ActiveLease:
             event = self._event
         return event.wait(timeout)
 
+    @property
+    def held(self) -> bool:
+        """Neither lost (a renewal was refused) nor run out by this process's clock."""
+        return not self._lost and time.monotonic() < self.valid_until
+
     def renewed(self, lease: Lease, sent_at: float) -> None:
         """Takes the lease a renewal sent at ``sent_at`` (monotonic) returned."""
         self.lease = lease
@@ -146,9 +152,8 @@ class ActiveLease:
         """Raises LeaseLost when a renewal was refused, or when the lease ran out by this
         process's clock (no renewal got through in time: Redis slow or cut off, the
         process paused): call it between steps to stop early."""
-        if not self._lost and time.monotonic() >= self.valid_until:
-            self.mark_lost()
-        if self._lost:
+        if not self.held:
+            self.mark_lost()  # once: a lease that ran out stays lost
             raise LeaseLost(
                 f"the lease on item {self.item_id!r} of run {self.run_id!r} (token {self.token}) "
                 "was lost: another holder may have it; stop and write nothing",
@@ -217,7 +222,7 @@ class ActiveLease:
         It does not mark the lease lost itself: that would cancel the call it guards,
         and a cancelled call's outcome is unknown, where this one is known unsent.
         """
-        if self._lost or time.monotonic() >= self.valid_until:
+        if not self.held:
             raise EffectFailed(
                 f"not sent: the lease on item {self.item_id!r} (token {self.token}) was lost "
                 "or ran out before the call",

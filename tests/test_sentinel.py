@@ -16,7 +16,6 @@ workers do (:mod:`tests.faults.cluster`).
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,6 @@ from redis_lease.cluster import PRIMARY_CHECK
 from redis_lease.demo.provider import ProviderState
 from redis_lease.errors import RedisLeaseError
 from redis_lease.runs import FINAL_STATES, Runs
-from tests import effect_jobs
 from tests.effect_jobs import wait_until
 from tests.faults.checker import Violation
 from tests.faults.cluster import Cluster
@@ -59,23 +57,15 @@ class SentinelCluster(Cluster):
         super().__init__(directory, prefix, **settings)
         self.group = SentinelGroup(directory / "group")
 
-    def __enter__(self) -> SentinelCluster:
-        try:
-            self.group.start()
-            self.provider.start()
-            self._serving = True
-            self.config = replace(self.config, provider_url=self.provider.url)
-            self.job = effect_jobs.make_effects_job(self.config)
-            # Fails fast (drive rides out a failover); follows the primary the sentinel names.
-            self.store = LeaseStore.from_url(
-                self.group.url, prefix=self.prefix, socket_timeout=2.0, retry=Retry(NoBackoff(), 0)
-            )
-            for clock in self._clocks:
-                self.start_worker(clock)
-        except BaseException:
-            self.close()
-            raise
-        return self
+    def start_redis(self) -> None:
+        """Starts the primary, its replica and the sentinel (no proxy)."""
+        self.group.start()
+
+    def open_store(self) -> LeaseStore:
+        """Fails fast (drive rides out a failover); follows the primary the sentinel names."""
+        return LeaseStore.from_url(
+            self.group.url, prefix=self.prefix, socket_timeout=2.0, retry=Retry(NoBackoff(), 0)
+        )
 
     def url_options(self) -> list[str]:
         """The workers' Redis: the group's primary, through its sentinel."""

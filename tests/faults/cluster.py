@@ -205,36 +205,40 @@ class Cluster:
 
     def __enter__(self) -> Cluster:
         try:
-            self.server.start()
-            if self.redis_cluster is None:
-                self.proxy = Proxy(self.server.port)
-            else:
-                self.redis_cluster.start()
+            self.start_redis()
             self.provider.start()
             self._serving = True
             self.config = replace(self.config, provider_url=self.provider.url)
             self.job = effect_jobs.make_effects_job(self.config)
-            if self.redis_cluster is None:
-                # The test's own connection: direct, failing fast (drive rides out an outage).
-                self.store = LeaseStore.from_url(
-                    self.server.url,
-                    prefix=self.prefix,
-                    socket_timeout=2.0,
-                    retry=Retry(NoBackoff(), 0),
-                )
-            else:  # the cluster client's own retries follow redirections and TRYAGAIN
-                self.store = LeaseStore.from_url(
-                    self.redis_cluster.url,
-                    prefix=self.prefix,
-                    queue_url=self.server.url,
-                    socket_timeout=2.0,
-                )
+            self.store = self.open_store()
             for clock in self._clocks:
                 self.start_worker(clock)
         except BaseException:
             self.close()
             raise
         return self
+
+    def start_redis(self) -> None:
+        """Starts the server (and the proxy), or the cluster and RQ's server."""
+        self.server.start()
+        if self.redis_cluster is None:
+            self.proxy = Proxy(self.server.port)
+        else:
+            self.redis_cluster.start()
+
+    def open_store(self) -> LeaseStore:
+        """The test's own store: direct, failing fast (drive rides out an outage)."""
+        if self.redis_cluster is None:
+            return LeaseStore.from_url(
+                self.server.url, prefix=self.prefix, socket_timeout=2.0, retry=Retry(NoBackoff(), 0)
+            )
+        # the cluster client's own retries follow redirections and TRYAGAIN
+        return LeaseStore.from_url(
+            self.redis_cluster.url,
+            prefix=self.prefix,
+            queue_url=self.server.url,
+            socket_timeout=2.0,
+        )
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
