@@ -18,9 +18,10 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .connection import as_text, queue_time, redis_errors
+from .connection import as_text, queue_time
 from .errors import SlotTimeout as SlotTimeout  # re-exported: its earlier home
 from .errors import Throttled
+from .failures import redis_errors
 from .limits import CAP_MAX
 from .replies import SlotAnswer
 from .store import LeaseStore

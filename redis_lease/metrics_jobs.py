@@ -94,7 +94,7 @@ def tallies(store: LeaseStore, jobs: list[str]) -> list[Metric]:
 def eviction(store: LeaseStore) -> Metric:
     """1 when the server's ``maxmemory-policy`` may evict keys (anything but noeviction),
     with the policy as a label; ``unknown`` and 0 when CONFIG is refused (see
-    :func:`redis_lease.connection.eviction_danger`)."""
+    :func:`redis_lease.server_checks.eviction_danger`)."""
     gauge = GaugeMetricFamily(
         EVICTION_DANGER,
         "1 when Redis may evict keys (maxmemory-policy other than noeviction): items would "

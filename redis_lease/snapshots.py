@@ -20,7 +20,7 @@ from .connection import as_text, queue_time
 from .lease import COUNT_STATES, RunStatus
 
 if TYPE_CHECKING:
-    from .store import LeaseStore
+    from .store_base import StoreBase
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class ShardSnapshot:
 _PER_SHARD = 7
 
 
-def read(store: LeaseStore, run_id: str) -> tuple[dict[str, str], list[ShardSnapshot]]:
+def read(store: StoreBase, run_id: str) -> tuple[dict[str, str], list[ShardSnapshot]]:
     """The run's record and a snapshot of each of its shards, in one round trip."""
     count = store.shard_count(run_id)
     with store.translating_errors(run_id):
@@ -84,7 +84,7 @@ def _first_score(reply: list[Any]) -> int | None:
     return int(float(first[1] if isinstance(first, list | tuple) else reply[1]))
 
 
-def run_status(store: LeaseStore, run_id: str) -> RunStatus:
+def run_status(store: StoreBase, run_id: str) -> RunStatus:
     """Counts, event counters and ages of a run."""
     return summary(run_id, *read(store, run_id))
 

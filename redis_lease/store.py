@@ -1,61 +1,50 @@
-"""LeaseStore: fenced leases on items of runs, one Lua script per operation."""
+"""LeaseStore: fenced leases on items of runs, one Lua script per operation.
+
+Its plumbing (clients, keys, scripts, error translation) is :class:`~.store_base.StoreBase`,
+its plain reads (records, attempts, effects, status) :class:`~.store_reads.StoreReads`.
+"""
 
 from __future__ import annotations
 
 import json
 import random
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
 
-from . import attempt_log, guards, settlement, snapshots, tracing
-from .cluster import is_cluster
-from .connection import (
-    REDIS_FAILURES,
-    as_text,
-    check_server,
-    client_from_url,
-    is_cluster_url,
-)
-from .connection import translate as translate_error
+from . import guards, settlement, tracing
 from .deprecation import warn_renamed
-from .errors import InvalidInput, LeaseError, NotClaimable, NotFound, RedisUnavailable
-from .keys import Keys, shard_of
+from .errors import InvalidInput, LeaseError, NotClaimable, RedisUnavailable
+from .keys import shard_of
 from .lease import (
-    TEXT_SUFFIXES,
     Attempt,
     CommitReply,
     CommitRequest,
     FailReply,
     FailRequest,
     Item,
-    ItemRecord,
     Lease,
     ReleaseRequest,
-    RunStatus,
     SettleRequest,
     effect_record,
-    read_items,
 )
 from .limits import (
     ADD_BATCH_MAX,
-    ATTEMPT_LOG_CAP,
     ATTEMPTS_MAX,
     BATCH_MAX,
     DEFAULT_BACKOFF_BASE,
     DEFAULT_BACKOFF_CAP,
     DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_PREFIX,
     DEFAULT_SWEEP,
     DEFAULT_TTL,
     SHARD_COUNT_MAX,
     SWEEP_MAX,
 )
 from .replies import Grant
-from .scripts import KEY_COUNTS, Call, Command, Scripts
+from .scripts import Call, Command
+from .store_reads import StoreReads
 from .validation import (
     check_id,
     check_positive,
@@ -67,11 +56,9 @@ from .validation import (
 
 #: Items sent to Redis per add_items call (at most limits.ADD_BATCH_MAX).
 ADD_BATCH = min(500, ADD_BATCH_MAX)
-#: The scripts that take the shard's attempt log as their eighth key.
-_LOGGED = frozenset(name for name, count in KEY_COUNTS.items() if count >= 8)
 
 
-class LeaseStore:
+class LeaseStore(StoreReads):
     """Runs, items and fenced leases in one Redis database.
 
     Args:
@@ -81,140 +68,6 @@ class LeaseStore:
         rq_client: the Redis of RQ's queues, jobs and workers when it is not ``client``:
             required with a cluster, where RQ does not run (see :attr:`rq`).
     """
-
-    def __init__(
-        self,
-        client: redis.Redis,
-        prefix: str = DEFAULT_PREFIX,
-        url: str = "redis",
-        rq_client: redis.Redis | None = None,
-    ) -> None:
-        self.client = client
-        self.url = url
-        self.prefix = check_id(prefix, "prefix")
-        self.keys = Keys(prefix)
-        self.scripts = Scripts(client)
-        self.on_cluster = is_cluster(client)
-        self._rq = rq_client if rq_client is not None or self.on_cluster else client
-        self._shards: dict[str, int] = {}
-
-    @classmethod
-    def from_url(
-        cls,
-        url: str,
-        prefix: str = DEFAULT_PREFIX,
-        *,
-        queue_url: str | None = None,
-        **options: Any,
-    ) -> LeaseStore:
-        """A store on the Redis at ``url`` (redis://, rediss://, unix://, redis+cluster://,
-        redis+sentinel:// or fakeredis://); RQ's queues on ``queue_url`` when given."""
-        if queue_url and is_cluster_url(queue_url):
-            raise InvalidInput(
-                "the queue URL cannot be a cluster: RQ does not run on Redis Cluster; give a "
-                "plain redis://HOST:PORT/DB"
-            )
-        opened: list[redis.Redis] = []
-        try:
-            client = client_from_url(url, **options)
-            opened.append(client)
-            check_server(client, url)
-            rq_client = None
-            if queue_url:
-                rq_client = client_from_url(queue_url)
-                opened.append(rq_client)
-                check_server(rq_client, queue_url)
-        except BaseException:
-            for made in opened:
-                made.close()
-            raise
-        return cls(client, prefix=prefix, url=url, rq_client=rq_client)
-
-    @property
-    def rq(self) -> redis.Redis:
-        """The Redis of RQ's queues, jobs and workers: the store's own, or on a cluster
-        the plain Redis given as the queue URL (RQ's commands span hash slots).
-
-        Raises:
-            InvalidInput: the store is on a cluster and no queue URL was given.
-        """
-        if self._rq is None:
-            raise InvalidInput(
-                "RQ does not run on Redis Cluster: give its queues a plain Redis with "
-                "--queue-url redis://HOST:PORT/DB (REDIS_LEASE_QUEUE_URL)"
-            )
-        return self._rq
-
-    def close(self) -> None:
-        """Closes the store's connections (RQ's too, when they are its own)."""
-        if self._rq is not None and self._rq is not self.client:
-            self._rq.close()
-        self.client.close()
-
-    # -- plumbing -------------------------------------------------------------
-
-    @contextmanager
-    def translating_errors(
-        self, run_id: str | None = None, item_id: str | None = None, token: int | None = None
-    ) -> Iterator[None]:
-        """Runs the block with Redis failures and script error replies raised as this
-        library's errors (RedisUnavailable, LeaseLost, NotFound, ...), at one place."""
-        try:
-            yield
-        except REDIS_FAILURES as error:
-            raise self.translate(error, run_id, item_id, token) from None
-
-    def errors(
-        self, run_id: str | None = None, item_id: str | None = None, token: int | None = None
-    ) -> AbstractContextManager[None]:
-        """Deprecated: :meth:`translating_errors`."""
-        warn_renamed("LeaseStore.errors()", "LeaseStore.translating_errors()")
-        return self.translating_errors(run_id, item_id, token)
-
-    def translate(
-        self,
-        error: BaseException,
-        run_id: str | None = None,
-        item_id: str | None = None,
-        token: int | None = None,
-    ) -> Exception:
-        """The library's error for what a call on this store raised or replied."""
-        return translate_error(self.url, error, run_id=run_id, item_id=item_id, token=token)
-
-    def _run_script(
-        self,
-        name: str,
-        run_id: str,
-        shard: int,
-        args: Sequence[Any],
-        *,
-        item_id: str | None = None,
-        token: int | None = None,
-        extra_keys: Sequence[str] = (),
-    ) -> Any:
-        keys = (self.keys.logged if name in _LOGGED else self.keys.shard)(run_id, shard)
-        if extra_keys:
-            keys += extra_keys
-        try:  # the hot path: a plain try rather than the errors() context manager
-            return self.scripts.call(name, keys, args)
-        except REDIS_FAILURES as error:
-            raise self.translate(error, run_id, item_id, token) from None
-
-    def shard_count(self, run_id: str) -> int:
-        """The run's shard count; raises NotFound for an unknown run."""
-        check_id(run_id, "run id")
-        if run_id not in self._shards:
-            with self.translating_errors(run_id):
-                raw = self.client.hget(self.keys.run(run_id), "shards")
-            if raw is None:
-                raise NotFound(f"run {run_id!r} not found; add items to create it", run_id=run_id)
-            self._shards[run_id] = int(raw)
-        return self._shards[run_id]
-
-    def shard_for(self, run_id: str, item_id: str) -> int:
-        """The shard that holds ``item_id``: CRC-32 of its id modulo the run's shard count
-        (:func:`redis_lease.keys.shard_of`, after checking the id)."""
-        return shard_of(check_id(item_id, "item id"), self.shard_count(run_id))
 
     # -- runs and items -------------------------------------------------------
 
@@ -294,55 +147,6 @@ class LeaseStore:
                 for (item_id, _), flag in zip(batch, flags, strict=True):
                     (added if flag else existing).append(item_id)
         return added, existing
-
-    def item(self, run_id: str, item_id: str) -> ItemRecord:
-        """The stored record of an item; raises NotFound."""
-        shard = self.shard_for(run_id, item_id)
-        fields = [item_id, *(item_id + suffix for suffix in TEXT_SUFFIXES.values())]
-        with self.translating_errors(run_id, item_id):
-            raw, result, error = self.client.hmget(self.keys.shard(run_id, shard)[2], fields)
-        if raw is None:
-            raise NotFound(
-                f"item {item_id!r} not found in run {run_id!r}", run_id=run_id, item_id=item_id
-            )
-        return ItemRecord.from_record(run_id, item_id, shard, raw, result, error)
-
-    def items(self, run_id: str, shard: int) -> Iterator[ItemRecord]:
-        """Every item record of one shard (HSCAN: cursor-based, never blocks Redis)."""
-        fields: dict[str, Any] = {}
-        with self.translating_errors(run_id):
-            for field_name, raw in self.client.hscan_iter(
-                self.keys.shard(run_id, shard)[2], count=500
-            ):
-                fields[as_text(field_name)] = raw
-        for item_id, rec in read_items(fields).items():
-            yield ItemRecord.from_record(
-                run_id,
-                item_id,
-                shard,
-                fields[item_id],
-                *(rec.get(name) for name in TEXT_SUFFIXES),
-            )
-
-    def attempts(
-        self, run_id: str, item_id: str | None = None, *, limit: int = 50
-    ) -> list[Attempt]:
-        """The attempt log, newest first: the run's latest ``limit`` entries over every shard,
-        or ``item_id``'s latest (read from its shard's log alone, never more than its cap).
-
-        Each shard keeps its last limits.ATTEMPT_LOG_CAP entries (about). Raises NotFound for
-        an unknown run, InvalidInput for a bad id or a limit outside 1 to the cap.
-        """
-        check_positive(limit, "limit", ATTEMPT_LOG_CAP)
-        if item_id is not None:
-            shard = self.shard_for(run_id, item_id)
-            with self.translating_errors(run_id, item_id):
-                return attempt_log.item_attempts(
-                    self.client, self.keys.attempts(run_id, shard), item_id, limit
-                )
-        keys = [self.keys.attempts(run_id, shard) for shard in range(self.shard_count(run_id))]
-        with self.translating_errors(run_id):
-            return attempt_log.latest(self.client, keys, limit)
 
     # -- leases ---------------------------------------------------------------
 
@@ -614,20 +418,6 @@ class LeaseStore:
             extra_keys=self.keys.effects(lease.run_id, lease.shard),
         )
 
-    def effect(self, run_id: str, item_id: str, key: str) -> dict[str, Any] | None:
-        """The effect record ``key`` of an item, or None."""
-        shard = self.shard_for(run_id, item_id)
-        with self.translating_errors(run_id, item_id):
-            raw = self.client.hget(self.keys.effects(run_id, shard)[0], key)
-        return effect_record(raw) if raw else None
-
-    def effects(self, run_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Every effect record of the run: (idempotency key, record)."""
-        for shard in range(self.shard_count(run_id)):
-            with self.translating_errors(run_id):
-                for key, raw in self.client.hscan_iter(self.keys.effects(run_id, shard)[0]):
-                    yield as_text(key), effect_record(raw)
-
     def lease_ref(self, run_id: str, item_id: str, token: int, lease_id: str = "") -> Lease:
         """A Lease for an item by token (for callers that kept only the token); see
         :meth:`Lease.from_token`."""
@@ -673,26 +463,6 @@ class LeaseStore:
         deadline = check_time_ms(deadline_ms, "deadline_ms")
         for shard in range(self.shard_count(run_id)):
             self._run_script("close_shard", run_id, shard, ["", deadline])
-
-    # -- status ---------------------------------------------------------------
-
-    def shard_counts(self, run_id: str) -> list[dict[str, int]]:
-        """Per shard, the item counts by state and the event counters."""
-        return [snap.counts for snap in snapshots.read(self, run_id)[1]]
-
-    def status(self, run_id: str) -> RunStatus:
-        """Counts, event counters and ages of a run: O(shards), one round trip."""
-        return snapshots.run_status(self, run_id)
-
-    def status_by_shard(self, run_id: str) -> tuple[RunStatus, list[dict[str, int]]]:
-        """The run's status and each shard's counts, from the same round trip."""
-        info, shards = snapshots.read(self, run_id)
-        return snapshots.summary(run_id, info, shards), [snap.counts for snap in shards]
-
-    def run_ids(self) -> list[str]:
-        """Every run id, oldest first."""
-        with self.translating_errors():
-            return [as_text(r) for r in self.client.zrange(self.keys.runs, 0, -1)]
 
 
 __all__ = [

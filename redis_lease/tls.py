@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, quote
 import redis
 
 from .errors import InvalidInput, TLSFailed
+from .urls import safe_url
 
 #: The URL parameters naming TLS files (redis-py's), and the CLI option that sets each.
 TLS_FILE_PARAMS = {
@@ -187,6 +188,4 @@ def _check_verification(params: list[tuple[str, str]]) -> None:
 
 
 def _safe(url: str) -> str:
-    from .connection import safe_url  # connection imports this module
-
     return safe_url(url)

@@ -22,16 +22,18 @@ from typing import Any
 from rq import get_current_job
 
 from . import capacity, dispatch
-from .connection import REDIS_FAILURES, eviction_danger, redis_errors, safe_url
 from .deprecation import renamed_attribute
 from .errors import InvalidInput, LeaseError, RedisLeaseError
+from .failures import REDIS_FAILURES, redis_errors
 from .job_failures import end_failure_streak, record_job_failure
 from .job_store import close_job_store, job_store
 from .jobs import check_concurrency, load_job
 from .keeper import ActiveLease, LeaseKeeper
 from .limits import DEFAULT_PREFIX
+from .server_checks import eviction_danger
 from .shard_loop import HandlerResult, ShardReport, work_shard
 from .store import LeaseStore
+from .urls import safe_url
 
 log = logging.getLogger("redis_lease.worker")
 

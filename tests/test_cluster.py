@@ -21,7 +21,7 @@ import redis
 from redis.crc import key_slot
 
 from redis_lease import InvalidInput, Item, LeaseStore, PermissionDenied, ProviderGate
-from redis_lease.connection import client_from_url, eviction_danger
+from redis_lease.connection import client_from_url
 from redis_lease.dashboard.app import create_app
 from redis_lease.dispatch import purge_queue, queue
 from redis_lease.job_tallies import counted_runs_key, tallies_key
@@ -29,6 +29,7 @@ from redis_lease.lease import CommitRequest
 from redis_lease.locks import lock
 from redis_lease.runs import Runs
 from redis_lease.scripts import KEY_COUNTS, observe
+from redis_lease.server_checks import eviction_danger
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, REPO, Processes, all_records, drive, fleet_env
 from tests.redis_cluster import ClusterServers

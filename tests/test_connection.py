@@ -38,10 +38,10 @@ from redis_lease.connection import (
     client_from_url,
     describe,
     resilient,
-    safe_url,
     with_tls,
 )
 from redis_lease.store import CommitRequest
+from redis_lease.urls import safe_url
 from tests.redis_server import RedisServer
 
 ENV_NAMES = (

@@ -3,7 +3,7 @@
 Every error class the library defines is a :class:`RedisLeaseError`, reachable
 from ``redis_lease`` and from its old import path; a lost lease says what
 happened to the item; a run error names the run; everything Redis answers is
-translated at one place (:func:`redis_lease.connection.translate`).
+translated at one place (:func:`redis_lease.failures.translate`).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from redis_lease import (
     errors,
 )
 from redis_lease.cli import report
-from redis_lease.connection import translate
 from redis_lease.effects import apply_effect
 from redis_lease.errors import from_reply
+from redis_lease.failures import translate
 from redis_lease.limits import DELAY_MAX_MS
 from redis_lease.runs import Runs
 from tests.helpers import wait_past

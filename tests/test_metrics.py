@@ -16,7 +16,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from redis_lease import Item, LeaseStore, age_history, job_tallies
 from redis_lease.attempt_log import latest
-from redis_lease.connection import EvictionPolicyWarning
 from redis_lease.effects import Throttled
 from redis_lease.gate import ProviderGate
 from redis_lease.job_failures import end_failure_streak
@@ -25,6 +24,7 @@ from redis_lease.metrics import WORKERS_NEEDED, WORKERS_NEEDED_UNKNOWN, LeaseCol
 from redis_lease.metrics_history import HOLDER_EVENTS, AttemptHistograms, LogStream
 from redis_lease.run_states import DAY_MS
 from redis_lease.runs import FINAL_STATES, Runs, to_ms
+from redis_lease.server_checks import EvictionPolicyWarning
 from redis_lease.tick import tick
 from tests.exported_metrics import RUN, T0, exercise
 from tests.fleet_helpers import NIGHTLY_PATH, configure_nightly

@@ -24,15 +24,9 @@ import typer
 from typer.core import TyperGroup
 
 from .. import __version__
-from ..connection import (
-    REDIS_FAILURES,
-    EvictionPolicyWarning,
-    check_server,
-    client_from_url,
-    is_cluster_url,
-    translate,
-)
+from ..connection import client_from_url
 from ..errors import InvalidInput, RedisLeaseError
+from ..failures import REDIS_FAILURES, translate
 from ..limits import (
     DEFAULT_PREFIX,
     JSON_MAX_BYTES,
@@ -43,8 +37,10 @@ from ..output import (
     warning_line,
 )
 from ..runs import to_ms
+from ..server_checks import EvictionPolicyWarning, check_server
 from ..store import LeaseStore
 from ..tls import INSECURE_ENV, allow_insecure, check_tls_params, with_tls
+from ..urls import is_cluster_url
 from ..validation import check_id, parse_json
 from .capacity import plan_capacity
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..connection import as_text, safe_url
+from ..connection import as_text
 from ..errors import InvalidInput
 from ..job_store import use_lease_url
 from ..jobs import check_concurrency, load_job, parse_duration, with_cwd_on_path
@@ -24,6 +24,7 @@ from ..output import error_line, print_json, print_table, same_times
 from ..runs import Runs
 from ..tick import TickProgress, TickResult
 from ..tick import tick as run_tick
+from ..urls import safe_url
 from ..validation import check_id
 from ..worker import CONCURRENCY_ENV
 from .app import JsonOpt, RunArg, Settings, app, open_store, parse_date

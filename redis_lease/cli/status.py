@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..connection import as_text, eviction_danger
+from ..connection import as_text
 from ..errors import NotFound
 from ..job_failures import job_failures
 from ..lease import RunStatus
@@ -24,6 +24,7 @@ from ..output import (
 )
 from ..run_views import deadline_text, decision_rows, projected_finish_text, provider_rows
 from ..runs import LOST_HINT, Runs
+from ..server_checks import eviction_danger
 from ..store import LeaseStore
 from ..validation import check_id
 from ..views import providers

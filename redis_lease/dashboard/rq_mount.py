@@ -29,9 +29,9 @@ from flask import abort, request
 from rq.serializers import JSONSerializer
 from rq_dashboard import web
 
-from ..connection import safe_url
 from ..dispatch import JsonJob
 from ..store import LeaseStore
+from ..urls import safe_url
 
 #: Where rq-dashboard is mounted.
 RQ_PREFIX = "/rq"

@@ -16,8 +16,8 @@ from typing import Any
 
 import redis
 
-from ..connection import safe_url
 from ..errors import InvalidInput
+from ..urls import safe_url
 
 
 @dataclass(frozen=True)
