@@ -45,6 +45,7 @@ from typing import Any
 import redis
 
 from redis_lease.demo.provider import ProviderClient
+from redis_lease.errors import LeaseLost
 from redis_lease.gate import ProviderGate
 from redis_lease.guards import Write
 from redis_lease.jobs import Job
@@ -162,6 +163,21 @@ class Hooks:
                 raise RuntimeError(f"hook {point}: no go within {self.timeout}s")
             time.sleep(0.005)
 
+    def note(self, point: str, lease: ActiveLease) -> None:
+        """Records that this process passed ``point`` with ``lease`` (one file per pass)."""
+        if self.directory is None:
+            return
+        info = {"pid": os.getpid(), "item": lease.item_id, "token": lease.token, "point": point}
+        name = f"{point}.{os.getpid()}.{uuid.uuid4().hex}.json"
+        scratch = self.directory / f".{name}"
+        scratch.write_text(json.dumps(info))
+        scratch.rename(self.directory / name)  # atomic: a reader sees all of it or nothing
+
+
+def notes(directory: Path, point: str) -> list[dict[str, Any]]:
+    """What :meth:`Hooks.note` recorded at ``point`` so far."""
+    return [json.loads(path.read_text()) for path in sorted(directory.glob(f"{point}.*.json"))]
+
 
 def wait_for_hook(directory: Path, point: str, timeout: float = 30.0) -> dict[str, Any]:
     """Waits until a process stopped at ``point``; returns its pid, item and token."""
@@ -231,13 +247,17 @@ def make_effects_job(config: EffectConfig) -> Job:
         if config.gate_cap:
             gate = ProviderGate(lease.store, GATE_NAME, max_concurrency=config.gate_cap)
             slot = gate.slot(wait=config.slot_wait)
-        with slot:
-            record = lease.effect(
-                "payout",
-                call,
-                lookup=client.lookup if config.use_lookup else None,
-                honours_keys=config.honours_keys,
-            )
+        try:
+            with slot:
+                record = lease.effect(
+                    "payout",
+                    call,
+                    lookup=client.lookup if config.use_lookup else None,
+                    honours_keys=config.honours_keys,
+                )
+        except LeaseLost:
+            hooks.note("lease_lost", lease)  # stopped by the lease, before any write
+            raise
         hooks.reach("after_effect", lease)
         result = {"reference": record["id"], "token": lease.token}
         if not config.marks:
