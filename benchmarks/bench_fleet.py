@@ -56,6 +56,7 @@ from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
 
 from redis_lease.dispatch import enqueue_shard
+from redis_lease.jobs import JobOptions
 from redis_lease.runs import Runs
 from redis_lease.store import LeaseStore
 from redis_lease.urls import safe_url
@@ -561,7 +562,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--items", type=int, default=20_000, help="items of run (a)")
     parser.add_argument("--shards", type=int, default=8, help="shards of run (a)")
-    parser.add_argument("--batch-size", type=int, default=20, help="items per claim_next")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=JobOptions().batch_size,
+        help="the most items per claim_next (the job default)",
+    )
     parser.add_argument("--rq-jobs", type=int, default=2_000, help="RQ jobs of (b)")
     parser.add_argument("--fork-jobs", type=int, default=500, help="RQ jobs of (c)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes per fleet")

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from datetime import date
 from typing import TYPE_CHECKING
 
-from redis_lease.jobs import Job
+from redis_lease.jobs import Job, JobOptions
 from redis_lease.lease import Item
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ NOOP_PATH = "benchmarks.fleet_jobs.noop"
 noop_job = Job(
     "fleet-noop",
     shards=int(os.environ.get(SHARDS_ENV, "8")),
-    batch_size=int(os.environ.get(BATCH_ENV, "20")),
+    batch_size=int(os.environ.get(BATCH_ENV, str(JobOptions().batch_size))),
     queue=os.environ.get(QUEUE_ENV, "redis-lease"),
     lease_ttl=600,
     shard_budget=600,

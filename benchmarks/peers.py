@@ -99,6 +99,7 @@ from benchmarks.peers_report import (  # noqa: E402
     table,
 )
 from redis_lease.dispatch import enqueue_shard  # noqa: E402
+from redis_lease.jobs import JobOptions  # noqa: E402
 from redis_lease.lease import Item  # noqa: E402
 from redis_lease.runs import Runs  # noqa: E402
 from redis_lease.store import LeaseStore  # noqa: E402
@@ -118,7 +119,8 @@ C32_HANDLER = "20ms"
 #: What --peers can name: the peers, and the extra redis-lease run.
 RUNS = (*PEERS, C32)
 SHARDS = 8
-BATCH = 20
+#: The job's default: claims sized to the handler, at most this many a call.
+BATCH = JobOptions().batch_size
 POLL_SECONDS = 0.01
 CALIBRATION_POLLS = 10
 ENQUEUE_BLOCK = 500

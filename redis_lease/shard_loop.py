@@ -50,6 +50,13 @@ SLOT_RETRY_DELAY = 1.0
 CLUSTER_RETRY_DELAY = 0.2
 #: The longest the shard loop waits for a handler before it looks at the stop request again.
 _STOP_POLL = 0.05
+#: Seconds of handler work a claim covers, by the mean handler time of the pass so far
+#: (within the job's batch_size): fast handlers claim many items at once, so the fixed cost
+#: of a script call is shared by many; slow ones claim few, so that no claimed item waits
+#: long under its lease and other workers of the shard get theirs.
+CLAIM_SPAN = 0.2
+#: The most items the first claim of a pass takes, before any handler time is known.
+FIRST_CLAIM = 20
 #: A settlement to send and the report's counter its success adds to; None: nothing to send.
 _Settlement = tuple[SettleRequest, str] | None
 #: Old names, importable with a DeprecationWarning for one release.
@@ -158,10 +165,6 @@ class _ShardLoop:
         self.waiting: deque[ActiveLease] = deque()
         #: Items handed to the pool whose handler has not ended: running or waiting for a slot.
         self.in_pool = 0
-        #: The most claimed items kept waiting for a slot, and how few of them trigger the
-        #: next claim. Inline, nothing waits: the next claim comes when the handler is idle.
-        self.ahead = job.options.batch_size
-        self.low_water = max(1, self.ahead // 4) if pool.queues else 0
 
     def run(self, stop: threading.Event, ends: float) -> None:
         """Works until drained, closed, stopped or ``ends`` (monotonic).
@@ -181,8 +184,8 @@ class _ShardLoop:
     def _work(self, stop: threading.Event, ends: float) -> None:
         report, pending, waiting = self.report, self.pending, self.waiting
         exhausted = False  # the last claim found nothing due
-        claim_below = self.size + self.low_water  # claimed items held, before the next claim
         while not stop.is_set() and time.monotonic() < ends:
+            claim_below = self.size + self._low_water()  # claimed items held, before a claim
             if not exhausted and self.in_pool + len(waiting) < claim_below:
                 try:
                     exhausted = not self._claim()
@@ -211,12 +214,29 @@ class _ShardLoop:
             self.settle_finished()
             pending.flush_due()
 
+    def _claim_size(self) -> int:
+        """The items one claim takes: about CLAIM_SPAN seconds of handler work for the
+        slots, by the pass's mean handler time (FIRST_CLAIM before one is known), from 1
+        to the job's batch_size."""
+        most = self.job.options.batch_size
+        report = self.report
+        if not report.handled:
+            return min(most, FIRST_CLAIM)
+        mean = max(report.handler_seconds / report.handled, 1e-6)
+        return max(1, min(most, math.ceil(self.size * CLAIM_SPAN / mean)))
+
+    def _low_water(self) -> int:
+        """How few claimed items waiting for a slot trigger the next claim (a quarter of a
+        claim). Inline, nothing waits: the next claim comes when the handler is idle."""
+        return max(1, self._claim_size() // 4) if self.pool.queues else 0
+
     def _claim(self) -> bool:
-        """Claims up to ``batch_size`` items, no more than fill the slots with ``ahead``
-        waiting; True when some were due."""
+        """Claims a claim's size of items (:meth:`_claim_size`), no more than fill the
+        slots with that many waiting; True when some were due."""
         ttl = self.job.options.lease_ttl
         held = self.in_pool + len(self.waiting)
-        limit = min(self.job.options.batch_size, self.size + self.ahead - held)
+        size = self._claim_size()
+        limit = min(size, self.size + size - held)
         sent_at = time.monotonic()
         leases = self.store.claim_next(
             self.run_id, self.worker, shard=self.shard, limit=limit, ttl=ttl

@@ -19,6 +19,7 @@ handler's sleep.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import subprocess
@@ -38,6 +39,7 @@ from redis_lease.errors import InvalidInput, LeaseLost
 from redis_lease.jobs import Job, JobOptions
 from redis_lease.lease import Item
 from redis_lease.runs import Runs
+from redis_lease.shard_loop import CLAIM_SPAN, FIRST_CLAIM
 from redis_lease.worker import ActiveLease, LeaseKeeper, ShardReport, work_shard
 from tests.fleet_helpers import Processes, all_records, text, wait_for
 
@@ -679,3 +681,35 @@ def test_an_item_whose_lease_is_lost_while_waiting_for_a_slot_is_not_started(
     [skipped] = {"i0", "i1", "i2"} - set(started)
     assert store.item("skip", skipped).state == "pending"
     assert not keeper.held
+
+
+@pytest.mark.parametrize(("nap", "sizes"), [(0.0, "the batch"), (0.05, "a few")])
+def test_claims_are_sized_to_the_handler(real_store: LeaseStore, nap: float, sizes: str) -> None:
+    """One slot, batch_size 100: the first claim asks for FIRST_CLAIM items; after it, a
+    handler that does nothing gets claims of the whole batch, and one that takes 50 ms claims
+    of about CLAIM_SPAN / 50 ms (at most 4 here), so that no claimed item waits long."""
+    store = real_store
+    job = Job("sized", shards=1, lease_ttl=30, batch_size=100, commit_interval=0)
+
+    @job.handler
+    def handle(item: Item, lease: ActiveLease) -> str:
+        time.sleep(nap)
+        return item.id
+
+    count = 260 if nap == 0 else 12
+    store.add("sized", [Item(f"i{n:03d}") for n in range(count)], shards=1)
+    claim_next, limits = store.claim_next, []
+
+    def counted_claim_next(*args: Any, **kwargs: Any) -> Any:
+        limits.append(kwargs["limit"])
+        return claim_next(*args, **kwargs)
+
+    store.claim_next = counted_claim_next  # type: ignore[method-assign]
+    report = _work(store, job, "sized", LeaseKeeper(store, 30))
+    assert (report.committed, report.handled) == (count, count), report
+    assert limits[0] == FIRST_CLAIM
+    later = limits[1:]
+    if sizes == "the batch":
+        assert later[:2] == [100, 100], limits
+    else:
+        assert later and max(later) <= math.ceil(CLAIM_SPAN / nap), limits

@@ -119,6 +119,31 @@ local function flush()
 end
 
 -- -- records ---------------------------------------------------------------------------
+-- Numbers as text, each converted once per call: the items of a batch share their times,
+-- and a time read from a record keeps its text for the record's next encoding.
+local number_texts = {}
+local function num(n)
+  if not n then return '' end
+  local s = number_texts[n]
+  if not s then s = tostring(n); number_texts[n] = s end
+  return s
+end
+
+-- A time field of a record ('' for none) as a number, its text kept for num(); each text
+-- converted once per call (the records of a batch share their times).
+local text_numbers = {}
+local function number_of(text)
+  if text == '' then return nil end
+  local n = text_numbers[text]
+  if n then return n end
+  n = tonumber(text)  -- the field is digits only: its text is tostring's unless it is
+  if n and n < 1e14 and (#text == 1 or text:byte(1) ~= 48) then  -- long or starts with 0
+    number_texts[n] = text
+    text_numbers[text] = n
+  end
+  return n
+end
+
 local function decode(raw)
   if raw:sub(1, 1) == '{' then  -- an earlier version's JSON record: its texts move out on put
     local ok, rec = pcall(cjson.decode, raw)
@@ -133,18 +158,9 @@ local function decode(raw)
   end
   return {state = s, token = tonumber(tok), attempts = tonumber(att),
     lease_id = lid ~= '' and lid or nil, owner = own ~= '' and own or nil,
-    leased_at = tonumber(lat), expires_at = tonumber(exp), done_at = tonumber(don),
+    leased_at = number_of(lat), expires_at = number_of(exp), done_at = number_of(don),
     outcome = out ~= '' and out or nil, late = late == '1' or nil,
-    eligible_at = elig and tonumber(elig), payload = payload ~= '' and payload or nil}
-end
-
--- Numbers as text, each converted once per call: the items of a batch share their times.
-local number_texts = {}
-local function num(n)
-  if not n then return '' end
-  local s = number_texts[n]
-  if not s then s = tostring(n); number_texts[n] = s end
-  return s
+    eligible_at = elig and number_of(elig), payload = payload ~= '' and payload or nil}
 end
 
 -- One concatenation (Lua joins the whole chain at once; no table to build).
