@@ -13,9 +13,13 @@ ratio, with the load average.
     python benchmarks/bench_script_cpu.py --url redis://127.0.0.1:6399/0 --ref /tmp/ref --batched
     python benchmarks/bench_script_cpu.py --url redis://127.0.0.1:6399/0 --records
 
-``--batched`` times what a fleet sends instead: ``claim_next`` of 20 items a call, then one
-``settle`` of each batch's 20 commits (result ``null``), as server CPU (``used_cpu_user`` +
-``used_cpu_sys``) per item, so the call's own cost is shared as in a fleet.
+``--batched`` times what a fleet sends instead: ``claim_next`` of ``--batch`` items a call
+(20 by default), then one ``settle`` of each batch's commits (result ``null``), as server
+CPU (``used_cpu_user`` + ``used_cpu_sys``) per item, so the call's own cost is shared as
+in a fleet. With ``--alternate`` each batch is settled before the next claim, as a worker
+does, so the lease indexes stay small (Redis keeps a small sorted set as a listpack, whose
+inserts and removals walk it from its head); it prints one figure, claim and settle
+together.
 
 ``--records`` times, in interleaved rounds, one read-change-write of N item records
 inside one script call (what a claim or a commit does to each item) in each form:
@@ -148,6 +152,49 @@ def measure_batched(
     return {"claim": (claimed - before) / n, "commit": (settled - claimed) / n}
 
 
+def measure_alternating(
+    client: redis.Redis, src: Callable[[str], str], n: int, batch: int = 20, base: int = 16
+) -> dict[str, float]:
+    """Server CPU per item of ``claim_next`` of ``batch`` then one ``settle`` of that batch's
+    commits, again and again, as a worker does: the lease indexes stay small (a listpack),
+    where claiming everything first makes them large (a skiplist). ``base``: the length of
+    the lease ids' base, in hex characters."""
+    sha = {name: client.script_load(src(name)) for name in ("add_items", "claim_next", "settle")}
+    prefix = f"bench-cpu-{uuid.uuid4().hex[:8]}"
+    keys, trace = _keys(src, prefix)
+    k = len(keys)
+    for start in range(0, n, 500):
+        flat = [
+            part
+            for i in range(start, min(n, start + 500))
+            for part in (f"acct_{i:07d}:cursor_{i % 3}:2026-12-01", PAYLOAD)
+        ]
+        client.evalsha(sha["add_items"], 7, *keys[:7], "r", 0, 5, 1000, 300000, 0, *flat)
+    before = _cpu_us(client)
+    for _ in range(n // batch):
+        rows = client.evalsha(
+            sha["claim_next"], k, *keys, "w", uuid.uuid4().hex[:base], 600000, batch
+        )
+        flat = [
+            part
+            for r in rows
+            for part in (
+                "commit",
+                r[0],
+                int(r[1]),
+                r[2],
+                "null",
+                "",
+                *([uuid.uuid4().hex] if trace else []),
+            )
+        ]
+        client.evalsha(sha["settle"], k, *keys, *flat)
+    after = _cpu_us(client)
+    for key in client.scan_iter(match=f"{prefix}:*"):
+        client.delete(key)
+    return {"claim+settle": (after - before) / n}
+
+
 #: Each record form: how a script writes N new records, and how it changes each one.
 RECORD_FORMS: dict[str, tuple[str, str]] = {
     "json": (
@@ -250,7 +297,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ref", type=Path, help="a checkout of the reference")
     parser.add_argument("--records", action="store_true", help="compare the record forms")
     parser.add_argument(
-        "--batched", action="store_true", help="claim_next of 20 and settle, CPU per item"
+        "--batched", action="store_true", help="claim_next and settle in batches, CPU per item"
+    )
+    parser.add_argument(
+        "--alternate",
+        action="store_true",
+        help="with --batched: settle each claimed batch before the next claim (as a worker)",
+    )
+    parser.add_argument("--batch", type=int, default=20, help="items per batch (--batched)")
+    parser.add_argument(
+        "--lease-base",
+        type=int,
+        nargs=2,
+        metavar=("REF", "CUR"),
+        default=(16, 16),
+        help="with --alternate: hex characters of the lease id base, reference and current",
     )
     parser.add_argument("--items", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=5)
@@ -264,24 +325,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     ref_deadline = "deadline" in (args.ref / "lua" / "add_items.lua").read_text()
     load_start = os.getloadavg()[0]
     runs: dict[str, list[dict[str, float]]] = {"reference": [], "current": []}
+    ref_base, cur_base = args.lease_base
     for _ in range(args.rounds):
-        if args.batched:
-            runs["reference"].append(measure_batched(client, ref_src, args.items))
-            runs["current"].append(measure_batched(client, source, args.items))
+        if args.batched and args.alternate:
+            runs["reference"].append(
+                measure_alternating(client, ref_src, args.items, args.batch, ref_base)
+            )
+            runs["current"].append(
+                measure_alternating(client, source, args.items, args.batch, cur_base)
+            )
+        elif args.batched:
+            runs["reference"].append(measure_batched(client, ref_src, args.items, args.batch))
+            runs["current"].append(measure_batched(client, source, args.items, args.batch))
         else:
             runs["reference"].append(measure(client, ref_src, ref_deadline, args.items))
             runs["current"].append(measure(client, source, True, args.items))
+    ops = list(runs["current"][0])
     medians = {
-        kind: {op: statistics.median(r[op] for r in rounds) for op in ("claim", "commit")}
+        kind: {op: statistics.median(r[op] for r in rounds) for op in ops}
         for kind, rounds in runs.items()
     }
+    order = ", alternating" if args.alternate else ""
     unit = (
-        "server CPU usec per item (claim_next of 20, settle)"
+        f"server CPU usec per item (claim_next of {args.batch}, settle{order})"
         if args.batched
         else ("server usec per script call")
     )
     print(f"{unit}, median of {args.rounds} interleaved rounds of {args.items}")
-    for op in ("claim", "commit"):
+    for op in ops:
         ref, cur = medians["reference"][op], medians["current"][op]
         print(f"{op:<7} reference {ref:6.1f} us   current {cur:6.1f} us   {cur / ref:.2f}x")
     print(f"1-minute load average at start / end: {load_start:.2f} / {os.getloadavg()[0]:.2f}")

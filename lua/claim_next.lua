@@ -35,7 +35,7 @@ local function remove_due_head(due)
     if staged[id] ~= false then return end
   end
   rcall('ZREMRANGEBYRANK', DUE, 0, #due - 1)
-  staged_z[DUE] = nil
+  staged_z[DUE], staged_order[DUE] = nil, nil
 end
 
 local function main()

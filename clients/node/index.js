@@ -1,7 +1,7 @@
 // redis-lease from Node.js: claim, claim-next, renew, commit and fail on the project's own
 // Lua scripts (lua/), sent with EVALSHA. Keys, arguments and replies: docs/protocol.md.
 
-import { randomBytes, randomUUID } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import Redis from 'ioredis';
 
 import { fromReply, InvalidInput, RedisUnavailable } from './errors.js';
@@ -346,9 +346,10 @@ function isReplyError(error) {
   return error instanceof Error && error.name === 'ReplyError';
 }
 
-/** A random id for a lease (32 hex characters). */
+/** A random id for a lease, or a batch's base (64 random bits, 16 hex characters, as the
+ * Python client makes them). */
 function hexId() {
-  return randomUUID().replaceAll('-', '');
+  return randomBytes(8).toString('hex');
 }
 
 /**

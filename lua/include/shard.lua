@@ -58,6 +58,7 @@ local RECORD_11 = '^(%l+)|(%d*)|(%d*)|([^|]*)|([^|]*)|(%d*)|(%d*)|(%d*)|([^|]*)|
 
 -- -- staged writes ---------------------------------------------------------------------
 local staged_z = {}      -- index key -> {member -> score, or false to remove}
+local staged_order = {}  -- index key -> its staged members, in the order first staged
 local staged_h = {}      -- items field -> value, or false to delete
 local staged_n = {}      -- counter -> increment
 local staged_log = {}    -- attempt log entries in order, 10 values each (the fields of KEYS[8])
@@ -65,7 +66,11 @@ local cache = {}         -- item id -> record (false: none), as this call left i
 
 local function stage_z(key, member, score)
   local t = staged_z[key]
-  if not t then t = {}; staged_z[key] = t end
+  if not t then t = {}; staged_z[key] = t; staged_order[key] = {} end
+  if t[member] == nil then
+    local order = staged_order[key]
+    order[#order + 1] = member
+  end
   t[member] = score
 end
 
@@ -84,11 +89,22 @@ local function multi(cmd, key, list)
   end
 end
 
+-- An index of a few members is a listpack, sorted by score then member, that ZADD and ZREM
+-- walk from its head. Items are staged in index order (claimed in due order, settled in
+-- claim order, and a batch shares its scores), so removals go in that order, each found
+-- near the head, and additions in reverse, each placed before the members added just
+-- before it: in random order each would walk half the list.
 local function flush()
   for key, members in pairs(staged_z) do
-    local add, rem = {}, {}
-    for member, score in pairs(members) do
-      if score then add[#add + 1] = score; add[#add + 1] = member else rem[#rem + 1] = member end
+    local add, rem, order = {}, {}, staged_order[key]
+    for i = 1, #order do
+      local member = order[i]
+      if members[member] == false then rem[#rem + 1] = member end
+    end
+    for i = #order, 1, -1 do
+      local member = order[i]
+      local score = members[member]
+      if score then add[#add + 1] = score; add[#add + 1] = member end
     end
     if #rem > 0 then multi('ZREM', key, rem) end
     if #add > 0 then multi('ZADD', key, add) end
@@ -115,7 +131,7 @@ local function flush()
         'label', log[i + 9])
     end
   end
-  staged_z, staged_h, staged_n, staged_log = {}, {}, {}, {}
+  staged_z, staged_order, staged_h, staged_n, staged_log = {}, {}, {}, {}, {}
 end
 
 -- -- records ---------------------------------------------------------------------------
