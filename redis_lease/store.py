@@ -58,13 +58,13 @@ from .validation import (
 ADD_BATCH = min(500, ADD_BATCH_MAX)
 
 
-
 def lease_base() -> str:
     """A new lease id, or the base of a batch's (``<base>.<n>``): 64 random bits as 16 hex
     characters. The token fences; the lease id tells two grants of one item apart even
     when Redis lost the item's token (restarted empty), and is short because every record,
     claim reply and settle call carries it."""
     return secrets.token_hex(8)
+
 
 class LeaseStore(StoreReads):
     """Runs, items and fenced leases in one Redis database.
