@@ -93,7 +93,8 @@ class JobOptions:
         max_workers: the most RQ jobs working one run at once (burst capacity included).
         shard_budget: seconds one RQ job works a shard before it re-enqueues itself.
         batch_size: the most items one claim_next call takes. Each claim takes about
-            0.2 s of handler work (by the mean handler time so far), within this.
+            0.2 s of handler work for the slots (by the mean handler time so far; 20
+            items at first), within this.
         commit_interval: seconds a finished item's commit may wait to be sent with
             others (one round trip per batch); 0 commits each item at once.
         queue: the RQ queue of the job's shard jobs.
@@ -119,7 +120,7 @@ class JobOptions:
     workers_per_shard: int = 1
     max_workers: int = 16
     shard_budget: float = 300.0
-    batch_size: int = 100
+    batch_size: int = 400
     commit_interval: float = 0.05
     queue: str = "redis-lease"
     concurrency: int = 1
