@@ -121,19 +121,26 @@ def measure(
     }
 
 
+def _shard_of(
+    client: redis.Redis, src: Callable[[str], str], ids: Sequence[str]
+) -> tuple[dict[str, str], str, list[str], list[str]]:
+    """A fresh shard holding ``ids`` (due now): the scripts' SHAs, the key prefix, the shard's
+    keys and the trace id argument."""
+    sha = {name: client.script_load(src(name)) for name in ("add_items", "claim_next", "settle")}
+    prefix = f"bench-cpu-{uuid.uuid4().hex[:8]}"
+    keys, trace = _keys(src, prefix)
+    for start in range(0, len(ids), 500):
+        flat = [part for item in ids[start : start + 500] for part in (item, PAYLOAD)]
+        client.evalsha(sha["add_items"], 7, *keys[:7], "r", 0, 5, 1000, 300000, 0, *flat)
+    return sha, prefix, keys, trace
+
+
 def measure_batched(
     client: redis.Redis, src: Callable[[str], str], n: int, batch: int = 20
 ) -> dict[str, float]:
     """Server CPU per item of claim_next (``batch`` a call) and of settle (one call a batch)."""
-    sha = {name: client.script_load(src(name)) for name in ("add_items", "claim_next", "settle")}
-    prefix = f"bench-cpu-{uuid.uuid4().hex[:8]}"
-    keys, trace = _keys(src, prefix)
+    sha, prefix, keys, trace = _shard_of(client, src, [f"item-{i:07d}" for i in range(n)])
     k = len(keys)
-    for start in range(0, n, 500):
-        flat = [
-            part for i in range(start, min(n, start + 500)) for part in (f"item-{i:07d}", PAYLOAD)
-        ]
-        client.evalsha(sha["add_items"], 7, *keys[:7], "r", 0, 5, 1000, 300000, 0, *flat)
     before = _cpu_us(client)
     batches = [
         client.evalsha(sha["claim_next"], k, *keys, "w", uuid.uuid4().hex, 600000, batch)
@@ -159,17 +166,9 @@ def measure_alternating(
     commits, again and again, as a worker does: the lease indexes stay small (a listpack),
     where claiming everything first makes them large (a skiplist). ``base``: the length of
     the lease ids' base, in hex characters."""
-    sha = {name: client.script_load(src(name)) for name in ("add_items", "claim_next", "settle")}
-    prefix = f"bench-cpu-{uuid.uuid4().hex[:8]}"
-    keys, trace = _keys(src, prefix)
+    ids = [f"acct_{i:07d}:cursor_{i % 3}:2026-12-01" for i in range(n)]
+    sha, prefix, keys, trace = _shard_of(client, src, ids)
     k = len(keys)
-    for start in range(0, n, 500):
-        flat = [
-            part
-            for i in range(start, min(n, start + 500))
-            for part in (f"acct_{i:07d}:cursor_{i % 3}:2026-12-01", PAYLOAD)
-        ]
-        client.evalsha(sha["add_items"], 7, *keys[:7], "r", 0, 5, 1000, 300000, 0, *flat)
     before = _cpu_us(client)
     for _ in range(n // batch):
         rows = client.evalsha(
