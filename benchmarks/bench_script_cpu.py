@@ -169,8 +169,9 @@ def measure_alternating(
     ids = [f"acct_{i:07d}:cursor_{i % 3}:2026-12-01" for i in range(n)]
     sha, prefix, keys, trace = _shard_of(client, src, ids)
     k = len(keys)
+    rounds = n // batch
     before = _cpu_us(client)
-    for _ in range(n // batch):
+    for _ in range(rounds):
         rows = client.evalsha(
             sha["claim_next"], k, *keys, "w", uuid.uuid4().hex[:base], 600000, batch
         )
@@ -191,7 +192,7 @@ def measure_alternating(
     after = _cpu_us(client)
     for key in client.scan_iter(match=f"{prefix}:*"):
         client.delete(key)
-    return {"claim+settle": (after - before) / n}
+    return {"claim+settle": (after - before) / (rounds * batch)}
 
 
 #: Each record form: how a script writes N new records, and how it changes each one.
@@ -315,6 +316,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
+    if args.alternate and not args.batched:
+        parser.error("--alternate goes with --batched")
+    if not all(4 <= n <= 32 for n in args.lease_base):
+        parser.error("--lease-base takes hex lengths from 4 to 32")
+    if not 1 <= args.batch <= args.items:
+        parser.error("--batch must be from 1 to --items")
     client = redis.Redis.from_url(args.url)
     if args.records:
         return main_records(client, args.items, args.rounds)

@@ -93,7 +93,7 @@ class JobOptions:
         max_workers: the most RQ jobs working one run at once (burst capacity included).
         shard_budget: seconds one RQ job works a shard before it re-enqueues itself.
         batch_size: the most items one claim_next call takes. Each claim takes about
-            0.2 s of handler work for the slots (by the mean handler time so far; 20
+            0.2 s of handler work for the slots (by the recent mean handler time; 20
             items at first), within this.
         commit_interval: seconds a finished item's commit may wait to be sent with
             others (one round trip per batch); 0 commits each item at once.

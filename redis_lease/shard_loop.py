@@ -57,6 +57,9 @@ _STOP_POLL = 0.05
 CLAIM_SPAN = 0.2
 #: The most items the first claim of a pass takes, before any handler time is known.
 FIRST_CLAIM = 20
+#: The weight of the newest handler time in the recent mean the claims are sized by: a
+#: slowdown after many fast items shrinks the claims within a few dozen items.
+RECENT_WEIGHT = 0.1
 #: A settlement to send and the report's counter its success adds to; None: nothing to send.
 _Settlement = tuple[SettleRequest, str] | None
 #: Old names, importable with a DeprecationWarning for one release.
@@ -161,6 +164,9 @@ class _ShardLoop:
         self.worker, self.keeper, self.pool, self.size = worker, keeper, pool, size
         self.report = report
         self.pending = _PendingCommits(store, keeper, report, job.options.commit_interval)
+        #: The recent mean handler time (seconds) of the items that did their work (not
+        #: throttled), weighted by RECENT_WEIGHT; None until one has.
+        self.recent_seconds: float | None = None
         #: Claimed items not yet handed to the pool (the inline pool takes one at a time).
         self.waiting: deque[ActiveLease] = deque()
         #: Items handed to the pool whose handler has not ended: running or waiting for a slot.
@@ -216,18 +222,32 @@ class _ShardLoop:
 
     def _claim_size(self) -> int:
         """The items one claim takes: about CLAIM_SPAN seconds of handler work for the
-        slots, by the pass's mean handler time (FIRST_CLAIM before one is known), from 1
+        slots, by the recent mean handler time (FIRST_CLAIM before one is known), from 1
         to the job's batch_size."""
         most = self.job.options.batch_size
-        report = self.report
-        if not report.handled:
+        if self.recent_seconds is None:
             return min(most, FIRST_CLAIM)
-        mean = max(report.handler_seconds / report.handled, 1e-6)
+        mean = max(self.recent_seconds, 1e-6)
         return max(1, min(most, math.ceil(self.size * CLAIM_SPAN / mean)))
+
+    def _time_handler(self, finished: Finished) -> None:
+        """Counts a handler's time in the report and, unless it gave its item back for
+        want of capacity (it did no work), in the recent mean."""
+        self.report.handled += 1
+        self.report.handler_seconds += finished.seconds
+        if isinstance(finished.error, (Throttled, SlotTimeout)):
+            return
+        if self.recent_seconds is None:
+            self.recent_seconds = finished.seconds
+        else:
+            self.recent_seconds += RECENT_WEIGHT * (finished.seconds - self.recent_seconds)
 
     def _low_water(self) -> int:
         """How few claimed items waiting for a slot trigger the next claim (a quarter of a
-        claim). Inline, nothing waits: the next claim comes when the handler is idle."""
+        claim, at least one). Inline, nothing waits: the next claim comes when the handler
+        is idle. With claims of under 8 (slow handlers) the next claim goes out once no
+        claimed item is left waiting, so a slot may wait a round trip, small beside its
+        handler."""
         return max(1, self._claim_size() // 4) if self.pool.queues else 0
 
     def _claim(self) -> bool:
@@ -281,8 +301,7 @@ class _ShardLoop:
         if not finished.started:  # lost while waiting for a slot
             self.keeper.drop(finished.active)
             return
-        self.report.handled += 1
-        self.report.handler_seconds += finished.seconds
+        self._time_handler(finished)
         active = finished.active
         settlement = _settlement_of(active, finished.answer, finished.error)
         if settlement is None:  # the lease was lost: the item is another holder's

@@ -381,7 +381,7 @@ def test_one_of_six_workers_drained_mid_run(tmp_path: Path, prefix: str, concurr
     settings: dict[str, Any] = {
         "items": 180 * n,
         "shards": 6,
-        "batch_size": 60,  # a shard's items in one claim: only the drain leaves any waiting
+        "batch_size": 60,  # claims sized to the 30 ms handler: a few items wait per worker
         "ttl": 1.5,
         "provider": provider,
     }

@@ -198,7 +198,10 @@ def test_paused_holder_resumes_after_takeover_and_is_fenced(harness: Harness, po
         wait_until(lambda: h.counters(run_id).get("stale_effects", 0) >= 1, 30, "stale_effects")
     else:
         wait_until(
-            lambda: any(n["pid"] == paused["pid"] for n in notes(h.hooks, "lease_lost")),
+            lambda: any(
+                (n["pid"], n["item"]) == (paused["pid"], paused["item"])
+                for n in notes(h.hooks, "lease_lost")
+            ),
             30,
             "the resumed holder stopping with LeaseLost",
         )

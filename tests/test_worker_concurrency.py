@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from redis_lease import LeaseStore
+from redis_lease import LeaseStore, shard_loop
 from redis_lease.capacity import measured
 from redis_lease.dispatch import enqueue_shard
 from redis_lease.errors import InvalidInput, LeaseLost
@@ -546,6 +546,10 @@ def test_the_next_batch_is_claimed_while_claimed_items_still_wait_for_a_slot(
     while claimed items still wait for a slot, and no more than 2 + 8 leases are ever held."""
     store, started, gate = real_store, [], threading.Semaphore(0)
     job = Job("ahead", shards=1, lease_ttl=30, batch_size=8, commit_interval=0, concurrency=2)
+    # Claims of the whole batch however long the test holds its handlers (claims are
+    # otherwise sized to the handlers' time: test_claims_are_sized_to_the_handler).
+    monkeypatch.setattr(shard_loop, "CLAIM_SPAN", 1e3)
+    monkeypatch.setattr(shard_loop, "FIRST_CLAIM", 8)
 
     if kind == "threads":
 
@@ -683,33 +687,71 @@ def test_an_item_whose_lease_is_lost_while_waiting_for_a_slot_is_not_started(
     assert not keeper.held
 
 
-@pytest.mark.parametrize(("nap", "sizes"), [(0.0, "the batch"), (0.05, "a few")])
-def test_claims_are_sized_to_the_handler(real_store: LeaseStore, nap: float, sizes: str) -> None:
-    """One slot, batch_size 100: the first claim asks for FIRST_CLAIM items; after it, a
-    handler that does nothing gets claims of the whole batch, and one that takes 50 ms claims
-    of about CLAIM_SPAN / 50 ms (at most 4 here), so that no claimed item waits long."""
+@pytest.mark.parametrize("slots", [1, 4])
+@pytest.mark.parametrize("nap", [0.0, 0.05])
+def test_claims_are_sized_to_the_handler(
+    real_store: LeaseStore, monkeypatch: pytest.MonkeyPatch, nap: float, slots: int
+) -> None:
+    """batch_size 100: the first claim asks for FIRST_CLAIM items; after it, handlers that do
+    nothing get claims of the whole batch, and handlers that take 50 ms claims of about
+    slots x CLAIM_SPAN / 50 ms, so that no claimed item waits long under its lease."""
     store = real_store
-    job = Job("sized", shards=1, lease_ttl=30, batch_size=100, commit_interval=0)
+    job = Job("sized", shards=1, lease_ttl=30, batch_size=100, commit_interval=0, concurrency=slots)
 
     @job.handler
     def handle(item: Item, lease: ActiveLease) -> str:
         time.sleep(nap)
         return item.id
 
-    count = 260 if nap == 0 else 12
+    count = 260 if nap == 0 else FIRST_CLAIM + 6 * slots
     store.add("sized", [Item(f"i{n:03d}") for n in range(count)], shards=1)
+    claim_next, limits, taken = store.claim_next, [], []
+
+    def counted_claim_next(*args: Any, **kwargs: Any) -> Any:
+        limits.append(kwargs["limit"])
+        leases = claim_next(*args, **kwargs)
+        taken.append(len(leases))
+        return leases
+
+    monkeypatch.setattr(store, "claim_next", counted_claim_next)
+    report = _work(store, job, "sized", LeaseKeeper(store, 30))
+    assert (report.committed, report.handled) == (count, count), report
+    assert limits[0] == FIRST_CLAIM
+    if nap == 0:
+        assert limits[1:3] == [100, 100], limits
+    else:
+        most = math.ceil(slots * CLAIM_SPAN / nap)
+        assert max(limits[1:]) <= most, limits
+        assert any(n > 0 for n in taken[1:]), (limits, taken)  # a sized claim that took items
+
+
+def test_claims_shrink_soon_after_the_handler_slows_down(
+    real_store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """220 items that take no time, then 40 that take 30 ms: the claims are sized by the
+    recent handler time, so the claim after the slow items asks for a few items, not for
+    the 44 that the mean over the whole pass would still give."""
+    store = real_store
+    job = Job("slower", shards=1, lease_ttl=30, batch_size=100, commit_interval=0)
+
+    @job.handler
+    def handle(item: Item, lease: ActiveLease) -> str:
+        if int(item.id[1:]) >= 220:
+            time.sleep(0.03)
+        return item.id
+
+    store.add("slower", [Item(f"i{n:03d}") for n in range(260)], shards=1)
     claim_next, limits = store.claim_next, []
 
     def counted_claim_next(*args: Any, **kwargs: Any) -> Any:
         limits.append(kwargs["limit"])
         return claim_next(*args, **kwargs)
 
-    store.claim_next = counted_claim_next  # type: ignore[method-assign]
-    report = _work(store, job, "sized", LeaseKeeper(store, 30))
-    assert (report.committed, report.handled) == (count, count), report
-    assert limits[0] == FIRST_CLAIM
-    later = limits[1:]
-    if sizes == "the batch":
-        assert later[:2] == [100, 100], limits
-    else:
-        assert later and max(later) <= math.ceil(CLAIM_SPAN / nap), limits
+    monkeypatch.setattr(store, "claim_next", counted_claim_next)
+    report = _work(store, job, "slower", LeaseKeeper(store, 30))
+    assert report.committed == 260, report
+    # Items 0-219 are fast; the fourth claim, made before any slow item ran, takes the 40
+    # slow ones; the claim after them is sized by their time (by the mean over the whole
+    # pass, 40 x 30 ms / 260 items, it would ask for 44).
+    assert limits[:4] == [FIRST_CLAIM, 100, 100, 100], limits
+    assert len(limits) >= 5 and max(limits[4:]) <= 12, limits
