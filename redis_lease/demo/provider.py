@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import logging
+import sys
 import threading
 import time
 import urllib.parse
@@ -31,6 +33,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ..effects import EffectFailed, EffectUnknown, Throttled
+
+log = logging.getLogger("redis_lease.demo.provider")
+
+#: A client that went away mid-request (killed, timed out): one of the demo's faults.
+_CLIENT_GONE = (ConnectionResetError, BrokenPipeError, TimeoutError)
 
 
 @dataclass
@@ -175,6 +182,13 @@ class ProviderServer(ThreadingHTTPServer):
     def __init__(self, port: int = 0, state: ProviderState | None = None) -> None:
         super().__init__(("127.0.0.1", port), _Handler)
         self.state = state or ProviderState()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-request is not reported (the demo kills and pauses
+        its workers); any other failure is logged, not printed as a traceback."""
+        if isinstance(sys.exc_info()[1], _CLIENT_GONE):
+            return
+        log.exception("provider: a request from %s:%s failed", *client_address[:2])
 
     @property
     def url(self) -> str:
