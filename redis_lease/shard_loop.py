@@ -50,8 +50,8 @@ SLOT_RETRY_DELAY = 1.0
 CLUSTER_RETRY_DELAY = 0.2
 #: The longest the shard loop waits for a handler before it looks at the stop request again.
 _STOP_POLL = 0.05
-#: Seconds of handler work a claim covers, by the mean handler time of the pass so far
-#: (within the job's batch_size): fast handlers claim many items at once, so the fixed cost
+#: Seconds of handler work a claim covers, by the recent mean handler time (within the
+#: job's batch_size): fast handlers claim many items at once, so the fixed cost
 #: of a script call is shared by many; slow ones claim few, so that no claimed item waits
 #: long under its lease and other workers of the shard get theirs.
 CLAIM_SPAN = 0.2

@@ -147,9 +147,7 @@ class Hooks:
         """At an armed point the first process to arrive stops until the test says go."""
         if self.directory is None or point not in self.armed:
             return
-        info = {"pid": os.getpid(), "item": lease.item_id, "token": lease.token, "point": point}
-        scratch = self.directory / f".{point}.{os.getpid()}.{uuid.uuid4().hex}"
-        scratch.write_text(json.dumps(info))
+        scratch = self._scratch(point, lease)
         try:
             os.link(scratch, self.directory / f"{point}.at")  # atomic: one process wins
         except FileExistsError:
@@ -167,11 +165,17 @@ class Hooks:
         """Records that this process passed ``point`` with ``lease`` (one file per pass)."""
         if self.directory is None:
             return
+        scratch = self._scratch(point, lease)
+        # atomic: a reader sees all of it or nothing
+        scratch.rename(self.directory / f"{scratch.name[1:]}.json")
+
+    def _scratch(self, point: str, lease: ActiveLease) -> Path:
+        """A hidden file in the directory holding this process's pid, ``lease`` and ``point``."""
+        assert self.directory is not None
         info = {"pid": os.getpid(), "item": lease.item_id, "token": lease.token, "point": point}
-        name = f"{point}.{os.getpid()}.{uuid.uuid4().hex}.json"
-        scratch = self.directory / f".{name}"
+        scratch = self.directory / f".{point}.{os.getpid()}.{uuid.uuid4().hex}"
         scratch.write_text(json.dumps(info))
-        scratch.rename(self.directory / name)  # atomic: a reader sees all of it or nothing
+        return scratch
 
 
 def notes(directory: Path, point: str) -> list[dict[str, Any]]:
