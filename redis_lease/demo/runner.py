@@ -2,7 +2,8 @@
 
 While the workers work, one is paused (SIGSTOP) past its lease and resumed, and
 one is killed (SIGKILL). The report shows that nothing was lost or applied
-twice and that the paused worker's late commit was refused.
+twice, and how many late writes of the paused worker were refused (often none: its
+leases ran out by its own clock too, so it stops before sending them).
 """
 
 from __future__ import annotations
