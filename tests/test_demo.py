@@ -77,11 +77,10 @@ def assert_clean_report(report: dict[str, Any]) -> None:
     assert f"{report['done']} done of {report['items']} planned" in report["reason"]
     assert report["unfinished"] == 0
     assert report["duplicate_effects"] == 0
-    # The paused worker was resumed (after a takeover: lease_takeovers below). A commit it
-    # had queued before the pause is refused and counted; but its leases also ran out by its
-    # own clock, so it usually stops before sending one: the count may be 0 (it was, once,
-    # under the full suite's load).
-    assert any(fault.startswith("resumed worker") for fault in report["faults"]), report
+    # The paused worker's lease was taken over (below) and nothing was paid twice (above).
+    # How many of its late writes were refused is reported, not asserted: its leases also
+    # run out by its own clock, so once resumed it usually stops before sending any, and
+    # the run may even end before it is resumed (both seen under the full suite's load).
     assert report["lease_takeovers"] >= 1, report
 
 
