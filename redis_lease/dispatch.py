@@ -7,6 +7,7 @@ items. Jobs use RQ's JSON serializer, never pickle.
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 import uuid
@@ -22,6 +23,7 @@ from rq.job_lifecycle import call_exception_handlers
 from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 
+from . import takeover
 from .connection import as_text, queue_time
 from .errors import RedisLeaseError
 from .job_failures import record_job_failure
@@ -35,6 +37,7 @@ MISSING_GRACE_MS = 5_000
 #: Statuses of jobs that will run without a worker holding them (queued: see live_jobs).
 LIVE_STATUSES = {JobStatus.SCHEDULED, JobStatus.DEFERRED}
 SHARD_FUNC = "redis_lease.worker.process_shard"
+log = logging.getLogger("redis_lease.worker")
 
 
 class JsonJob(RQJob):
@@ -92,10 +95,18 @@ class _Reporting(BaseWorker):
     failed_shard_jobs = 0
     #: The last failed shard job's run, shard and error.
     last_failure = ""
+    #: Leases the shard jobs lost to other workers (taken over while held).
+    lost_leases = 0
+    #: The key prefixes of the shard jobs run (the fleet watch watches them).
+    shard_prefixes: frozenset[str] = frozenset()
 
     def execute_job(self, job: RQJob, queue: Queue) -> None:
         """Runs the job as RQ does, then reports it when it is a shard job."""
         started = time.monotonic()
+        if job.func_name == SHARD_FUNC:
+            args = list(job.args or ())
+            if len(args) > 3 and isinstance(args[3], str):
+                self.shard_prefixes = self.shard_prefixes | {args[3]}
         super().execute_job(job, queue)
         if job.func_name == SHARD_FUNC:
             self._report(job, time.monotonic() - started)
@@ -115,6 +126,10 @@ class _Reporting(BaseWorker):
                 f"{where}: committed {result.get('committed', 0)}, failed "
                 f"{result.get('failed', 0)} in {seconds:.1f}s"
             )
+            lost = int(result.get("stale") or 0)
+            self.lost_leases += lost
+            if lost:
+                line += f", {lost} leases lost to other workers"
             if result.get("stopped"):
                 line += " (stopped: unstarted items released)"
         elif status == JobStatus.FINISHED:  # its result is not kept
@@ -177,8 +192,11 @@ def enqueue_shard(
     run_id: str,
     shard: int,
     budget: float,
+    *,
+    at_front: bool = False,
 ) -> str:
-    """Enqueues one RQ job that works ``shard`` of ``run_id``; returns its RQ id."""
+    """Enqueues one RQ job that works ``shard`` of ``run_id`` (``at_front``: first in its
+    queue, as for a shard taken over from a stopped job); returns its RQ id."""
     rq_id = f"rl-{uuid.uuid4().hex}"
     with store.translating_errors(run_id):
         store.client.hset(store.keys.run_jobs(run_id), rq_id, str(shard))
@@ -190,6 +208,7 @@ def enqueue_shard(
             result_ttl=3600,
             failure_ttl=86400,
             description=f"redis-lease {run_id} shard {shard}",
+            at_front=at_front,
         )
     return rq_id
 
@@ -224,13 +243,15 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
             waiting_in.lpos(Queue.redis_queue_namespace_prefix + origin, rq_id)
         for rq_id in ids:
             pipe.exists(store.keys.run_beat(run_id, rq_id))
+        pipe.hmget(store.keys.shard_jobs, ids)
         pipe.hgetall(missing_key)
         queue_time(pipe)
         positions = waiting_in.execute() if apart else []
         answers = pipe.execute()
         if not apart:
             positions, answers = answers[: len(ids)], answers[len(ids) :]
-        *beats, missing_raw, (seconds, micros) = answers
+        *beats, entries, missing_raw, (seconds, micros) = answers
+        registered = dict(zip(ids, entries, strict=True))
         missing = {as_text(k): int(v) for k, v in missing_raw.items()}
         now_ms = int(seconds) * 1000 + int(micros) // 1000
         live: dict[int, list[str]] = {}
@@ -267,9 +288,50 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
             pipe.hdel(missing_key, *found_again, *dead)
         if found_missing or found_again or dead:
             pipe.execute()
+    jobs_by_id = dict(zip(ids, jobs, strict=True))
+    taken = {
+        rq_id
+        for rq_id in dead
+        if registered[rq_id] is not None
+        and _take_over(store, rq_id, registered[rq_id], jobs_by_id[rq_id])
+    }
     for rq_id, rq_job in failed:
-        _count_failed(store, run_id, known[rq_id], rq_job)
+        if rq_id not in taken:  # a takeover counted it already
+            _count_failed(store, run_id, known[rq_id], rq_job)
     return live
+
+
+def _take_over(store: LeaseStore, rq_id: str, raw: Any, rq_job: RQJob | None) -> bool:
+    """Takes over a dead shard job that registered (it beat, then stopped): its leases end
+    now (:mod:`redis_lease.takeover`). True when it was registered and readable."""
+    job = takeover.ShardJob.from_json(rq_id, raw)
+    if job is None:
+        return False
+    done = takeover.take_over(store, job, why_stopped(rq_job))
+    if done is not None:
+        log.warning(done.line())
+    return True
+
+
+def why_stopped(rq_job: RQJob | None) -> str:
+    """What is known of a stopped shard job's end: its work horse died (RQ failed it,
+    with its error), or only that it stopped beating."""
+    try:
+        failed = rq_job is not None and rq_job.get_status(refresh=False) == JobStatus.FAILED
+    except (redis.RedisError, NoSuchJobError):
+        failed = False
+    if rq_job is not None and failed:
+        return f"work horse died: {job_error(rq_job)}"
+    return takeover.STOPPED
+
+
+def stopped_job_why(store: LeaseStore, job: takeover.ShardJob) -> str:
+    """:func:`why_stopped` of a registered shard job, its RQ job read from RQ's Redis."""
+    try:
+        rq_job = RQJob.fetch(job.rq_id, connection=store.rq, serializer=JSONSerializer)
+    except Exception:  # gone, unreadable, or Redis away: the plain reason will do
+        return takeover.STOPPED
+    return why_stopped(rq_job)
 
 
 def _count_failed(store: LeaseStore, run_id: str, shard: int, rq_job: RQJob) -> None:

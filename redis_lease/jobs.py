@@ -3,7 +3,7 @@
 A job is declared in user code and found by workers and the scheduler through
 its import path (``package.module:attr``)::
 
-    reconcile = Job("payment-reconciliation", shards=16, lease_ttl=600,
+    reconcile = Job("payment-reconciliation", shards=16,
                     deadline="06:00", schedule="0 2 * * *", timezone="Europe/Berlin")
 
     @reconcile.planner
@@ -77,7 +77,10 @@ class JobOptions:
 
     Attributes:
         shards: shards per run; a shard is the unit of work of one RQ job.
-        lease_ttl: seconds a claim lasts unless renewed.
+        lease_ttl: seconds a claim lasts unless renewed (renewed every third of it). A
+            worker that stops is taken over by its heartbeat within seconds
+            (:mod:`redis_lease.takeover`); the lease's length is the bound where no
+            ``redis-lease worker`` watches, and the most a holder paused or cut off keeps it.
         max_attempts: claims of an item before it goes dead.
         backoff_base: seconds before the first retry; doubles per attempt.
         backoff_cap: the longest retry delay in seconds.

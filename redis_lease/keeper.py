@@ -2,16 +2,18 @@
 
 A :class:`LeaseKeeper` renews every held lease (conditional on its token),
 beats a shard job's heartbeat and reads the worker's stop request, all in one
-round trip per tick. A lease that cannot be renewed is marked lost: a thread
-handler then gets :class:`~redis_lease.errors.LeaseLost` at its next
-:meth:`ActiveLease.check`, :meth:`~ActiveLease.effect` or
-:meth:`~ActiveLease.renew`, and an async handler's task is cancelled.
+round trip per tick (renewals every third of the TTL, beats every second). A lease
+that cannot be renewed is marked lost: a thread handler then gets
+:class:`~redis_lease.errors.LeaseLost` at its next :meth:`ActiveLease.check`,
+:meth:`~ActiveLease.effect` or :meth:`~ActiveLease.renew`, and an async handler's task
+is cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import os
 import threading
@@ -29,6 +31,7 @@ from .errors import EffectFailed, LeaseLost, RedisLeaseError
 from .failures import REDIS_FAILURES, redis_errors
 from .jobs import CONCURRENCY_MAX
 from .lease import Lease
+from .limits import DEAD_AFTER, DEAD_AFTER_MS, HEARTBEAT
 from .scripts import Command
 from .store import LeaseStore
 
@@ -47,6 +50,34 @@ def _ledger_threads() -> ThreadPoolExecutor:
         return _LEDGER[0]
 
 
+class Heartbeat:
+    """Until when this process's heartbeat surely lives, by its monotonic clock.
+
+    A beat lives :data:`~redis_lease.limits.DEAD_AFTER` seconds from when the server got
+    it, so surely until ``DEAD_AFTER`` after it was sent; until then no watcher can take
+    this process's shard job for stopped and end its leases. A process that was paused,
+    or could not beat, knows from this that its leases may be another's.
+    """
+
+    def __init__(self) -> None:
+        self.valid_until = time.monotonic() + DEAD_AFTER
+        #: Lapses so far: times the beats stopped long enough for a takeover. A lease
+        #: held across a lapse is trusted again only once a renewal after it got through.
+        self.epoch = 0
+
+    def beaten(self, sent_at: float, lapsed: bool = False) -> None:
+        """A beat sent at ``sent_at`` (monotonic) was stored; ``lapsed``: the one before it
+        had surely died when it was sent."""
+        if lapsed:
+            self.epoch += 1
+        self.valid_until = max(self.valid_until, sent_at + DEAD_AFTER)
+
+    @property
+    def alive(self) -> bool:
+        """True while the last stored beat surely lives."""
+        return time.monotonic() < self.valid_until
+
+
 class ActiveLease:
     """The lease a handler works under: renewed in the background, and it can be lost.
 
@@ -55,7 +86,12 @@ class ActiveLease:
     """
 
     def __init__(
-        self, store: LeaseStore, lease: Lease, ttl: float, sent_at: float | None = None
+        self,
+        store: LeaseStore,
+        lease: Lease,
+        ttl: float,
+        sent_at: float | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.store = store
         self.lease = lease
@@ -64,6 +100,11 @@ class ActiveLease:
         #: claim or last renewal was sent (``sent_at``; now by default), so never later
         #: than the server's expiry (each renewal moves it on).
         self.valid_until = (time.monotonic() if sent_at is None else sent_at) + ttl
+        #: The shard job's heartbeat: once it may have died, a watcher may have ended the
+        #: lease (None: no heartbeat, as outside a shard job).
+        self.heartbeat = heartbeat
+        #: The heartbeat's lapses when this lease was last known good.
+        self.epoch = heartbeat.epoch if heartbeat is not None else 0
         self._lost = False
         self._event: threading.Event | None = None  # made by wait_lost only
         self._on_lost: list[Callable[[], object]] = []
@@ -140,18 +181,26 @@ class ActiveLease:
 
     @property
     def held(self) -> bool:
-        """Neither lost (a renewal was refused) nor run out by this process's clock."""
-        return not self._lost and time.monotonic() < self.valid_until
+        """Neither lost (a renewal was refused) nor run out by this process's clock, and
+        its shard job's heartbeat surely alive (else a watcher may have ended it)."""
+        if self._lost or time.monotonic() >= self.valid_until:
+            return False
+        beat = self.heartbeat
+        return beat is None or (beat.alive and beat.epoch == self.epoch)
 
-    def renewed(self, lease: Lease, sent_at: float) -> None:
-        """Takes the lease a renewal sent at ``sent_at`` (monotonic) returned."""
+    def renewed(self, lease: Lease, sent_at: float, epoch: int | None = None) -> None:
+        """Takes the lease a renewal sent at ``sent_at`` (monotonic) returned; ``epoch``:
+        the heartbeat's lapses it was sent after (known good since)."""
         self.lease = lease
         self.valid_until = sent_at + self.ttl
+        if epoch is not None:
+            self.epoch = epoch
 
     def check(self) -> None:
         """Raises LeaseLost when a renewal was refused, or when the lease ran out by this
         process's clock (no renewal got through in time: Redis slow or cut off, the
-        process paused): call it between steps to stop early."""
+        process paused), or no heartbeat got through for ``DEAD_AFTER`` seconds (a
+        watcher may have taken the item over): call it between steps to stop early."""
         if not self.held:
             self.mark_lost()  # once: a lease that ran out stays lost
             raise LeaseLost(
@@ -266,12 +315,20 @@ async def _awaited(awaitable: Awaitable[Any], before: Callable[[], None]) -> Any
 
 
 class LeaseKeeper(threading.Thread):
-    """Renews held leases every ``interval`` seconds, beats a heartbeat, reads a stop request.
+    """Renews held leases every third of their TTL, beats a heartbeat every
+    :data:`~redis_lease.limits.HEARTBEAT` seconds, reads a stop request.
+
+    The heartbeat is what the fleet watches: when it stops for
+    :data:`~redis_lease.limits.DEAD_AFTER` seconds, another worker ends this process's
+    leases and takes its items over (:mod:`redis_lease.takeover`). It lives in its own
+    thread, so a handler that is slow (but lets Python run its threads) is never taken
+    for dead.
 
     Args:
         store: the store of the leases.
         ttl: seconds each renewal extends a lease by.
-        beat_key: a key set to the process id on every tick (lives three intervals).
+        beat_key: a key set on every beat to what the beat says (lives
+            :data:`~redis_lease.limits.DEAD_AFTER` seconds).
         stop_flag: ``(hash key, field)``: when the field is set, :attr:`on_stop_requested`
             is called (an RQ worker's warm shutdown request).
     """
@@ -286,13 +343,19 @@ class LeaseKeeper(threading.Thread):
         super().__init__(name="redis-lease-keeper", daemon=True)
         self.store = store
         self.ttl = ttl
-        self.interval = max(0.05, min(ttl / 3, 5.0))
+        #: Seconds between renewals of the held leases.
+        self.renew_every = max(0.05, ttl / 3)
+        #: Seconds between ticks: beats (and stop-request reads), renewals when due.
+        self.interval = min(self.renew_every, HEARTBEAT) if beat_key else self.renew_every
         self.beat_key = beat_key
         self.stop_flag = stop_flag
         self.on_stop_requested: Callable[[], None] = lambda: None
         self._held: dict[tuple[str, str], ActiveLease] = {}  # by (run, item)
         self._lock = threading.Lock()
         self._done = threading.Event()
+        self._renewed_at = time.monotonic()
+        #: Until when the beats surely live; leases taken under this keeper share it.
+        self.heartbeat: Heartbeat | None = Heartbeat() if beat_key else None
 
     def hold(self, active: ActiveLease) -> None:
         """Keeps ``active`` renewed until :meth:`drop`."""
@@ -306,13 +369,18 @@ class LeaseKeeper(threading.Thread):
                 del self._held[active.run_id, active.item_id]
 
     def beat(self) -> None:
-        """Refreshes the heartbeat key now (lives three intervals)."""
-        if self.beat_key:
+        """Sets the heartbeat key now (it lives :data:`~redis_lease.limits.DEAD_AFTER` s)."""
+        if self.beat_key and self.heartbeat is not None:
+            sent_at = time.monotonic()
             with redis_errors(self.store.url):
-                self.store.client.set(self.beat_key, os.getpid(), px=self._beat_ms())
+                self.store.client.set(self.beat_key, self._beat_value(), px=DEAD_AFTER_MS)
+            self.heartbeat.beaten(sent_at)
 
-    def _beat_ms(self) -> int:
-        return int(self.interval * 3000) + 500
+    def _beat_value(self) -> str:
+        """What a beat says: this process and the leases it holds (``redis-lease workers``)."""
+        with self._lock:
+            held = len(self._held)
+        return json.dumps({"pid": os.getpid(), "held": held})
 
     def run(self) -> None:
         while not self._done.wait(self.interval):
@@ -322,27 +390,40 @@ class LeaseKeeper(threading.Thread):
                 log.warning("lease keeper: %s", error)
 
     def tick(self) -> None:
-        """One round trip: renews every held lease (one script call per shard), beats,
-        reads the stop request."""
+        """One round trip: beats, reads the stop request and, every third of the TTL,
+        renews every held lease (one script call per shard)."""
+        due = time.monotonic() - self._renewed_at >= self.renew_every - self.interval / 2
+        # Beats stopped long enough for a watcher to end the leases (the process was
+        # paused, Redis out of reach): renew them all now to learn which are still held.
+        lapsed = self.heartbeat is not None and not self.heartbeat.alive
+        due = due or lapsed
         with self._lock:
-            held = list(self._held.values())
+            held = list(self._held.values()) if due else []
         commands: list[Command] = []
         if self.beat_key:
-            commands.append(Command(("SET", self.beat_key, os.getpid(), "PX", self._beat_ms())))
+            commands.append(
+                Command(("SET", self.beat_key, self._beat_value(), "PX", DEAD_AFTER_MS))
+            )
         # RQ's worker record rides along unless RQ has a Redis of its own (a cluster's store).
         flag_apart = self.stop_flag is not None and self.store.rq is not self.store.client
         if self.stop_flag and not flag_apart:
             commands.append(Command(("HGET", *self.stop_flag)))
+        if due:
+            self._renewed_at = time.monotonic()
         if held or commands:
             leases = [active.lease for active in held]
             sent_at = time.monotonic()
             renewed, replies = self.store.renew_with(leases, self.ttl, commands)
+            heartbeat = self.heartbeat
+            epoch = None if heartbeat is None else heartbeat.epoch + (1 if lapsed else 0)
             for active, lease in zip(held, renewed, strict=True):
                 if lease is None:
                     self.drop(active)
                     active.mark_lost()
                 else:
-                    active.renewed(lease, sent_at)
+                    active.renewed(lease, sent_at, epoch)
+            if heartbeat is not None and replies[0] is True:  # the beat was stored
+                heartbeat.beaten(sent_at, lapsed)
         if self.stop_flag:
             if flag_apart:
                 with redis_errors(describe(self.store.rq)):  # RQ's server, not the store's

@@ -94,6 +94,23 @@ class Keys:
         return f"{self.prefix}:job:{{{name}}}:open"
 
     @property
+    def shard_jobs(self) -> str:
+        """Every shard job at work, by RQ job id (hash: id -> JSON: run, shard, worker,
+        owner, host, pid, path, queue, budget); its heartbeat is :meth:`run_beat`."""
+        return f"{self.prefix}:shard_jobs"
+
+    @property
+    def takeovers(self) -> str:
+        """The latest takeovers of stopped shard jobs, newest first (list of JSON)."""
+        return f"{self.prefix}:takeovers"
+
+    @property
+    def workers(self) -> list[str]:
+        """The worker processes' records (hash: name -> JSON) and beats (sorted set: name
+        -> server ms), one hash tag for the script that writes both."""
+        return [f"{self.prefix}:{{workers}}", f"{self.prefix}:{{workers}}:seen"]
+
+    @property
     def jobs(self) -> str:
         """Every job name seen by a tick (set)."""
         return f"{self.prefix}:jobs"

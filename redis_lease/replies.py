@@ -70,6 +70,13 @@ class Reaped(NamedTuple):
     now_ms: int
 
 
+class Cut(NamedTuple):
+    """cut_leases: leases ended early, and when (server clock)."""
+
+    leases: int
+    now_ms: int
+
+
 class Snapshot(NamedTuple):
     """shard_status: counters (with pending, leased, dead from the indexes) and first entries."""
 
@@ -201,6 +208,8 @@ DECODERS: dict[str, Callable[[Any], Any]] = {
     "fail": _failed,
     "release": lambda reply: int(reply[0]),
     "reap": lambda reply: Reaped(int(reply[0]), int(reply[1]), int(reply[2])),
+    "cut_leases": lambda reply: Cut(int(reply[0]), int(reply[1])),
+    "worker_beat": lambda reply: (int(reply[0]), int(reply[1])),
     "requeue": int,
     "close_shard": bool,
     "shard_status": _snapshot,

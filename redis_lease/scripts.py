@@ -34,6 +34,7 @@ KEY_COUNTS: dict[str, int] = {
     "fail": 8,
     "release": 8,
     "reap": 8,
+    "cut_leases": 7,
     "requeue": 7,
     "close_shard": 7,
     "shard_status": 7,
@@ -43,6 +44,7 @@ KEY_COUNTS: dict[str, int] = {
     "record_effect": 10,
     "slot_acquire": 2,
     "slot_release": 2,
+    "worker_beat": 2,
 }
 
 _INCLUDE = re.compile(r'^-- @include "([a-z_]+\.(?:lua|json))"$', re.MULTILINE)

@@ -87,6 +87,7 @@ class ShardReport:
 
     committed: int = 0
     failed: int = 0
+    #: Leases lost to another holder (refused, or found lost before the handler started).
     stale: int = 0
     released: int = 0
     throttled: int = 0
@@ -262,7 +263,7 @@ class _ShardLoop:
             self.run_id, self.worker, shard=self.shard, limit=limit, ttl=ttl
         )
         for lease in leases:
-            active = ActiveLease(self.store, lease, ttl, sent_at)
+            active = ActiveLease(self.store, lease, ttl, sent_at, self.keeper.heartbeat)
             self.keeper.hold(active)
             self.waiting.append(active)
         return bool(leases)
@@ -270,6 +271,7 @@ class _ShardLoop:
     def _start(self, active: ActiveLease) -> None:
         if active.lost:  # lost while waiting to start
             self.keeper.drop(active)
+            self.report.stale += 1
             return
         self.in_pool += 1
         self.pool.start(active)
@@ -300,6 +302,7 @@ class _ShardLoop:
         self.in_pool -= 1
         if not finished.started:  # lost while waiting for a slot
             self.keeper.drop(finished.active)
+            self.report.stale += 1
             return
         self._time_handler(finished)
         active = finished.active

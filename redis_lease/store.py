@@ -42,7 +42,7 @@ from .limits import (
     SHARD_COUNT_MAX,
     SWEEP_MAX,
 )
-from .replies import Grant
+from .replies import Cut, Grant
 from .scripts import Call, Command
 from .store_reads import StoreReads
 from .validation import (
@@ -441,6 +441,19 @@ class LeaseStore(StoreReads):
             reaped = self._run_script("reap", run_id, shard, [limit])
             to_pending, to_dead = to_pending + reaped.to_pending, to_dead + reaped.to_dead
         return to_pending, to_dead
+
+    def cut_leases(self, run_id: str, shard: int, owner: str, limit: int = DEFAULT_SWEEP) -> Cut:
+        """Ends now every lease ``owner`` holds in one shard (its worker stopped beating);
+        the next claim takes their items over. Returns how many, and when.
+
+        Raises:
+            NotFound: the run does not exist.
+        """
+        check_positive(limit, "limit", SWEEP_MAX)
+        check_id(owner, "owner")
+        self.shard_count(run_id)  # NotFound for a run that is gone
+        cut: Cut = self._run_script("cut_leases", run_id, shard, [owner, limit])
+        return cut
 
     def requeue(self, run_id: str, item_ids: Sequence[str] = (), limit: int = DEFAULT_SWEEP) -> int:
         """Moves dead items (named, or up to ``limit`` per shard) back to pending."""

@@ -77,6 +77,10 @@ class StoreBase:
             raise
         return cls(client, prefix=prefix, url=url, rq_client=rq_client)
 
+    def with_prefix(self, prefix: str) -> Self:
+        """A store on the same clients under another key prefix."""
+        return type(self)(self.client, prefix=prefix, url=self.url, rq_client=self._rq)
+
     @property
     def rq(self) -> redis.Redis:
         """The Redis of RQ's queues, jobs and workers: the store's own, or on a cluster

@@ -21,13 +21,13 @@ from typing import Any
 
 from rq import get_current_job
 
-from . import capacity, dispatch
+from . import capacity, dispatch, takeover
 from .deprecation import renamed_attribute
 from .errors import InvalidInput, LeaseError, RedisLeaseError
 from .failures import REDIS_FAILURES, redis_errors
 from .job_failures import end_failure_streak, record_job_failure
 from .job_store import close_job_store, job_store
-from .jobs import check_concurrency, load_job
+from .jobs import Job, check_concurrency, load_job
 from .keeper import ActiveLease, LeaseKeeper
 from .limits import DEFAULT_PREFIX
 from .server_checks import eviction_danger
@@ -108,16 +108,17 @@ def _process(
     job = load_job(job_path)
     _log_danger(store)
     stop = threading.Event()
-    beat_key = store.keys.run_beat(run_id, rq_job.id)
     name = rq_job.worker_name
     keeper = LeaseKeeper(
         store,
         job.options.lease_ttl,
-        beat_key=beat_key,
+        beat_key=store.keys.run_beat(run_id, rq_job.id),
         stop_flag=(f"rq:worker:{name}", "shutdown_requested_date") if name else None,
     )
+    keeper.beat()  # before the job registers: registered without a beat reads as stopped
+    owner = worker_name(rq_job.id)
+    takeover.register(store, _registration(rq_job, job_path, job, run_id, shard, owner))
     keeper.on_stop_requested = stop.set
-    keeper.beat()
     restore = _drain_on_sigterm(stop)
     keeper.start()
     started = time.monotonic()
@@ -127,7 +128,7 @@ def _process(
             job,
             run_id,
             shard,
-            worker=worker_name(rq_job.id),
+            worker=owner,
             budget=job.options.shard_budget,
             stop=stop,
             keeper=keeper,
@@ -156,6 +157,24 @@ def _process(
     }
 
 
+def _registration(
+    rq_job: Any, job_path: str, job: Job, run_id: str, shard: int, owner: str
+) -> takeover.ShardJob:
+    """What the shard job registers: who runs it, and what a replacement would run."""
+    return takeover.ShardJob(
+        rq_id=rq_job.id,
+        run_id=run_id,
+        shard=shard,
+        worker=str(rq_job.worker_name or ""),
+        owner=owner,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        path=job_path,
+        queue=job.options.queue,
+        budget=job.options.shard_budget,
+    )
+
+
 def _record_failure(store: LeaseStore, run_id: str, shard: int, error: Exception) -> None:
     """Counts the failed shard job on its run, with its error (best effort: logged otherwise)."""
     try:
@@ -178,16 +197,19 @@ def _record_pass(store: LeaseStore, run_id: str, report: ShardReport, busy: floa
 
 
 def _forget_job(store: LeaseStore, run_id: str, rq_id: str, ended: bool) -> None:
-    """Removes the job's heartbeat and its entries among the run's jobs (one round trip).
+    """Unregisters the job, then removes its heartbeat and its entries among the run's
+    jobs (two round trips: the registration goes first, so no watcher ever sees it
+    without a beat and takes the ended job for stopped).
 
     A job that ``ended`` normally also ends the run's streak of failed shard jobs
     and its dispatch back-off, in one script
     (:func:`~redis_lease.job_failures.end_failure_streak`). Best effort: when Redis is
-    gone, the heartbeat expires by itself and the tick forgets the entry of a
-    job that is not live.
+    gone, the heartbeat expires by itself, and a watcher takes over whatever the job
+    still held.
     """
     try:
         with redis_errors(store.url, run_id=run_id):
+            store.client.hdel(store.keys.shard_jobs, rq_id)
             pipe = store.client.pipeline(transaction=False)
             pipe.delete(store.keys.run_beat(run_id, rq_id))
             pipe.hdel(store.keys.run_jobs(run_id), rq_id)

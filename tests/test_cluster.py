@@ -30,6 +30,7 @@ from redis_lease.locks import lock
 from redis_lease.runs import Runs
 from redis_lease.scripts import KEY_COUNTS, observe
 from redis_lease.server_checks import eviction_danger
+from redis_lease.watch import beat_worker
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, REPO, Processes, all_records, drive, fleet_env
 from tests.redis_cluster import ClusterServers
@@ -81,6 +82,8 @@ def test_every_script_touches_one_hash_slot(
     store.requeue("r", [batch[1].item_id])
     store.claim_next("r", "w2", limit=3, ttl=0.001)
     store.reap("r")
+    store.cut_leases("r", 0, "w1")
+    beat_worker(store, "worker-1", "")
     store.status("r")
     store.scripts.call("shard_status", store.keys.shard("r", 1), [])  # the protocol's own read
     store.set_closed("r", True)

@@ -101,6 +101,8 @@ class Scene:
             "fail": (self.logged, [*holder, "boom", "0", "0.5", TRACE]),
             "release": (self.logged, [*holder, 1000, TRACE]),
             "reap": (self.logged, [100]),
+            "cut_leases": (self.shard, ["w1", 100]),
+            "worker_beat": (self.store.keys.workers, ["w1", '{"pid": 1}', 60000]),
             "requeue": (self.shard, [100, "c"]),
             "close_shard": (self.shard, ["1", 0]),
             "shard_status": (self.shard, []),

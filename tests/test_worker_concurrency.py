@@ -681,7 +681,8 @@ def test_an_item_whose_lease_is_lost_while_waiting_for_a_slot_is_not_started(
     finally:
         keeper.close()
     assert len(started) == 2
-    assert (report.committed, report.handled, report.stale) == (2, 2, 0), report
+    # The skipped item's lease was lost to another holder: counted stale, never started.
+    assert (report.committed, report.handled, report.stale) == (2, 2, 1), report
     [skipped] = {"i0", "i1", "i2"} - set(started)
     assert store.item("skip", skipped).state == "pending"
     assert not keeper.held

@@ -183,7 +183,7 @@ export class LeaseClient {
    * @param {{ttlMs?: number, worker?: string, traceId?: string}} [options]
    * @returns {Promise<Lease>} throws NotClaimable, NotFound, RunClosed, InvalidInput
    */
-  async claim(run, item, { ttlMs = 600000, worker = 'node', traceId } = {}) {
+  async claim(run, item, { ttlMs = 60000, worker = 'node', traceId } = {}) {
     const shard = shardOf(item, await this.shardCount(run));
     const row = await this.call('claim', run, shard, [item, worker, hexId(), ttlMs], { item });
     return grant(run, shard, worker, traceId ?? newTraceId(), /** @type {unknown[]} */ (row));
@@ -197,7 +197,7 @@ export class LeaseClient {
    * @param {{ttlMs?: number, worker?: string, limit?: number, traceId?: string}} [options]
    * @returns {Promise<Lease[]>} throws RunClosed, NotFound (no such run), InvalidInput
    */
-  async claimNext(run, shard, { ttlMs = 600000, worker = 'node', limit = 1, traceId } = {}) {
+  async claimNext(run, shard, { ttlMs = 60000, worker = 'node', limit = 1, traceId } = {}) {
     const count = await this.shardCount(run);
     if (!Number.isInteger(shard) || shard < 0 || shard >= count) {
       throw new InvalidInput(

@@ -5,7 +5,7 @@
 // JSON lines for tests/faults/checker.py.
 //
 //   node worker.js --run RUN [--url redis://127.0.0.1:6379/0] [--prefix rl] [--shards 0,2]
-//     [--worker NAME] [--ttl-ms 600000] [--batch 10] [--handle-ms 0] [--timeout-s 300]
+//     [--worker NAME] [--ttl-ms 60000] [--batch 10] [--handle-ms 0] [--timeout-s 300]
 
 import { parseArgs } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -19,7 +19,7 @@ const OPTIONS = {
   run: { type: 'string' },
   shards: { type: 'string' },
   worker: { type: 'string', default: `node-${process.pid}` },
-  'ttl-ms': { type: 'string', default: '600000' },
+  'ttl-ms': { type: 'string', default: '60000' },
   batch: { type: 'string', default: '10' },
   'handle-ms': { type: 'string', default: '0' },
   'timeout-s': { type: 'string', default: '300' },

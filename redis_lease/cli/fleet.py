@@ -184,7 +184,8 @@ def worker(
     """Start an RQ worker set up for redis-lease shard jobs (JSON serializer).
 
     Prints one line at start, one per shard job (its run, shard, items committed
-    and failed, seconds) and one on SIGTERM. With --burst it exits 8 when shard
+    and failed, leases lost, seconds), one per shard job it takes over from a worker
+    that stopped beating, and one on SIGTERM. With --burst it exits 8 when shard
     jobs it ran failed. Jobs import from the working directory, as with rq worker.
     Plain RQ works too: rq worker -u URL --serializer rq.serializers.JSONSerializer
     --job-class redis_lease.dispatch.JsonJob redis-lease
@@ -192,6 +193,7 @@ def worker(
     from rq.serializers import JSONSerializer
 
     from ..dispatch import JsonJob, LeaseWorker, SimpleLeaseWorker, queue
+    from ..watch import FleetWatch
 
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     names = queues or ["redis-lease"]
@@ -224,9 +226,20 @@ def worker(
         f"Redis {safe_url(settings.url)}"
         + (f", queues on {safe_url(settings.queue_url)}" if settings.queue_url else "")
     )
-    rq_worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
+    watch = FleetWatch(
+        store, rq_worker.name, names, say=typer.echo, prefixes=lambda: rq_worker.shard_prefixes
+    )
+    watch.start()
+    try:
+        rq_worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
+    finally:
+        watch.close()
     done, failed = rq_worker.shard_jobs, rq_worker.failed_shard_jobs
-    typer.echo(f"worker {rq_worker.name}: stopped after {done} shard jobs, {failed} failed")
+    lost = rq_worker.lost_leases
+    typer.echo(
+        f"worker {rq_worker.name}: stopped after {done} shard jobs, {failed} failed, "
+        f"{lost} leases lost to other workers"
+    )
     if burst and failed:
         error_line(
             f"{failed} of the {done} shard jobs this worker ran failed (last: "

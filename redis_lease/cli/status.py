@@ -1,4 +1,4 @@
-"""Operator views: ``status`` of a run or of every run.
+"""Operator views: ``status`` of a run or of every run; ``workers``.
 
 A run's status: counts, accounting (lost items, late commits), deadline and projected
 finish, failed shard jobs, effects by outcome, the providers' caps, its decisions and
@@ -28,6 +28,7 @@ from ..server_checks import eviction_danger
 from ..store import LeaseStore
 from ..validation import check_id
 from ..views import providers
+from ..worker_views import WorkerRow, worker_rows
 from .app import (
     JsonOpt,
     app,
@@ -191,3 +192,36 @@ def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> 
         )
     for line in dangers:
         typer.echo(f"danger: {line}")
+
+
+@app.command()
+def workers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """List the worker processes: host, pid, heartbeat age, shard jobs and leases held.
+
+    A worker whose heartbeat stopped is shown dead, with the leases taken over from
+    it (its items went back to work: docs/durability.md, "A worker dies").
+    """
+    rows = worker_rows(open_store(ctx))
+    if as_json:
+        print_json([row.to_dict() for row in rows])
+        return
+    print_table(
+        ("worker", "state", "host", "pid", "beat age s", "shard jobs", "leases held", "taken over"),
+        [_worker_row(row) for row in rows],
+        keep=("worker",),
+    )
+
+
+def _worker_row(row: WorkerRow) -> list[Any]:
+    jobs = ", ".join(f"{job['run']}#{job['shard']}" for job in row.shard_jobs)
+    taken = ", ".join(f"{t['leases']} of {t['run']}#{t['shard']}" for t in row.taken_over)
+    return [
+        row.name,
+        row.state,
+        row.host or None,
+        row.pid,
+        None if row.beat_age_s is None else f"{row.beat_age_s:.1f}",
+        jobs or None,
+        row.leases_held,
+        f"{row.leases_taken_over} leases ({taken})" if row.taken_over else None,
+    ]

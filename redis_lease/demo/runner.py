@@ -121,11 +121,13 @@ def start_workers(
     env: dict[str, str],
     logs: Path,
     queue_url: str | None = None,
+    prefix: str | None = None,
 ) -> Fleet:
     """Starts ``count`` ``redis-lease worker`` processes on ``queue`` (on ``queue_url``'s
-    Redis when given)."""
+    Redis when given), watching the runs under ``prefix`` for stopped shard jobs."""
     fleet = Fleet()
     urls = ["--url", url, *(["--queue-url", queue_url] if queue_url else [])]
+    urls += ["--prefix", prefix] if prefix else []
     for n in range(count):
         log = (logs / f"worker-{n}.log").open("wb")
         fleet.logs.append(log)
@@ -230,7 +232,13 @@ def run_demo(
         runs = Runs(store)
         run_id, _ = runs.ensure(job, runs.server_now().date(), runs.server_now())
         fleet = start_workers(
-            backend.url, queue, config.workers, env, Path(logs), queue_url=config.queue_url
+            backend.url,
+            queue,
+            config.workers,
+            env,
+            Path(logs),
+            queue_url=config.queue_url,
+            prefix=prefix,
         )
         try:
             state = _drive(

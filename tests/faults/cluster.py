@@ -287,8 +287,10 @@ class Cluster:
         """The global options naming the workers' Redis: the proxy, or the cluster and
         RQ's server."""
         if self.redis_cluster is None:
-            return ["--url", self.proxy.url]
-        return ["--url", self.redis_cluster.url, "--queue-url", self.server.url]
+            return ["--url", self.proxy.url, "--prefix", self.prefix]
+        return [
+            "--url", self.redis_cluster.url, "--queue-url", self.server.url, "--prefix", self.prefix
+        ]  # fmt: skip
 
     def start_worker(self, clock: str = "") -> int:
         """Starts one more worker (on a clock skewed by ``clock``); returns its index."""
