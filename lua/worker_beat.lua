@@ -1,6 +1,7 @@
 -- worker_beat: a worker process says it is alive: its record, and its beat at the server's
 -- time (so every reader judges every worker by one clock). Workers silent longer than the
--- retention are forgotten, record and beat, a few per call.
+-- retention are forgotten, record and beat, a few per call; both keys expire a retention
+-- after the last beat of any worker.
 --
 -- KEYS[1] workers: hash, worker name -> its record (JSON); <prefix>:{workers}
 -- KEYS[2] seen: zset, worker name -> its last beat (ms); KEYS[1] followed by :seen
@@ -30,6 +31,8 @@ local function main()
   end
   rcall('ZADD', KEYS[2], now, name)
   if record ~= '' then rcall('HSET', KEYS[1], name, record) end
+  rcall('PEXPIRE', KEYS[2], retention)
+  if rcall('EXISTS', KEYS[1]) == 1 then rcall('PEXPIRE', KEYS[1], retention) end
   return {now, #old}
 end
 

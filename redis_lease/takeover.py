@@ -221,6 +221,7 @@ def _record(store: LeaseStore, done: Takeover, why: str) -> None:
             pipe = store.client.pipeline(transaction=False)
             pipe.lpush(store.keys.takeovers, json.dumps(entry, separators=(",", ":")))
             pipe.ltrim(store.keys.takeovers, 0, TAKEOVER_LOG - 1)
+            pipe.pexpire(store.keys.takeovers, KEPT_MS)
             pipe.execute()
     except RedisLeaseError as error:
         log.warning("could not record the takeover of run %r: %s", job.run_id, error)
