@@ -10,6 +10,7 @@ POST is refused (403) and no page shows a button; every form carries a CSRF toke
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import secrets
 from collections.abc import Callable, Collection
@@ -27,6 +28,7 @@ from .pages import pages
 from .rq_actions import rq_actions
 from .rq_views import rq_views
 from .security import LOOPBACK_HOSTS, HttpsAwareSessions, host_check, security_headers
+from .unreadable import unreadable
 
 #: Methods that change nothing: allowed when read-only, and without a CSRF token.
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -74,12 +76,19 @@ def create_app(
         app.before_request(_refuse_writes)
     CSRFProtect(app)
     app.after_request(security_headers)
+    app.add_template_filter(json_text, "json_text")
     app.register_blueprint(pages)
     app.register_blueprint(rq_views)
     app.register_blueprint(rq_actions)
     _add_probes(app, store)
     _add_error_pages(app)
     return app
+
+
+def json_text(value: object) -> str:
+    """A JSON value as text for a page (autoescape makes it safe): readable, not escaped
+    for a script as ``tojson`` is (which would show ``<`` as ``\\u003c``)."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 def _authenticator(auth: tuple[str, str] | None) -> Callable[[], flask.Response | None]:
@@ -119,7 +128,8 @@ def _add_probes(app: flask.Flask, store: LeaseStore) -> None:
     """``/healthz`` (Redis answers) and ``/metrics`` (the store's Prometheus metrics).
 
     ``/healthz`` needs no login, so it says ``ok`` or ``redis unavailable`` and no more:
-    which Redis, and why, goes to the log.
+    which Redis, and why, goes to the log. ``/metrics`` is a 503 with one line when a
+    value in Redis cannot be read (bytes that are not UTF-8 where a run id should be).
     """
     registry = CollectorRegistry()
     registry.register(LeaseCollector(store))
@@ -136,7 +146,14 @@ def _add_probes(app: flask.Flask, store: LeaseStore) -> None:
 
     @app.get("/metrics")
     def metrics() -> flask.Response:
-        return flask.Response(generate_latest(registry), 200, content_type=CONTENT_TYPE_LATEST)
+        try:
+            body = generate_latest(registry)
+        except ValueError as error:  # a value in Redis the collector cannot read
+            reason = unreadable("the metrics", error).reason
+            log.warning("metrics: a value in Redis cannot be read: %s", reason)
+            text = f"metrics cannot be read: a value in Redis: {reason}\n"
+            return flask.Response(text, 503, mimetype="text/plain")
+        return flask.Response(body, 200, content_type=CONTENT_TYPE_LATEST)
 
 
 def _add_error_pages(app: flask.Flask) -> None:

@@ -44,11 +44,12 @@ def _setup(state: BlueprintSetupState) -> None:
 
 
 def linkable(name: str, raw: bytes) -> bool:
-    """Whether a URL can name this queue: UTF-8 text, and not a path's ``.`` or ``..``.
+    """Whether a URL can name this queue: UTF-8 text, and not a path's ``.`` or ``..``
+    (its ``/`` are written ``~``, so it is one path segment).
 
     (A job is linked when its id is one RQ accepts: :func:`.rq_data.is_job_id`.)
     """
-    return rq_data.is_text(raw) and all(part not in ("", ".", "..") for part in name.split("/"))
+    return rq_data.is_text(raw) and name not in (".", "..")
 
 
 def here() -> str:
