@@ -17,6 +17,7 @@ import json
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
 
 import redis
@@ -204,12 +205,24 @@ def _worker(client: redis.Redis, name: bytes, job_id: bytes, state: str) -> None
 # -- looking ---------------------------------------------------------------------------
 
 
-def snapshot(client: redis.Redis) -> dict[bytes, tuple[bytes, bytes | None, int]]:
-    """Every key of the (private) Redis: its type, its serialized value and its TTL state."""
+def snapshot(client: redis.Redis) -> dict[bytes, tuple[bytes, Any, bool]]:
+    """Every key of the (private) Redis: its type, its value and whether it expires.
+
+    Values are read, not DUMPed: a hash or set stored as a hash table may change its
+    order (so its DUMP) on reads alone, while Redis finishes a resize.
+    """
+    readers: dict[bytes, Callable[[bytes], Any]] = {
+        b"string": client.get,
+        b"list": lambda key: client.lrange(key, 0, -1),
+        b"hash": lambda key: sorted(client.hgetall(key).items()),
+        b"set": lambda key: sorted(client.smembers(key)),
+        b"zset": lambda key: client.zrange(key, 0, -1, withscores=True),
+        b"stream": lambda key: client.xrange(key),
+    }
     found = {}
     for key in client.scan_iter(count=1000):
-        kept = client.ttl(key)
-        found[key] = (client.type(key), client.dump(key), -1 if kept == -1 else 0)
+        kind = client.type(key)
+        found[key] = (kind, readers[kind](key), client.ttl(key) != -1)
     return found
 
 
@@ -241,6 +254,8 @@ def crawl(
 
 def fields_shown(text: str, world: HostileWorld) -> set[str]:
     """The hostile fields whose marker ``text`` (a page's text, or JSON) holds."""
-    plain = json.loads(text) if text.startswith(("{", "[")) else None
-    haystack = json.dumps(plain, ensure_ascii=False) if plain is not None else text
+    try:
+        haystack = json.dumps(json.loads(text), ensure_ascii=False)
+    except ValueError:
+        haystack = text
     return {name for name in world.shown if marker(name) in haystack}
