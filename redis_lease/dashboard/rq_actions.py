@@ -51,17 +51,22 @@ def _rq_job(conn: redis.Redis, job_id: str) -> Job | None:
         return None
 
 
-_UNREADABLE = "RQ cannot read it (see its page): left as it is"
+def _job_to_change(conn: redis.Redis, job_id: str) -> Job | None:
+    """The job as RQ reads it; NotFound (404) when it is not in Redis; None, said on the
+    page, when RQ cannot read it."""
+    known_job(conn, job_id)
+    job = _rq_job(conn, job_id)
+    if job is None:
+        flash(f"job {job_id}: RQ cannot read it (see its page): left as it is", "error")
+    return job
 
 
 @rq_actions.post("/job/<path:job_id>/requeue")
 def requeue_job(job_id: str) -> Response:
     """Moves a failed job back to its queue."""
     with reading() as conn:
-        known_job(conn, job_id)
-        job = _rq_job(conn, job_id)
+        job = _job_to_change(conn, job_id)
         if job is None:
-            flash(f"job {job_id}: {_UNREADABLE}", "error")
             return back_to()
         try:
             job.requeue()
@@ -76,11 +81,8 @@ def requeue_job(job_id: str) -> Response:
 def delete_job(job_id: str) -> Response:
     """Deletes a job: its hash, its results, its place in its queue and registries."""
     with reading() as conn:
-        known_job(conn, job_id)
-        job = _rq_job(conn, job_id)
-        if job is None:
-            flash(f"job {job_id}: {_UNREADABLE}", "error")
-        else:
+        job = _job_to_change(conn, job_id)
+        if job is not None:
             job.delete()
             flash(f"job {job_id} deleted", "ok")
     return back_to()
