@@ -12,7 +12,7 @@ from flask import current_app
 from ..errors import NotFound
 from ..store import LeaseStore
 from ..urls import safe_url
-from . import rq_data
+from . import rq_data, rq_jobs
 
 #: Where the RQ views are mounted.
 RQ_PREFIX = "/rq"
@@ -60,9 +60,9 @@ def known_queue(conn: redis.Redis, name: str) -> rq_data.QueueCounts:
     return found
 
 
-def known_job(conn: redis.Redis, job_id: str) -> rq_data.RqJob:
+def known_job(conn: redis.Redis, job_id: str) -> rq_jobs.RqJob:
     """The job ``job_id``; NotFound (404) when it is not in Redis."""
-    job = rq_data.read_job(conn, job_id)
+    job = rq_jobs.read_job(conn, job_id)
     if job is None:
         raise NotFound(f"no RQ job {job_id!r}: it has expired or was deleted, or never was")
     return job

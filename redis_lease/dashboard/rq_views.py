@@ -20,7 +20,7 @@ from flask import Blueprint, render_template, request, url_for
 from flask.blueprints import BlueprintSetupState
 
 from ..errors import InvalidInput
-from . import rq_data
+from . import rq_data, rq_jobs, rq_workers
 from .ids import CONVERTER, IdConverter
 from .rq_source import RQ_PREFIX, known_job, known_queue, known_registry, location, reading
 
@@ -91,11 +91,11 @@ def queues_json() -> flask.Response:
     return _json({"queues": rows})
 
 
-def _current_jobs(conn: redis.Redis, workers: list[rq_data.RqWorker]) -> list[Any]:
+def _current_jobs(conn: redis.Redis, workers: list[rq_workers.RqWorker]) -> list[Any]:
     """Each worker's current job (None when idle or gone), read in one round trip."""
     ids = [w.current_job.encode() for w in workers]
     busy = [n for n, job_id in enumerate(ids) if job_id]
-    read = rq_data.read_jobs(conn, [ids[n] for n in busy])
+    read = rq_jobs.read_jobs(conn, [ids[n] for n in busy])
     current: list[Any] = [None] * len(workers)
     for n, job in zip(busy, read, strict=True):
         current[n] = job
@@ -106,7 +106,7 @@ def _current_jobs(conn: redis.Redis, workers: list[rq_data.RqWorker]) -> list[An
 def workers_page() -> str:
     """Every RQ worker: its state, queues and current job."""
     with reading() as conn:
-        found = rq_data.workers(conn)
+        found = rq_workers.workers(conn)
         current = _current_jobs(conn, found)
     return render_template(
         "rq/workers.html", workers=list(zip(found, current, strict=True)), location=location()
@@ -117,7 +117,7 @@ def workers_page() -> str:
 def workers_json() -> flask.Response:
     """Every RQ worker, as rq-dashboard's JSON named its fields."""
     with reading() as conn:
-        found = rq_data.workers(conn)
+        found = rq_workers.workers(conn)
         current = _current_jobs(conn, found)
     return _json({"workers": [w.to_dict(j) for w, j in zip(found, current, strict=True)]})
 
@@ -134,7 +134,7 @@ class JobsPage:
     page: int
     per_page: int
     order: str
-    rows: list[tuple[bytes, rq_data.RqJob | None]]
+    rows: list[tuple[bytes, rq_jobs.RqJob | None]]
 
     @property
     def total(self) -> int | None:
@@ -170,7 +170,7 @@ def _jobs_page(queue: str, registry: str, **path: Any) -> JobsPage:
             conn, queue.encode(), registry, start, per_page, ORDERS[order]
         )
         ids = [rq_data.job_id_of(member, registry) for member in found_members]
-        jobs = rq_data.read_jobs(conn, ids)
+        jobs = rq_jobs.read_jobs(conn, ids)
     return JobsPage(found, registry, page, per_page, order, list(zip(ids, jobs, strict=True)))
 
 
