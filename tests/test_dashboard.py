@@ -148,7 +148,9 @@ def test_runs_page_pages_through_the_runs(
     second = page(client, link(first, "older"))
     assert [r.attrs["data-run"] for r in rows_with(second, "data-run")] == newest_first[2:]
     assert not [a for a in second.all("a") if a.text == "older"]
-    assert "not a page number" in page(client, "/?page=0", 400).one(id="error-message").text
+    for bad in ("0", "x", "%C2%B2"):  # the last a superscript two: a digit, not a number
+        message = page(client, f"/?page={bad}", 400).one(id="error-message").text
+        assert "not a page number" in message, bad
 
 
 # -- the run page ------------------------------------------------------------------------

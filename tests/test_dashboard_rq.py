@@ -9,6 +9,7 @@ note, never a failed page.
 from __future__ import annotations
 
 import json
+import zlib
 from datetime import timedelta
 
 import pytest
@@ -20,6 +21,7 @@ from rq.worker import BaseWorker
 
 from redis_lease import LeaseStore, dispatch
 from redis_lease.dashboard import create_app
+from redis_lease.dashboard.rq_jobs import INFLATED_MAX
 from redis_lease.dispatch import JsonJob
 from tests.dashboard_pages import link, page, parse, rows_with
 from tests.fleet_helpers import Processes, assert_json_job, wait_for
@@ -106,7 +108,7 @@ def test_a_jobs_page_pages_through_a_queue_both_ways(
     }
     legacy = client.get(f"/rq/0/data/jobs/{queue_name}/queued/8/dsc/1.json").get_json()
     assert [j["id"] for j in legacy["jobs"]] == order[::-1][:8]
-    for bad in ("?page=0", "?page=x", "?per_page=1000", "?order=random"):
+    for bad in ("?page=0", "?page=x", "?page=%C2%B2", "?per_page=1000", "?order=random"):
         message = page(client, base + bad, 400).one(id="error-message").text
         assert "is not" in message, bad
 
@@ -291,3 +293,22 @@ def test_a_burst_workers_finished_job_is_listed_with_its_result(
         {},
     ]
     assert not view.has("button", data_action="requeue")  # not failed
+
+
+def test_a_compressed_value_is_inflated_to_a_megabyte_at_most(
+    real_store: LeaseStore, client: FlaskClient, queue_name: str, prefix: str
+) -> None:
+    job_id = f"{prefix}-bomb"
+    bomb = zlib.compress(b"x" * (64 << 20))  # 64 MiB in about 64 KiB
+    with planted(real_store.client) as keys:
+        plant_job(
+            real_store.client,
+            keys,
+            job_id.encode(),
+            {"status": "failed", "origin": queue_name, "exc_info": bomb, "data": bomb},
+            queue=queue_name,
+        )
+        data = client.get(f"/rq/0/data/job/{job_id}.json").get_json()
+    assert len(data["exc_info"]) == INFLATED_MAX
+    assert f"its exc_info inflates past {INFLATED_MAX} bytes: cut there" in data["problems"]
+    assert f"its data inflates past {INFLATED_MAX} bytes: cut there" in data["problems"]

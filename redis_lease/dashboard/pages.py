@@ -75,7 +75,7 @@ def _read_only() -> bool:
 def runs() -> str:
     """Every run, newest first, a page at a time."""
     page = request.args.get("page", "1")
-    if not page.isdigit() or int(page) < 1:
+    if not (page.isascii() and page.isdigit()) or int(page) < 1:
         raise InvalidInput(f"page {page!r} is not a page number (1, 2, ...)")
     number = int(page)
     run_ids = _run_ids(_store())

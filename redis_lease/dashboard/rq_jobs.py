@@ -21,6 +21,9 @@ from .rq_data import is_job_id, is_text, pipeline_replies, text
 
 #: Job hash fields that hold bytes (compressed or serialized), not text.
 BINARY_FIELDS = frozenset({"data", "exc_info", "result", "meta"})
+#: The most a compressed value is inflated to for a page (a planted one could inflate to
+#: gigabytes).
+INFLATED_MAX = 1 << 20
 #: Where a job's results are: this and its id (a stream).
 _RESULTS: bytes = Result.get_key("").encode()  # type: ignore[no-untyped-call]
 
@@ -143,13 +146,28 @@ def _unbased(job: RqJob, what: str, value: bytes) -> bytes | None:
         return None
 
 
+def _inflated(job: RqJob, what: str, value: bytes) -> bytes:
+    """``value`` decompressed (zlib), at most :data:`INFLATED_MAX` bytes of it (a problem
+    is noted when there is more). Raises zlib.error when it is not compressed."""
+    inflater = zlib.decompressobj()
+    inflated = inflater.decompress(value, INFLATED_MAX)
+    if inflater.unconsumed_tail:
+        job.problems.append(f"its {what} inflates past {INFLATED_MAX} bytes: cut there")
+    return inflated
+
+
 def _unzipped(job: RqJob, what: str, value: bytes) -> str:
     """A zlib-compressed text, or the stored bytes as text when they are not compressed."""
     with contextlib.suppress(zlib.error):  # else stored as it is
-        value = zlib.decompress(value)
+        value = _inflated(job, what, value)
     if not is_text(value):
         job.problems.append(f"its {what} is not UTF-8 text")
     return text(value)
+
+
+def _no_constant(name: str) -> None:
+    """NaN and Infinity are not JSON (Python reads them; a JSON reader would not)."""
+    raise ValueError(f"{name} is not JSON")
 
 
 def _decoded(job: RqJob, what: str, value: bytes | None, *, compressed: bool) -> Any:
@@ -159,12 +177,12 @@ def _decoded(job: RqJob, what: str, value: bytes | None, *, compressed: bool) ->
         return None
     if compressed:
         try:
-            value = zlib.decompress(value)
+            value = _inflated(job, what, value)
         except zlib.error:
             job.problems.append(f"its {what} is not zlib-compressed: cannot be read")
             return None
     try:
-        return json.loads(value)
+        return json.loads(value, parse_constant=_no_constant)
     except ValueError:
         kind = "pickled" if value[:1] == b"\x80" else "not JSON"
         job.problems.append(f"its {what} is {kind}: cannot be read (never unpickled)")

@@ -1,7 +1,8 @@
 """RQ's queues, jobs and workers under ``/rq``: pages rendered on the server, and their JSON.
 
-Every value comes from :mod:`.rq_data` (read tolerantly, shown as text by the templates'
-autoescape; a job that cannot be read is a row with a note). The URLs are those
+Every value comes from :mod:`.rq_data`, :mod:`.rq_jobs` and :mod:`.rq_workers` (read
+tolerantly, shown as text by the templates' autoescape; a job that cannot be read is a row
+with a note). The URLs are those
 rq-dashboard used: ``/rq/``, ``/rq/0/view/queues``, ``/rq/0/view/workers``,
 ``/rq/0/view/jobs/QUEUE/REGISTRY`` (``?page=N&per_page=N&order=asc|dsc``, or rq-dashboard's
 ``/PER_PAGE/ORDER/PAGE``), ``/rq/0/view/job/ID``, and under ``/rq/0/data/`` the same as
@@ -149,7 +150,7 @@ class JobsPage:
 
 def _number(value: str | int, what: str, low: int, high: int) -> int:
     text = str(value)
-    if not text.isdigit() or not low <= int(text) <= high:
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
         raise InvalidInput(f"{what} {text[:40]!r} is not a number from {low} to {high}")
     return int(text)
 
