@@ -44,11 +44,12 @@ def create_app(
     secret_key: str | None = None,
     hosts: Collection[str] | None = LOOPBACK_HOSTS,
 ) -> flask.Flask:
-    """The dashboard of ``store``'s runs.
+    """The dashboard of ``store``'s runs, and of its RQ queues, jobs and workers.
 
     Args:
-        store: where the runs are.
-        read_only: no requeue or resume buttons; every POST is refused (403).
+        store: where the runs are (and, through ``store.rq``, RQ's data).
+        read_only: no buttons (requeue, resume, the RQ pages' actions); every POST is
+            refused (403).
         auth: (user, password) asked of every request but ``/healthz``; None for none.
         secret_key: signs the session (flash messages, CSRF tokens); random when None,
             so tokens last as long as the process.
