@@ -2,9 +2,10 @@
 Playwright, against ``redis-lease dashboard`` serving a fleet's runs on a private Redis.
 
 Every page's numbers are checked against ``redis-lease status --json`` (and the library);
-a requeue clicked in the browser makes a dead item pending; rq-dashboard's workers view
-answers while a worker is busy; a read-only dashboard offers no buttons; a dashboard with
-a password asks for it; no page breaks its Content-Security-Policy. The tests run in any
+a requeue clicked in the browser makes a dead item pending; the RQ workers page shows a
+busy worker and links its job; a read-only dashboard offers no buttons; a dashboard with
+a password asks for it; no page breaks its Content-Security-Policy. Hostile values are
+tests/test_browser_hostile.py's. The tests run in any
 order: the requeue takes the last dead item, which no other test looks at, and the
 resume reopens a partial run of its own. Screenshots of the pages go to
 ``$REDIS_LEASE_ARTIFACTS`` (else tests/artifacts/); with ``REDIS_LEASE_UPDATE_SCREENSHOTS=1``
@@ -320,10 +321,10 @@ def test_requeue_clicked_in_the_browser_makes_a_dead_item_pending(
     screenshot(page, "dashboard-requeued")
 
 
-# -- rq-dashboard, health and metrics -------------------------------------------------
+# -- RQ, health and metrics --------------------------------------------------------------
 
 
-def test_rq_dashboard_lists_queues_and_the_busy_worker(
+def test_rq_pages_list_queues_and_the_busy_worker(
     page: Page, dashboard: Dashboard, world: World, held: str
 ) -> None:
     response = page.goto(f"{dashboard.url}rq/")
@@ -332,18 +333,22 @@ def test_rq_dashboard_lists_queues_and_the_busy_worker(
     queues.first.wait_for()
     names = {queues.nth(n).locator("td").first.inner_text().strip() for n in range(queues.count())}
     assert {jobs.settlement.options.queue, jobs.hold.options.queue} <= names
-    page.get_by_role("link", name="Workers").click()
+    page.get_by_role("link", name="RQ workers", exact=True).click()
     busy = page.locator("table#workers tr[data-role=worker]", has_text=jobs.hold.options.queue)
     busy.wait_for()
     assert busy.locator("a").count() == 1, "the busy worker's current job is linked"
+    screenshot(page, "dashboard-rq-workers")
     answer = page.request.get(f"{dashboard.url}rq/0/data/workers.json")
     assert answer.status == 200
     workers = [w for w in answer.json()["workers"] if jobs.hold.options.queue in w["queues"]]
     assert len(workers) == 1
     current = workers[0]["current_job"]
     assert isinstance(current, dict), f"the worker looks idle: {workers[0]}"
+    busy.locator("a").click()
+    page.locator("#summary").wait_for()
+    assert page.locator('#summary [data-field="status"]').inner_text() == "started"
+    assert page.locator("h1").inner_text() == f"RQ job {current['job_id']}"
     assert world.store.status(held).counts["leased"] == 1, "still held while the page looked"
-    screenshot(page, "dashboard-rq-workers")
 
 
 def test_health_and_metrics(page: Page, dashboard: Dashboard, world: World) -> None:
@@ -391,7 +396,9 @@ def test_a_read_only_dashboard_offers_no_buttons_and_refuses_posts(
         refused = page.request.post(path, max_redirects=0)
         assert refused.status == 403, (path, refused.status)
     requeue_all = page.request.get(f"{read_only.url}rq/requeue/{jobs.settlement.options.queue}")
-    assert requeue_all.status == 403  # rq-dashboard answers GET there too
+    assert requeue_all.status == 405  # POST only
+    assert page.goto(f"{read_only.url}rq/") is not None
+    assert page.locator("form").count() == 0
     assert cli_json(world.redis_url, PREFIX, "inspect", run, item)["state"] == "dead"
     assert status(world, run)["state"] == "partial"
 

@@ -226,7 +226,7 @@ def test_the_dashboard_shows_a_cluster_run_and_rq_from_the_queue_url(
         assert page.status_code == 200, page.data[:500]
         assert store.status("r").counts["done"] == 1
         assert "i0" in client.get("/runs/r/items/i0").get_data(as_text=True)
-        listed = client.get("/rq/0/data/queues.json")  # rq-dashboard reads RQ's Redis
+        listed = client.get("/rq/0/data/queues.json")  # the /rq views read RQ's Redis
         assert listed.status_code == 200
         assert name in {q["name"] for q in listed.get_json()["queues"]}
         shown = client.get(f"/rq/0/data/job/{job.id}.json").get_json()

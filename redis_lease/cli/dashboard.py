@@ -56,7 +56,7 @@ def dashboard(
     ] = None,
 ) -> None:
     """Serve the web dashboard: runs, their items, requeue and resume; RQ's under /rq."""
-    # Flask, rq-dashboard and waitress load only for this command, not for every other one.
+    # Flask and waitress load only for this command, not for every other one.
     from ..dashboard import create_app, serve
     from ..dashboard.server import allowed_hosts, check_exposure
 

@@ -1,14 +1,16 @@
-"""The dashboard's Flask app: pages, rq-dashboard under ``/rq``, ``/metrics``, ``/healthz``.
+"""The dashboard's Flask app: pages, RQ's views under ``/rq``, ``/metrics``, ``/healthz``.
 
 Every request is for a Host the dashboard answers to (:mod:`.security`); every
 request but ``/healthz`` passes basic auth when it is set; with ``read_only`` every
 POST is refused (403) and no page shows a button; every form carries a CSRF token
-(Flask-WTF), checked on every POST.
+(Flask-WTF), checked on every POST. An error is a page with one line, or for a
+``.json`` URL a JSON object ``{"error": ..., "message": ...}``, with its status.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import secrets
 from collections.abc import Callable, Collection
@@ -23,8 +25,10 @@ from ..errors import InvalidInput, NotFound, RedisLeaseError, RedisUnavailable
 from ..metrics import LeaseCollector
 from ..store import LeaseStore
 from .pages import pages
-from .rq_mount import mount_rq
-from .security import LOOPBACK_HOSTS, HttpsAwareSessions, csp_nonce, host_check, security_headers
+from .rq_actions import rq_actions
+from .rq_views import rq_views
+from .security import LOOPBACK_HOSTS, HttpsAwareSessions, host_check, security_headers
+from .unreadable import unreadable
 
 #: Methods that change nothing: allowed when read-only, and without a CSRF token.
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -40,11 +44,12 @@ def create_app(
     secret_key: str | None = None,
     hosts: Collection[str] | None = LOOPBACK_HOSTS,
 ) -> flask.Flask:
-    """The dashboard of ``store``'s runs.
+    """The dashboard of ``store``'s runs, and of its RQ queues, jobs and workers.
 
     Args:
-        store: where the runs are.
-        read_only: no requeue or resume buttons; every POST is refused (403).
+        store: where the runs are (and, through ``store.rq``, RQ's data).
+        read_only: no buttons (requeue, resume, the RQ pages' actions); every POST is
+            refused (403).
         auth: (user, password) asked of every request but ``/healthz``; None for none.
         secret_key: signs the session (flash messages, CSRF tokens); random when None,
             so tokens last as long as the process.
@@ -58,8 +63,8 @@ def create_app(
         SESSION_COOKIE_NAME="redis_lease_dashboard",
         REDIS_LEASE_READ_ONLY=read_only,
         # A CSRF token is bound to the signed session, which is the real limit: with
-        # Flask-WTF's default of an hour, a page left open (rq-dashboard's pages poll
-        # JSON and never reload) would have its next requeue or resume refused.
+        # Flask-WTF's default of an hour, a page left open overnight would have its next
+        # requeue or resume refused.
         WTF_CSRF_TIME_LIMIT=None,
     )
     app.session_interface = HttpsAwareSessions()
@@ -72,12 +77,19 @@ def create_app(
         app.before_request(_refuse_writes)
     CSRFProtect(app)
     app.after_request(security_headers)
-    app.add_template_global(csp_nonce, "csp_nonce")
+    app.add_template_filter(json_text, "json_text")
     app.register_blueprint(pages)
-    mount_rq(app, store, read_only=read_only)
+    app.register_blueprint(rq_views)
+    app.register_blueprint(rq_actions)
     _add_probes(app, store)
     _add_error_pages(app)
     return app
+
+
+def json_text(value: object) -> str:
+    """A JSON value as text for a page (autoescape makes it safe): readable, not escaped
+    for a script as ``tojson`` is (which would show ``<`` as ``\\u003c``)."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 def _authenticator(auth: tuple[str, str] | None) -> Callable[[], flask.Response | None]:
@@ -117,7 +129,8 @@ def _add_probes(app: flask.Flask, store: LeaseStore) -> None:
     """``/healthz`` (Redis answers) and ``/metrics`` (the store's Prometheus metrics).
 
     ``/healthz`` needs no login, so it says ``ok`` or ``redis unavailable`` and no more:
-    which Redis, and why, goes to the log.
+    which Redis, and why, goes to the log. ``/metrics`` is a 503 with one line when a
+    value in Redis cannot be read (bytes that are not UTF-8 where a run id should be).
     """
     registry = CollectorRegistry()
     registry.register(LeaseCollector(store))
@@ -134,32 +147,42 @@ def _add_probes(app: flask.Flask, store: LeaseStore) -> None:
 
     @app.get("/metrics")
     def metrics() -> flask.Response:
-        return flask.Response(generate_latest(registry), 200, content_type=CONTENT_TYPE_LATEST)
+        try:
+            body = generate_latest(registry)
+        except ValueError as error:  # a value in Redis the collector cannot read
+            reason = unreadable("the metrics", error).reason
+            log.warning("metrics: a value in Redis cannot be read: %s", reason)
+            text = f"metrics cannot be read: a value in Redis: {reason}\n"
+            return flask.Response(text, 503, mimetype="text/plain")
+        return flask.Response(body, 200, content_type=CONTENT_TYPE_LATEST)
 
 
 def _add_error_pages(app: flask.Flask) -> None:
-    """Errors as a page with one clear line: 404 for what is not there, 400 for bad input."""
+    """Errors as a page with one clear line (JSON for a ``.json`` URL): 404 for what is not
+    there, 400 for bad input, 503 when Redis does not answer."""
 
-    def page(status: int, title: str, message: str) -> tuple[str, int]:
+    def page(status: int, title: str, message: str) -> tuple[str | flask.Response, int]:
+        if request.path.endswith(".json"):
+            return flask.jsonify({"error": title, "message": message}), status
         return render_template("error.html", title=title, message=message), status
 
     @app.errorhandler(NotFound)
-    def not_found(error: NotFound) -> tuple[str, int]:
+    def not_found(error: NotFound) -> tuple[str | flask.Response, int]:
         return page(404, "not found", str(error))
 
     @app.errorhandler(InvalidInput)
-    def invalid(error: InvalidInput) -> tuple[str, int]:
+    def invalid(error: InvalidInput) -> tuple[str | flask.Response, int]:
         return page(400, "bad request", str(error))
 
     @app.errorhandler(RedisUnavailable)
-    def unavailable(error: RedisUnavailable) -> tuple[str, int]:
+    def unavailable(error: RedisUnavailable) -> tuple[str | flask.Response, int]:
         return page(503, "Redis unavailable", str(error))
 
     @app.errorhandler(CSRFError)
-    def csrf(error: CSRFError) -> tuple[str, int]:
+    def csrf(error: CSRFError) -> tuple[str | flask.Response, int]:
         text = f"{error.description} Reload the page and try again."
         return page(400, "form expired or sent from elsewhere", text)
 
     @app.errorhandler(HTTPException)
-    def http(error: HTTPException) -> tuple[str, int]:
+    def http(error: HTTPException) -> tuple[str | flask.Response, int]:
         return page(error.code or 500, error.name.lower(), str(error.description))

@@ -3,21 +3,25 @@
 Every number comes from the same library reads and rows as the CLI's views
 (:mod:`redis_lease.views`, :mod:`redis_lease.run_views`); the actions make the same
 calls as ``redis-lease requeue`` and ``redis-lease resume``. Ids are in URLs as one
-path segment each (:mod:`.ids`).
+path segment each (:mod:`.ids`). A part of a page whose data cannot be read (bytes that
+are not UTF-8, a record that does not parse) is a note (:mod:`.unreadable`), and a run id
+listed in Redis that is not a valid id is a row saying so: the rest of the page shows.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from flask import Blueprint, current_app, flash, redirect, render_template, request, url_for
 from flask.blueprints import BlueprintSetupState
 from werkzeug.wrappers import Response
 
 from .. import age_history
+from ..connection import as_text
 from ..errors import InvalidInput, NotFound
-from ..job_failures import job_failures
-from ..lease import RunStatus
+from ..job_failures import JobFailures, job_failures
+from ..lease import ItemRecord, RunStatus
 from ..output import iso_time
 from ..run_views import (
     attempt_rows,
@@ -31,9 +35,10 @@ from ..run_views import (
 from ..runs import Runs
 from ..store import LeaseStore
 from ..validation import check_id
-from ..views import item_effects, items_page, providers, run_ids_since, run_statuses, unknown_items
+from ..views import Page, item_effects, items_page, providers, unknown_items
 from .charts import age_chart
 from .ids import CONVERTER, IdConverter
+from .unreadable import Unreadable, is_unreadable, readable, unreadable
 
 pages = Blueprint("pages", __name__)
 
@@ -43,6 +48,7 @@ def _setup(state: BlueprintSetupState) -> None:
     """Before the routes are added: the id converter, and ``iso_time`` for the templates."""
     state.app.url_map.converters[CONVERTER] = IdConverter
     state.app.add_template_filter(iso_time, "iso_time")
+    state.app.jinja_env.tests["unreadable"] = is_unreadable
 
 
 #: Runs per page of the runs page, dead items per page of a run page.
@@ -69,20 +75,45 @@ def _read_only() -> bool:
 def runs() -> str:
     """Every run, newest first, a page at a time."""
     page = request.args.get("page", "1")
-    if not page.isdigit() or int(page) < 1:
+    if not (page.isascii() and page.isdigit()) or int(page) < 1:
         raise InvalidInput(f"page {page!r} is not a page number (1, 2, ...)")
     number = int(page)
-    run_ids = run_ids_since(_store())
+    run_ids = _run_ids(_store())
     start = (number - 1) * RUNS_PER_PAGE
-    shown = run_ids[start : start + RUNS_PER_PAGE]
-    rows = [run_row(status) for status in run_statuses(_store(), shown)]
+    rows = [_run_row(_store(), run_id) for run_id in run_ids[start : start + RUNS_PER_PAGE]]
     return render_template(
         "runs.html",
-        rows=rows,
+        rows=[row for row in rows if row is not None],
         page=number,
         pages=max(1, -(-len(run_ids) // RUNS_PER_PAGE)),
         total=len(run_ids),
     )
+
+
+def _run_ids(store: LeaseStore) -> list[str | Unreadable]:
+    """Every run id, newest first (as :func:`redis_lease.views.run_ids_since` reads them); an
+    entry that is not a valid run id is :class:`Unreadable`, holding it as text."""
+    with store.translating_errors():
+        listed = store.client.zrevrangebyscore(store.keys.runs, "+inf", "-inf")
+    found: list[str | Unreadable] = []
+    for entry in listed:
+        try:
+            found.append(check_id(as_text(entry), "run id"))
+        except UnicodeDecodeError as error:
+            found.append(unreadable("a run id", error))
+        except InvalidInput as error:
+            found.append(Unreadable("a run id", str(error)[:300], as_text(entry)[:300]))
+    return found
+
+
+def _run_row(store: LeaseStore, run_id: str | Unreadable) -> dict[str, Any] | Unreadable | None:
+    """The runs page's row of a run (None when its record has expired meanwhile)."""
+    if isinstance(run_id, Unreadable):
+        return run_id
+    try:
+        return readable(f"run {run_id}", lambda: run_row(store.status(run_id)))
+    except NotFound:
+        return None
 
 
 def _status_by_shard(store: LeaseStore, run_id: str) -> tuple[RunStatus, list[dict[str, int]]]:
@@ -98,23 +129,39 @@ def _status_by_shard(store: LeaseStore, run_id: str) -> tuple[RunStatus, list[di
 def run(run_id: str) -> str:
     """One run: counts by shard, the age chart, decisions, failures, dead items, providers."""
     store = _store()
-    status, shards = _status_by_shard(store, run_id)
-    dead = items_page(store, run_id, "dead", DEAD_PER_PAGE, request.args.get("dead_cursor"))
+    read = readable(f"run {run_id}'s record", lambda: _status_by_shard(store, run_id))
+    status, shards = (None, []) if isinstance(read, Unreadable) else read
+    cursor = request.args.get("dead_cursor")
+    dead = readable(
+        "its dead items", lambda: items_page(store, run_id, "dead", DEAD_PER_PAGE, cursor)
+    )
     return render_template(
         "run.html",
-        row=run_row(status),
+        run_id=run_id,
+        unreadable_record=read if isinstance(read, Unreadable) else None,
+        row=None if status is None else run_row(status),
         status=status,
         shards=shards,
-        chart=age_chart(age_history.read(store, run_id)),
-        decisions=decision_rows(store, run_id),
-        failures=job_failures(status.info),
-        dead=list(zip(dead.records, dead.times_ms, strict=True)),
-        dead_cursor=dead.next_cursor,
-        providers=provider_rows(providers(store)),
-        can_resume=status.state in ("partial", "failed") and not _read_only(),
-        resume_hours=_resume_hours(status),
+        chart=readable("its age history", lambda: age_chart(age_history.read(store, run_id))),
+        decisions=readable("its decision log", lambda: decision_rows(store, run_id)),
+        failures=None if status is None else _failures(status),
+        dead=dead if isinstance(dead, Unreadable) else _dead_rows(dead),
+        dead_cursor=None if isinstance(dead, Unreadable) else dead.next_cursor,
+        providers=readable("the provider gates", lambda: provider_rows(providers(store))),
+        can_resume=bool(status and status.state in ("partial", "failed")) and not _read_only(),
+        resume_hours="" if status is None else _resume_hours(status),
         read_only=_read_only(),
     )
+
+
+def _failures(status: RunStatus) -> JobFailures | Unreadable:
+    """The run's failed shard jobs, from its record."""
+    return readable("its failed shard jobs", lambda: job_failures(status.info))
+
+
+def _dead_rows(dead: Page) -> list[tuple[ItemRecord, int | None]]:
+    """A page of dead items as (record, when it died) rows."""
+    return list(zip(dead.records, dead.times_ms, strict=True))
 
 
 def _resume_hours(status: RunStatus) -> str:
@@ -133,13 +180,21 @@ def item(run_id: str, item_id: str) -> str:
         store.shard_count(run_id)
     except NotFound as error:
         raise Runs(store).gone(run_id) or error from None
-    record = store.item(run_id, item_id)
+    record = readable(f"item {item_id}'s record", lambda: store.item(run_id, item_id))
+    effects = readable(
+        "its effect records",
+        lambda: [(key, effect_row(rec)) for key, rec in item_effects(store, run_id, item_id)],
+    )
     return render_template(
         "item.html",
+        run_id=run_id,
+        item_id=item_id,
         record=record,
-        data=record_dict(record),
-        effects=[(key, effect_row(rec)) for key, rec in item_effects(store, run_id, item_id)],
-        attempts=attempt_rows(store, run_id, item_id, ATTEMPTS_SHOWN),
+        data=None if isinstance(record, Unreadable) else record_dict(record),
+        effects=effects,
+        attempts=readable(
+            "its attempt log", lambda: attempt_rows(store, run_id, item_id, ATTEMPTS_SHOWN)
+        ),
         read_only=_read_only(),
     )
 

@@ -5,10 +5,10 @@ security headers (a Content-Security-Policy among them) and cookies that stay on
   address (400 otherwise), so a web page whose name an attacker points at 127.0.0.1
   (DNS rebinding) cannot read it. Behind a proxy or beyond loopback there is no
   such check; a login is required there (or ``--insecure``).
-* Headers: a Content-Security-Policy (scripts and styles of this origin, the
-  dashboard's own inline ones by a per-response nonce; rq-dashboard's pages under
-  ``/rq`` also need inline scripts and styles and ``eval``, for their templates),
-  framing refused, no MIME sniffing, referrers kept on this origin.
+* Headers: a Content-Security-Policy that allows scripts and styles from this origin's
+  files only (no inline script or style, no ``eval``: every page, ``/rq`` too, is
+  rendered on the server and its one script and stylesheet are static files), framing
+  refused, no MIME sniffing, referrers kept on this origin.
 * Cookies: the session cookie (flash messages, the CSRF token) is ``Secure`` when the
   request came over HTTPS, also behind a TLS proxy that says so (X-Forwarded-Proto).
 """
@@ -16,44 +16,32 @@ security headers (a Content-Security-Policy among them) and cookies that stay on
 from __future__ import annotations
 
 import ipaddress
-import secrets
 from collections.abc import Callable, Collection
 
 import flask
-from flask import g, has_request_context, request
+from flask import has_request_context, request
 from flask.sessions import SecureCookieSessionInterface
 
 #: The names a dashboard on loopback answers to, besides its bind address.
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
-#: The blueprint whose pages need inline scripts, inline styles and eval (rq-dashboard).
-RQ_BLUEPRINT = "rq_dashboard"
-_COMMON = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; " + (
-    "base-uri 'none'; form-action 'self'; object-src 'none'"
+#: The Content-Security-Policy of every response: nothing inline, nothing evaluated.
+POLICY = "; ".join(
+    (
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    )
 )
-#: rq-dashboard's templates run inline scripts, set inline styles and compile their row
-#: templates with underscore's ``_.template`` (``new Function``); all of it from /rq.
-RQ_POLICY = f"{_COMMON}; script-src 'self' 'unsafe-inline' 'unsafe-eval'; " + (
-    "style-src 'self' 'unsafe-inline'"
-)
-
-
-def csp_nonce() -> str:
-    """This response's nonce for the dashboard's own inline ``<script>`` and ``<style>``."""
-    if "csp_nonce" not in g:
-        g.csp_nonce = secrets.token_urlsafe(18)
-    nonce: str = g.csp_nonce
-    return nonce
-
-
-def page_policy(nonce: str) -> str:
-    """The Content-Security-Policy of the dashboard's own pages."""
-    return f"{_COMMON}; script-src 'self' 'nonce-{nonce}'; style-src 'self' 'nonce-{nonce}'"
 
 
 def security_headers(response: flask.Response) -> flask.Response:
     """Adds the Content-Security-Policy and the other security headers to ``response``."""
-    policy = RQ_POLICY if request.blueprint == RQ_BLUEPRINT else page_policy(csp_nonce())
-    response.headers.setdefault("Content-Security-Policy", policy)
+    response.headers.setdefault("Content-Security-Policy", POLICY)
     response.headers.setdefault("X-Frame-Options", "DENY")
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
     response.headers.setdefault("Referrer-Policy", "same-origin")
