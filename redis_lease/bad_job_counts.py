@@ -1,13 +1,13 @@
 """The count of RQ jobs workers failed without running (see :mod:`redis_lease.bad_jobs`),
 kept in Redis for the exporter: the hash ``<prefix>:rq:bad_jobs``, one field
-``<reason>:<queue>`` per reason and queue.
+``<reason>:<queue>`` per reason and queue, made by the first bad job (a worker with no
+bad job writes nothing). The prefix is the worker's store's (``--prefix``): a job
+that cannot be read does not say whose it is.
 
 Apart from the worker's module so that the exporter reads it without importing RQ.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 from .connection import as_text
 from .store import LeaseStore
@@ -18,16 +18,6 @@ UNIMPORTABLE = "unimportable"
 REASONS = (UNREADABLE, UNIMPORTABLE)
 
 
-def start_at_zero(store: LeaseStore, queues: Iterable[str]) -> None:
-    """Makes the counts of ``queues`` exist, at 0 when new: ``increase()`` sees the first."""
-    pipe = store.client.pipeline(transaction=False)
-    for queue in queues:
-        for reason in REASONS:
-            pipe.hincrby(store.keys.bad_jobs, f"{reason}:{queue}", 0)
-    with store.translating_errors():
-        pipe.execute()
-
-
 def count(store: LeaseStore, queue: str, reason: str) -> None:
     """Counts one bad job of ``queue`` failed for ``reason``."""
     with store.translating_errors():
@@ -35,14 +25,16 @@ def count(store: LeaseStore, queue: str, reason: str) -> None:
 
 
 def read(store: LeaseStore) -> dict[tuple[str, str], int]:
-    """Every count, by ``(queue, reason)``."""
+    """Every count, by ``(queue, reason)``: each reason of each queue counted at all (0 for
+    the reasons it has none of), so that ``increase()`` sees the first of each."""
     with store.translating_errors():
         raw = store.client.hgetall(store.keys.bad_jobs)
     counts = {}
     for field, value in raw.items():
         reason, _, queue = as_text(field).partition(":")
+        counts.update({(queue, other): 0 for other in REASONS if (queue, other) not in counts})
         counts[(queue, reason)] = int(value)
     return counts
 
 
-__all__ = ["REASONS", "UNIMPORTABLE", "UNREADABLE", "count", "read", "start_at_zero"]
+__all__ = ["REASONS", "UNIMPORTABLE", "UNREADABLE", "count", "read"]

@@ -135,12 +135,6 @@ class BadJobGuard(BaseWorker):
     #: Bad jobs this worker failed.
     bad_jobs = 0
 
-    def register_birth(self) -> None:
-        """Registers the worker as RQ does, then starts its queues' bad-job counts at 0."""
-        super().register_birth()  # type: ignore[no-untyped-call]
-        if self.bad_job_store is not None:
-            bad_job_counts.start_at_zero(self.bad_job_store, self.queue_names())
-
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[RQJob, Queue] | None:

@@ -181,8 +181,8 @@ def _times(status: RunStatus, max_workers: int | None) -> dict[str, float]:
 
 
 def _bad_jobs(store: LeaseStore) -> Metric:
-    """RQ jobs workers failed without running, by queue and reason (from 0 for the queues
-    of every ``redis-lease worker`` started)."""
+    """RQ jobs workers failed without running, by queue and reason (every reason of a
+    queue that had one)."""
     family = CounterMetricFamily(
         "redis_lease_bad_jobs",
         "RQ jobs a worker failed without running: RQ could not read their hash or data (a "

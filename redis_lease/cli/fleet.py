@@ -184,8 +184,10 @@ def worker(
     """Start an RQ worker set up for redis-lease shard jobs (JSON serializer).
 
     Prints one line at start, one per shard job (its run, shard, items committed
-    and failed, seconds) and one on SIGTERM. With --burst it exits 8 when shard
-    jobs it ran failed. Jobs import from the working directory, as with rq worker.
+    and failed, seconds) and one on SIGTERM. A job it cannot run (unreadable, e.g.
+    pickled, or its function does not import) fails alone with one line and the
+    worker goes on. With --burst it exits 8 when shard jobs it ran failed or jobs it
+    took could not run. Jobs import from the working directory, as with rq worker.
     Plain RQ works too: rq worker -u URL --serializer rq.serializers.JSONSerializer
     --job-class redis_lease.dispatch.JsonJob redis-lease
     """
