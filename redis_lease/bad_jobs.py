@@ -181,10 +181,11 @@ class BadJobGuard(BaseWorker):
         self, job_id: str, queue: Queue, bad: BadJob, moved: bool, ttl: int | None = None
     ) -> None:
         """Fails the job ``job_id`` of ``queue`` as ``bad`` (see the module), says so and
-        counts it. ``moved``: it waits in the intermediate list, and whoever removes it
-        from there fails it. A Redis error leaves it to RQ's maintenance, with a line."""
+        counts it, kept ``ttl`` seconds (the job's ``failure_ttl``; RQ's default when
+        None). ``moved``: it waits in the intermediate list, and whoever removes it from
+        there fails it. A Redis error leaves it to RQ's maintenance, with a line."""
         where = f"job {shown(job_id)} (queue {shown(queue.name)})"
-        ttl = ttl or DEFAULT_FAILURE_TTL
+        ttl = ttl if ttl is not None and ttl > 0 else DEFAULT_FAILURE_TTL  # -1: kept a year
         try:
             removed = self.connection.lrem(queue.intermediate_queue_key, 1, job_id)
             if moved and not removed:

@@ -60,7 +60,8 @@ def enqueue_bad(client: redis.Redis, queue_name: str, kind: str) -> tuple[str, s
     """Enqueues a bad job of ``kind``; returns its id, its reason and what its line says."""
     json_queue = JsonQueue(queue_name, connection=client)
     if kind == "pickled":
-        job = Queue(queue_name, connection=client).enqueue(TICK_FUNC, args=([FLEET_PATH], "x"))
+        pickling = Queue(queue_name, connection=client)  # RQ's default serializer: pickle
+        job = pickling.enqueue(TICK_FUNC, args=([FLEET_PATH], "x"), failure_ttl=600)
         return job.id, UNREADABLE, "its data is a pickle"
     if kind == "missing function":
         job = json_queue.enqueue("tests.fleet_jobs.no_such_function")
@@ -165,6 +166,8 @@ def test_a_worker_fails_each_bad_job_alone_and_goes_on(
             assert real_store.status(run_id).counts["done"] == 3
             assert worker.poll() is None, (kind, procs.log(name))
             assert_failed_alone(real_store, procs, name, queue_name, job_id, said)
+            kept = client.ttl(f"rq:job:{job_id}")  # the job's failure_ttl, else RQ's (a year)
+            assert 0 < kept <= 600 if kind == "pickled" else kept > 86400, (kind, kept)
             after = (
                 bad_count(real_store, queue_name, UNREADABLE),
                 bad_count(real_store, queue_name, UNIMPORTABLE),
