@@ -1,15 +1,19 @@
 """RQ jobs a worker cannot run fail alone: the worker says why, counts them and goes on.
 
 A job is bad when RQ cannot read its hash (bytes in a field it decodes that are not what
-RQ wrote), when its data is not JSON (a pickled job, garbage) or when its function does
-not import. RQ raises on the first two where it takes the job, and its worker quits; a
-job whose function is missing fails only once it runs. :class:`BadJobGuard` checks each
-job as the worker takes it, before it runs, and fails a bad one as that job: it leaves
-RQ's queues, its status becomes ``failed``, it enters the queue's failed registry with a
-failure result that says why (its hash is kept as it was, for a look), the worker prints
-one line (the job, why, what to do) and counts it under the store's prefix
+RQ wrote, or an id RQ refuses), when its data is not JSON (a pickled job, garbage) or
+when its function does not import. RQ raises on the first two where it takes the job, and
+its worker quits; a job whose function is missing fails only once it runs.
+:class:`BadJobGuard` checks each job as the worker takes it, before it runs, and fails a
+bad one as that job: it leaves RQ's queues, its status becomes ``failed``, it enters the
+queue's failed registry with a failure result that says why, the worker prints one line
+(the job, why, what to do) and counts it under the store's prefix
 (:mod:`redis_lease.bad_job_counts`), which the exporter serves as
 ``redis_lease_bad_jobs_total``. Then it takes the next job.
+
+Its hash is kept for a look, but for the fields RQ cannot read: those are quoted in the
+failure result and removed, so that RQ and its dashboard can list and show the failed
+job. A job whose id RQ refuses stays out of the failed registry (RQ could not list it).
 
 A job RQ moved to a queue's intermediate list is failed by whoever removes it from that
 list (the worker that took it, or the maintenance of another worker that finds it there
@@ -21,8 +25,8 @@ from __future__ import annotations
 import importlib.util
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import redis
 from rq import Queue
@@ -65,6 +69,23 @@ class BadJob:
     why: str
     fix: str
     error: BaseException
+    #: Fields of its hash RQ cannot read, with their bytes (removed when it is failed).
+    fields: dict[bytes, bytes] = field(default_factory=dict)
+    #: Whether RQ accepts its id: a job it refuses stays out of the failed registry.
+    valid_id: bool = True
+
+    def failure(self) -> str:
+        """The error its failure result keeps: the traceback, the fields removed from its
+        hash as text, and the line's why and fix last."""
+        quoted = "".join(
+            f"{shown(name.decode(errors='backslashreplace'))} = {shown(value)}\n"
+            for name, value in self.fields.items()
+        )
+        return (
+            "".join(traceback.format_exception(self.error))
+            + (f"fields removed from the job's hash:\n{quoted}" if quoted else "")
+            + f"redis_lease: {self.why}; {self.fix}\n"
+        )
 
 
 def shown(value: Any, limit: int = SHOWN_MAX) -> str:
@@ -81,13 +102,44 @@ def _error_text(error: BaseException) -> str:
     return shown(f"{type(said).__name__}: {said}")
 
 
-def unreadable_hash(job_id: str, error: BaseException) -> BadJob:
-    """A job RQ could not read (``Job.fetch`` raised ``error``: its id, or its hash)."""
+def unreadable_hash(worker: BaseWorker, job_id: str, error: BaseException) -> BadJob:
+    """A job ``worker`` could not read (``Job.fetch`` raised ``error``): its id, or the
+    fields of its hash RQ cannot read (each is tried alone, with the job's data)."""
+    job_class, key = worker.job_class, f"rq:job:{job_id}"
+    try:
+        job_class(job_id, connection=worker.connection)
+    except ValueError as refused:
+        return BadJob(
+            UNREADABLE,
+            f"RQ refuses its id ({_error_text(refused)})",
+            f"delete its hash {shown(key)}: RQ did not write it",
+            refused,
+            valid_id=False,
+        )
+    try:
+        raw = cast(dict[bytes, bytes], worker.connection.hgetall(key))
+    except redis.RedisError:  # the job is failed all the same, its fields unnamed
+        raw = {}
+    unread: dict[bytes, bytes] = {}
+    said = error
+    for name, value in raw.items():
+        if name == b"data":
+            continue
+        try:
+            job_class(connection=worker.connection, serializer=worker.serializer).restore(
+                {b"data": raw.get(b"data", b""), name: value}
+            )
+        except Exception as failed:  # whatever RQ raises on the field
+            said = said if unread else failed
+            unread[name] = value
+    names = ", ".join(shown(n.decode(errors="backslashreplace")) for n in unread)
     return BadJob(
         UNREADABLE,
-        f"RQ cannot read the job ({_error_text(error)})",
-        f"delete its hash rq:job:{shown(job_id)} and enqueue the job again with RQ",
+        f"RQ cannot read {f'its fields {names}' if names else 'the job'} ({_error_text(said)})",
+        "they are quoted in its failure result and removed from its hash; find what wrote "
+        "them, then enqueue the job again with RQ",
         error,
+        unread,
     )
 
 
@@ -146,7 +198,8 @@ class BadJobGuard(BaseWorker):
                 job_id, queue = getattr(error, "job_id", None), getattr(error, "queue", None)
                 if not isinstance(job_id, str) or not isinstance(queue, Queue):
                     raise  # not a job RQ could not read: RQ's own handling
-                self.fail_bad_job(job_id, queue, unreadable_hash(job_id, error), self._moved())
+                unread = unreadable_hash(self, job_id, error)
+                self.fail_bad_job(job_id, queue, unread, self._moved())
                 continue
             if taken is None:
                 return None
@@ -169,7 +222,7 @@ class BadJobGuard(BaseWorker):
                 except NoSuchJobError:
                     continue
                 except Exception as error:  # whatever RQ raises on the hash
-                    self.fail_bad_job(job_id, queue, unreadable_hash(job_id, error), True)
+                    self.fail_bad_job(job_id, queue, unreadable_hash(self, job_id, error), True)
         super().clean_registries()  # type: ignore[no-untyped-call]
 
     def _moved(self) -> bool:
@@ -192,17 +245,21 @@ class BadJobGuard(BaseWorker):
                 return  # another worker removed it, and fails it
             with self.connection.pipeline() as pipe:
                 key = self.job_class.key_for(job_id)
+                if bad.fields:
+                    pipe.hdel(key, *bad.fields)
+                if b"origin" in bad.fields:  # RQ lists a failed job under its origin
+                    pipe.hset(key, "origin", queue.name)
                 pipe.hset(
                     key, mapping={"status": JobStatus.FAILED.value, "ended_at": utcformat(now())}
                 )
                 pipe.expire(key, ttl)
-                pipe.zadd(queue.failed_job_registry.key, {job_id: current_timestamp() + ttl})
+                if bad.valid_id:
+                    pipe.zadd(queue.failed_job_registry.key, {job_id: current_timestamp() + ttl})
                 Result(
                     job_id,
                     Result.Type.FAILED,
                     self.connection,
-                    exc_string="".join(traceback.format_exception(bad.error))
-                    + f"redis_lease: {bad.why}; {bad.fix}\n",
+                    exc_string=bad.failure(),
                     worker_name=self.name,
                     serializer=self.serializer,
                 ).save(ttl, pipeline=pipe)  # type: ignore[no-untyped-call]
@@ -213,9 +270,10 @@ class BadJobGuard(BaseWorker):
             return
         self.bad_jobs += 1
         counted = self._count(queue.name, bad.reason)
+        registry = f"rq:failed:{shown(queue.name)}" if bad.valid_id else "not kept: bad id"
         self._line(
             f"{where} failed without running: {bad.why}; {bad.fix} (RQ's failed registry: "
-            f"rq:failed:{shown(queue.name)}){counted}"
+            f"{registry}){counted}"
         )
 
     def _count(self, queue_name: str, reason: str) -> str:

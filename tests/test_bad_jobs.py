@@ -22,7 +22,8 @@ from rq import Queue
 
 from redis_lease import LeaseStore
 from redis_lease.bad_job_counts import UNIMPORTABLE, UNREADABLE
-from redis_lease.dispatch import JsonQueue
+from redis_lease.dashboard import create_app
+from redis_lease.dispatch import JsonJob, JsonQueue
 from redis_lease.jobs import Job
 from redis_lease.runs import Runs
 from redis_lease.schedule import TICK_FUNC
@@ -74,7 +75,7 @@ def enqueue_bad(client: redis.Redis, queue_name: str, kind: str) -> tuple[str, s
         job = json_queue.enqueue(HARMLESS, pipeline=pipe)
         pipe.hset(job.key, field, GARBAGE)
         pipe.execute()
-    said = "its data is not JSON" if field == "data" else "RQ cannot read the job"
+    said = "its data is not JSON" if field == "data" else f"RQ cannot read its fields {field}"
     return job.id, UNREADABLE, said
 
 
@@ -107,10 +108,13 @@ def assert_failed_alone(
     said: str,
     shown_id: str | None = None,
 ) -> None:
-    """The job is failed in its queue's failed registry, says why, and the worker named it
-    (as ``shown_id``) in one line."""
+    """The job is failed (in its queue's failed registry, where RQ reads it, unless RQ
+    refuses its id), says why, and the worker named it (as ``shown_id``) in one line."""
     client = store.client
-    assert client.zscore(f"rq:failed:{queue_name}", job_id) is not None
+    listed = client.zscore(f"rq:failed:{queue_name}", job_id) is not None
+    assert listed == (shown_id is None), job_id
+    if listed:
+        JsonJob.fetch(job_id, connection=client)  # RQ (and its dashboard) read the failed job
     assert text(client.hget(f"rq:job:{job_id}", "status")) == "failed"
     assert job_id not in [text(i) for i in client.lrange(f"rq:queue:{queue_name}", 0, -1)]
     assert not client.lrange(f"rq:queue:{queue_name}:intermediate", 0, -1)
@@ -143,13 +147,10 @@ def test_a_worker_fails_each_bad_job_alone_and_goes_on(
         name = "worker"
         env = worker_env(queue_name, real_store.prefix)
         worker = procs.worker(redis_url, queue_name, env, simple=simple, name=name)
-        wait_for(
-            lambda: client.zscore(f"rq:failed:{queue_name}", left_id) is not None,
-            60,
-            "the left job to be failed",
-            every=0.1,
-        )
-        assert_failed_alone(real_store, procs, name, queue_name, left_id, "cannot read the job")
+        needle = f"job {left_id} (queue {queue_name})"  # the line comes last
+        wait_for(lambda: worker_lines(procs, name, needle), 60, "the left job to be failed")
+        said = "RQ cannot read its fields created_at"
+        assert_failed_alone(real_store, procs, name, queue_name, left_id, said)
         assert bad_count(real_store, queue_name, UNREADABLE) == 1
         assert bad_count(real_store, queue_name, UNIMPORTABLE) == 0
 
@@ -166,6 +167,10 @@ def test_a_worker_fails_each_bad_job_alone_and_goes_on(
             assert real_store.status(run_id).counts["done"] == 3
             assert worker.poll() is None, (kind, procs.log(name))
             assert_failed_alone(real_store, procs, name, queue_name, job_id, said)
+            field = kind.removeprefix("garbage ")
+            if kind.startswith("garbage ") and field != "data":  # quoted, then removed
+                assert f"{field} = {GARBAGE!r}" in failure_text(client, job_id)
+                assert client.hget(f"rq:job:{job_id}", field) != GARBAGE  # status: "failed"
             kept = client.ttl(f"rq:job:{job_id}")  # the job's failure_ttl, else RQ's (a year)
             assert 0 < kept <= 600 if kind == "pickled" else kept > 86400, (kind, kept)
             after = (
@@ -175,6 +180,13 @@ def test_a_worker_fails_each_bad_job_alone_and_goes_on(
             went_up = 0 if reason == UNREADABLE else 1
             assert after[went_up] == (before[went_up] or 0) + 1, kind
             assert after[1 - went_up] == before[1 - went_up], kind
+        # RQ's dashboard lists and shows every failed bad job.
+        dashboard = create_app(real_store).test_client()
+        listed = dashboard.get(f"/rq/0/data/jobs/{queue_name}/failed/100/asc/1.json")
+        assert listed.status_code == 200, listed.get_data(as_text=True)[-1500:]
+        assert {j["id"] for j in listed.get_json()["jobs"]} == set(bad_ids)
+        for job_id in bad_ids:
+            assert dashboard.get(f"/rq/0/view/job/{job_id}").status_code == 200
     finally:
         purge_queue(client, queue_name, extra_job_ids=tuple(bad_ids))
 
@@ -195,19 +207,15 @@ def test_a_worker_on_two_queues_fails_bad_jobs_and_names_them_as_text(
         pickled_id, _, said = enqueue_bad(client, other, "pickled")
         client.hset(f"rq:job:{hostile_id}", mapping={"data": GARBAGE, "origin": other})
         client.rpush(f"rq:queue:{other}", hostile_id)
-        for job_id in (pickled_id, hostile_id):
-            wait_for(
-                lambda job_id=job_id: client.zscore(f"rq:failed:{other}", job_id) is not None,
-                60,
-                f"job {job_id!r} to be failed",
-                every=0.1,
-            )
+        shown_id = "evil\\x1b]0;owned\\x07"
+        for named in (pickled_id, shown_id):  # each line comes last, after the job is failed
+            needle = f"job {named} (queue {other})"
+            wait_for(lambda n=needle: worker_lines(procs, "two", n), 60, f"a line on {named}")
         assert_failed_alone(real_store, procs, "two", other, pickled_id, said)
         log = Path(procs.logs / "two.log").read_text(errors="replace")
         assert "\x1b" not in log and "\x07" not in log
-        shown_id = "evil\\x1b]0;owned\\x07"
         assert_failed_alone(
-            real_store, procs, "two", other, hostile_id, "cannot read the job", shown_id
+            real_store, procs, "two", other, hostile_id, "RQ refuses its id", shown_id
         )
         assert bad_count(real_store, other, UNREADABLE) == 2
         assert bad_count(real_store, other, UNIMPORTABLE) == 0
