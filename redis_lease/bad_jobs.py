@@ -63,15 +63,17 @@ class BadJob:
         why: what is wrong, one line.
         fix: what to do, one line.
         error: the exception that said so.
+        fields: the fields of its hash RQ cannot read, with their bytes (removed from
+            the hash when the job is failed).
+        valid_id: whether RQ accepts its id (a job it refuses stays out of the failed
+            registry).
     """
 
     reason: str
     why: str
     fix: str
     error: BaseException
-    #: Fields of its hash RQ cannot read, with their bytes (removed when it is failed).
     fields: dict[bytes, bytes] = field(default_factory=dict)
-    #: Whether RQ accepts its id: a job it refuses stays out of the failed registry.
     valid_id: bool = True
 
     def failure(self) -> str:
@@ -105,7 +107,8 @@ def _error_text(error: BaseException) -> str:
 def unreadable_hash(worker: BaseWorker, job_id: str, error: BaseException) -> BadJob:
     """A job ``worker`` could not read (``Job.fetch`` raised ``error``): its id, or the
     fields of its hash RQ cannot read (each is tried alone, with the job's data)."""
-    job_class, key = worker.job_class, f"rq:job:{job_id}"
+    job_class = worker.job_class
+    key = job_class.key_for(job_id)
     try:
         job_class(job_id, connection=worker.connection)
     except ValueError as refused:
@@ -130,12 +133,19 @@ def unreadable_hash(worker: BaseWorker, job_id: str, error: BaseException) -> Ba
                 {b"data": raw.get(b"data", b""), name: value}
             )
         except Exception as failed:  # whatever RQ raises on the field
-            said = said if unread else failed
+            said = failed if not unread else said  # the first field's error is quoted
             unread[name] = value
+    if not unread:  # no field alone: their combination, or the hash is gone
+        return BadJob(
+            UNREADABLE,
+            f"RQ cannot read the job ({_error_text(error)})",
+            f"delete its hash {shown(key)} and enqueue the job again with RQ",
+            error,
+        )
     names = ", ".join(shown(n.decode(errors="backslashreplace")) for n in unread)
     return BadJob(
         UNREADABLE,
-        f"RQ cannot read {f'its fields {names}' if names else 'the job'} ({_error_text(said)})",
+        f"RQ cannot read its fields {names} ({_error_text(said)})",
         "they are quoted in its failure result and removed from its hash; find what wrote "
         "them, then enqueue the job again with RQ",
         error,
