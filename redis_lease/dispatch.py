@@ -24,6 +24,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 
 from . import takeover
+from .bad_jobs import BadJobGuard
 from .connection import as_text, queue_time
 from .errors import RedisLeaseError
 from .job_failures import record_job_failure
@@ -51,6 +52,38 @@ class JsonJob(RQJob):
         self, id: str | None = None, connection: Any = None, serializer: Any = None
     ) -> None:
         super().__init__(id=id, connection=connection, serializer=serializer or JSONSerializer)
+
+
+class JsonQueue(Queue):
+    """An RQ queue whose jobs are JSON (:class:`JsonJob`) unless told otherwise."""
+
+    def __init__(self, name: str = "default", connection: Any = None, **options: Any) -> None:
+        options["serializer"] = options.get("serializer") or JSONSerializer
+        options["job_class"] = options.get("job_class") or JsonJob
+        super().__init__(name, connection=connection, **options)
+
+
+def json_cron_jobs() -> None:
+    """Makes the jobs RQ's cron scheduler enqueues in this process JSON (:class:`JsonQueue`).
+
+    RQ's cron (3.0) takes no serializer or job class: ``rq cron`` accepts ``-S json`` and
+    ``--job-class`` but never passes them on, and ``CronJob.enqueue`` builds
+    ``rq.cron.Queue(name, connection=...)``, so its jobs are pickled. Call this in the cron
+    configuration module (examples/scheduling/rq_cron.py): it points that name at
+    :class:`JsonQueue`.
+
+    Raises:
+        RedisLeaseError: this RQ's cron does not enqueue through ``rq.cron.Queue``.
+    """
+    from rq import cron
+
+    current = getattr(cron, "Queue", None)
+    if not (isinstance(current, type) and issubclass(current, Queue)):
+        raise RedisLeaseError(
+            "this RQ's cron does not enqueue through rq.cron.Queue, so its jobs cannot be "
+            "made JSON here: tick with redis-lease schedule install and rqscheduler instead"
+        )
+    cron.Queue = JsonQueue  # type: ignore[attr-defined,assignment]
 
 
 class _PromptUnsubscribe:
@@ -172,17 +205,19 @@ def job_error(job: RQJob, status: Any = None) -> str:
     return f"ended {status or 'without a status'}"
 
 
-class LeaseWorker(_PromptUnsubscribe, _Reporting, Worker):
-    """RQ's forking worker that reports shard jobs and exits promptly (see the mixins)."""
+class LeaseWorker(_PromptUnsubscribe, _Reporting, BadJobGuard, Worker):
+    """RQ's forking worker that reports shard jobs, fails bad jobs alone and exits promptly
+    (see the mixins)."""
 
 
-class SimpleLeaseWorker(_PromptUnsubscribe, _Reporting, SimpleWorker):
-    """RQ's in-process worker that reports shard jobs and exits promptly (see the mixins)."""
+class SimpleLeaseWorker(_PromptUnsubscribe, _Reporting, BadJobGuard, SimpleWorker):
+    """RQ's in-process worker that reports shard jobs, fails bad jobs alone and exits
+    promptly (see the mixins)."""
 
 
 def queue(connection: redis.Redis, name: str) -> Queue:
     """An RQ queue that writes JSON jobs."""
-    return Queue(name, connection=connection, serializer=JSONSerializer, job_class=JsonJob)
+    return JsonQueue(name, connection=connection)
 
 
 def enqueue_shard(

@@ -119,3 +119,8 @@ class Keys:
     def runs(self) -> str:
         """Every run id, scored by creation time in ms (sorted set)."""
         return f"{self.prefix}:runs"
+
+    @property
+    def bad_jobs(self) -> str:
+        """RQ jobs workers failed without running (hash: ``<reason>:<queue>`` -> count)."""
+        return f"{self.prefix}:rq:bad_jobs"

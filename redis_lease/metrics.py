@@ -29,8 +29,9 @@ and ``redis_lease_missed_runs_total`` (kept in Redis, :mod:`redis_lease.job_tall
 and the histograms ``redis_lease_processing_duration_seconds`` and
 ``redis_lease_queue_age_seconds`` with ``redis_lease_attempt_log_skipped_total`` (from the
 attempt logs, kept by the exporter's process: :mod:`redis_lease.metrics_history`). Also
-``redis_lease_redis_eviction_danger{policy}`` and the provider gates'
-``redis_lease_provider_*``.
+``redis_lease_redis_eviction_danger{policy}``, the provider gates'
+``redis_lease_provider_*``, and ``redis_lease_bad_jobs_total{queue,reason}``: RQ jobs
+workers failed without running (kept in Redis, :mod:`redis_lease.bad_job_counts`).
 
 A scrape only reads Redis: a user allowed read commands and scripts that only read
 can run the exporter.
@@ -43,7 +44,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import metrics_jobs
+from . import bad_job_counts, metrics_jobs
 from .connection import as_text
 from .errors import NotFound
 from .job_failures import job_failures
@@ -180,6 +181,21 @@ def _times(status: RunStatus, max_workers: int | None) -> dict[str, float]:
     return found
 
 
+def _bad_jobs(store: LeaseStore) -> Metric:
+    """RQ jobs workers failed without running, by queue and reason (every reason of a
+    queue that had one)."""
+    family = CounterMetricFamily(
+        "redis_lease_bad_jobs",
+        "RQ jobs a worker failed without running: RQ could not read their hash or data (a "
+        "pickled job, garbage; reason unreadable) or their function did not import "
+        "(unimportable). Each is in its queue's RQ failed registry.",
+        labels=["queue", "reason"],
+    )
+    for (queue, reason), count in sorted(bad_job_counts.read(store).items()):
+        family.add_metric([queue, reason], count)
+    return family
+
+
 def _number(text: str) -> float | None:
     try:
         return float(text)
@@ -232,6 +248,7 @@ class LeaseCollector(Collector):
         yield from self.history.families()
         yield metrics_jobs.eviction(self.store)
         yield from metrics_jobs.providers(self.store)
+        yield _bad_jobs(self.store)
 
     def _statuses(self, jobs: list[str]) -> list[RunStatus]:
         """The runs to export that still have their keys, oldest first."""

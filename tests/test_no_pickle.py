@@ -38,6 +38,8 @@ def jobs_on_queue(store: LeaseStore, queue_name: str) -> list[str]:
     """Ids of every RQ job hash whose origin is ``queue_name``."""
     found = []
     for key in store.client.scan_iter(match="rq:job:*", count=1000):
+        if store.client.type(key) != b"hash":  # rq:job:<id>:dependents and the like
+            continue
         if text(store.client.hget(key, "origin") or b"") == queue_name:
             found.append(text(key).removeprefix("rq:job:"))
     return sorted(found)

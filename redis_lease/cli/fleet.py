@@ -32,7 +32,7 @@ from .app import JsonOpt, RunArg, Settings, app, open_store, parse_date
 JobArg = Annotated[str, typer.Argument(help="A job's import path, package.module:attr.")]
 #: Exit code of ``tick`` and ``start`` when the tick ran but some of its work failed.
 TICK_FAILED_EXIT = 7
-#: Exit code of ``worker --burst`` when shard jobs it ran failed.
+#: Exit code of ``worker --burst`` when shard jobs it ran failed, or jobs it took could not run.
 JOBS_FAILED_EXIT = 8
 #: Seconds planning runs before its progress is shown.
 PROGRESS_DELAY = 1.0
@@ -185,8 +185,10 @@ def worker(
 
     Prints one line at start, one per shard job (its run, shard, items committed
     and failed, leases lost, seconds), one per shard job it takes over from a worker
-    that stopped beating, and one on SIGTERM. With --burst it exits 8 when shard
-    jobs it ran failed. Jobs import from the working directory, as with rq worker.
+    that stopped beating, and one on SIGTERM. A job it cannot run (unreadable, e.g.
+    pickled, or its function does not import) fails alone with one line and the
+    worker goes on. With --burst it exits 8 when shard jobs it ran failed or jobs it
+    took could not run. Jobs import from the working directory, as with rq worker.
     Plain RQ works too: rq worker -u URL --serializer rq.serializers.JSONSerializer
     --job-class redis_lease.dispatch.JsonJob redis-lease
     """
@@ -219,6 +221,7 @@ def worker(
     with_cwd_on_path()  # the shard jobs' modules import from here, forked or not
     rq_worker.say = typer.echo
     rq_worker.tracebacks = verbose
+    rq_worker.bad_job_store = store
     handlers = f"concurrency {concurrency}" if concurrency is not None else "the jobs' concurrency"
     typer.echo(
         f"worker {rq_worker.name}: queues {', '.join(names)}, {handlers}, "
@@ -234,17 +237,24 @@ def worker(
         rq_worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
     finally:
         watch.close()
-    done, failed = rq_worker.shard_jobs, rq_worker.failed_shard_jobs
+    done, failed, bad = rq_worker.shard_jobs, rq_worker.failed_shard_jobs, rq_worker.bad_jobs
     lost = rq_worker.lost_leases
     typer.echo(
         f"worker {rq_worker.name}: stopped after {done} shard jobs, {failed} failed, "
         f"{lost} leases lost to other workers"
+        + (f"; {bad} bad job{'s' if bad != 1 else ''} failed without running" if bad else "")
     )
     if burst and failed:
         error_line(
             f"{failed} of the {done} shard jobs this worker ran failed (last: "
             f"{rq_worker.last_failure}); each is counted on its run: redis-lease status RUN"
         )
+    if burst and bad:
+        error_line(
+            f"{bad} job{'s' if bad != 1 else ''} this worker took could not run and failed "
+            "(lines above): see RQ's failed registry and redis_lease_bad_jobs_total"
+        )
+    if burst and (failed or bad):
         raise typer.Exit(JOBS_FAILED_EXIT)
 
 
