@@ -37,7 +37,7 @@ _RECORD = """
 local seen = redis.call('HGET', KEYS[2], ARGV[1])
 if seen then
   local ok, old = pcall(cjson.decode, seen)
-  if ok and type(old) == 'table' and not old['rerun_at'] then return 0 end
+  if ok and type(old) == 'table' and (tonumber(old['rerun_at_ms']) or 0) == 0 then return 0 end
 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'lost', 1)
