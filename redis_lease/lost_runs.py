@@ -63,9 +63,10 @@ class _Candidate:
 def recover(
     store: LeaseStore, runs: Runs, path: str, job: Job, now: datetime, seen: Observation
 ) -> list[Decision]:
-    """One job's lost runs made again or named, and its open runs told of a data-set loss."""
+    """One job's lost runs made again or named, and its open runs told of a data-set loss
+    (the loss itself is told by the tick: a ``data_lost`` decision)."""
     now_ms = to_ms(now)
-    decisions = [Decision("data_lost", job.name, seen.loss.reason)] if seen.loss else []
+    decisions: list[Decision] = []
     candidates = _job_candidates(store, job, now_ms, seen)
     for run_id in _without_record(store, list(candidates)):
         found = _lost(store, job.name, run_id, candidates[run_id], now_ms, seen)

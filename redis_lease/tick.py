@@ -116,14 +116,31 @@ def tick_job(
         if not taken:
             return []
         seen = data_set.observe(store, job.name)
-        first = _register(store, path, job, now, seen.id)
-        decisions = lost_runs.recover(store, runs, path, job, now, seen)
-        decisions += create_due_runs(store, runs, path, job, now, first)
-        for run_id in runs.open_runs(job.name):
-            work = partial(_tick_run, store, runs, path, job, run_id, now, progress)
-            decisions += _isolated(runs, run_id, work, True)
-        lost_runs.remember_open(store, runs, job)
-        return decisions
+        work = partial(_tick_job_runs, store, runs, path, job, now, seen, progress)
+        if seen.loss is None:
+            return work()
+        told = Decision("data_lost", job.name, seen.loss.reason)
+        return [told, *_isolated(runs, job.name, work, False)]  # told even if the rest fails
+
+
+def _tick_job_runs(
+    store: LeaseStore,
+    runs: Runs,
+    path: str,
+    job: Job,
+    now: datetime,
+    seen: data_set.Observation,
+    progress: TickProgress | None,
+) -> list[Decision]:
+    """The job's tick after the mark was observed: lost runs, due runs, open runs."""
+    first = _register(store, path, job, now, seen.id)
+    decisions = lost_runs.recover(store, runs, path, job, now, seen)
+    decisions += create_due_runs(store, runs, path, job, now, first)
+    for run_id in runs.open_runs(job.name):
+        work = partial(_tick_run, store, runs, path, job, run_id, now, progress)
+        decisions += _isolated(runs, run_id, work, True)
+    lost_runs.remember_open(store, runs, job)
+    return decisions
 
 
 def _isolated(
