@@ -35,6 +35,7 @@ from croniter import croniter
 from . import data_set, lost_records
 from .connection import as_text
 from .data_set import Observation
+from .job_tallies import counted_runs_key
 from .jobs import Job
 from .limits import DEFAULT_RETENTION_DAYS
 from .lost_records import LostRun
@@ -52,11 +53,9 @@ MADE_AGAIN = "made again by the tick"
 
 @dataclass(frozen=True)
 class _Candidate:
-    """A run something shows existed: when it was made (ms, 0 unknown), and whether it is
-    listed open or remembered open (so it cannot have expired)."""
+    """A run something shows existed: when it was made (ms, 0 unknown) and what shows it."""
 
     created_ms: int
-    open: bool
     why: str
 
 
@@ -131,16 +130,13 @@ def scan_index(store: LeaseStore, runs: Runs, now: datetime) -> list[Decision]:
     jobs = {as_text(name) for name in jobs_raw}
     since = now_ms - DEFAULT_RETENTION_DAYS * DAY_MS  # older ones may have ended and expired
     listed = {
-        as_text(run): int(score)
-        for run, score in newest
-        if as_text(run).split(":", 1)[0] not in jobs or ":" not in as_text(run)
+        as_text(run): int(made)
+        for run, made in newest
+        if _job_of(as_text(run)) not in jobs and made > since
     }
-    listed = {run: made for run, made in listed.items() if made > since}
-    candidates = {
-        run: _Candidate(made, False, "the run index lists it") for run, made in listed.items()
-    }
+    candidates = {run: _Candidate(made, "the run index lists it") for run, made in listed.items()}
     for run, made in remembered.items():
-        candidates[run] = _Candidate(made, True, "the tick side remembered it")
+        candidates[run] = _Candidate(made, "the tick side remembered it")
     missing = _without_record(store, list(candidates))
     decisions = []
     for run_id in missing:
@@ -154,6 +150,11 @@ def scan_index(store: LeaseStore, runs: Runs, now: datetime) -> list[Decision]:
 
 
 # -- finding ----------------------------------------------------------------------------
+
+
+def _job_of(run_id: str) -> str:
+    """The job part of a run id (``<job>:<date>``), or "" for an id with no ``:``."""
+    return run_id.split(":", 1)[0] if ":" in run_id else ""
 
 
 def _job_candidates(
@@ -172,15 +173,15 @@ def _job_candidates(
     found: dict[str, _Candidate] = {}
     for day, made in dated:
         found[job.run_id(date.fromisoformat(as_text(day)))] = _Candidate(
-            int(made), False, "the job's dates list it, made within its retention"
+            int(made), "the job's dates list it, made within its retention"
         )
     remembered = seen.remembered.runs_of(job.name) if seen.remembered else {}
     for run_id, made in remembered.items():
-        found[run_id] = _Candidate(made, True, "the tick side remembered it open")
+        found[run_id] = _Candidate(made, "the tick side remembered it open")
     for raw in listed_open:
         run_id = as_text(raw)
         made = found[run_id].created_ms if run_id in found else 0
-        found[run_id] = _Candidate(made, True, "it is listed among the job's open runs")
+        found[run_id] = _Candidate(made, "it is listed among the job's open runs")
     return found
 
 
@@ -197,8 +198,6 @@ def _without_record(store: LeaseStore, run_ids: list[str]) -> list[str]:
 def _counted_end(store: LeaseStore, job: str, run_id: str) -> int | None:
     """Until when (ms) the counted end of ``run_id`` is kept (its retention and a day), or
     None when no end of it is counted (:mod:`redis_lease.job_tallies`)."""
-    from .job_tallies import counted_runs_key
-
     pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in run_id) + "@*"
     with store.translating_errors(run_id):
         kept = [

@@ -170,6 +170,7 @@ def test_an_older_snapshot_restored_is_told_by_the_seq_and_the_newer_run_made_ag
 
     wipe(real_store)  # the server restarts from the older snapshot
     for key, (dumped, ttl) in snapshot.items():
+        assert dumped is not None
         client.restore(key, max(ttl, 0), dumped, replace=True)
     decisions = tick(real_store, [NIGHTLY_PATH], now=at(D2, 3))
     assert kinds(decisions)[:2] == [("data_lost", "nightly"), ("rerun", RUN2)]
