@@ -8,6 +8,7 @@ the dangers to the promise (an evicting Redis). Every run: a lost run in the sta
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
@@ -118,9 +119,13 @@ def status(
     statuses: list[RunStatus] = []
     run_ids = store.run_ids()
     with progress_bar("reading runs", len(run_ids)) as advance:
-        for one in run_statuses(store, run_ids):  # a lost run is shown lost
-            advance(1)
-            statuses.append(one)
+
+        def counted() -> Iterator[str]:
+            for run_id in run_ids:
+                advance(1)
+                yield run_id
+
+        statuses += run_statuses(store, counted())  # a lost run is shown lost
     if as_json:
         print_json([s.to_dict() for s in statuses])
         return
