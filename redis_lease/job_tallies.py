@@ -1,8 +1,8 @@
-"""Counters kept in Redis per job, for the exporter: runs finished by final state, and
-scheduled runs that were never created (missed).
+"""Counters kept in Redis per job, for the exporter: runs finished by final state,
+scheduled runs that were never created (missed), and runs lost.
 
-One hash per job, ``<prefix>:job:{<job>}:tallies``, with the fields ``finished:<state>``
-and ``missed``; ad-hoc runs (no job) count under ``<prefix>:adhoc:{adhoc}:tallies``.
+One hash per job, ``<prefix>:job:{<job>}:tallies``, with the fields ``finished:<state>``,
+``missed`` and ``lost``; ad-hoc runs (no job) count under ``<prefix>:adhoc:{adhoc}:tallies``.
 Each count is one script on the job's slot, so it is counted once:
 
 - a run is counted each time it becomes final, once per end: the job's ``finished_runs``
@@ -12,7 +12,9 @@ Each count is one script on the job's slot, so it is counted once:
   leave once their own expiry passed (the run's retention and a day), when the run's
   keys are gone and that end cannot be counted again;
 - a missed date is counted when the tick marks it skipped in the job's dates
-  (``ZADD NX``): a date marked before (or made by a backfill) is not counted again.
+  (``ZADD NX``): a date marked before (or made by a backfill) is not counted again;
+- a lost run is counted with its record (:func:`redis_lease.lost_records.record`), once per
+  loss.
 """
 
 from __future__ import annotations
@@ -49,10 +51,11 @@ return marked
 
 @dataclass(frozen=True)
 class Tallies:
-    """A job's counters: runs finished by final state, and missed scheduled runs."""
+    """A job's counters: runs finished by final state, missed scheduled runs, lost runs."""
 
     finished: dict[str, int] = field(default_factory=dict)
     missed: int = 0
+    lost: int = 0
 
 
 def _base(store: LeaseStore, job: str) -> str:
@@ -105,7 +108,7 @@ def read(store: LeaseStore, jobs: Iterable[str]) -> dict[str, Tallies]:
     for job, raw in zip(names, replies, strict=True):
         fields = {as_text(k): int(v) for k, v in (raw or {}).items()}
         finished = {s: fields.get(f"finished:{s}", 0) for s in FINAL_STATES}
-        found[job] = Tallies(finished, fields.get("missed", 0))
+        found[job] = Tallies(finished, fields.get("missed", 0), fields.get("lost", 0))
     return found
 
 

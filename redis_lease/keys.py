@@ -93,6 +93,15 @@ class Keys:
         """The job's runs not yet finished (set)."""
         return f"{self.prefix}:job:{{{name}}}:open"
 
+    def job_lost(self, name: str) -> str:
+        """The job's lost runs (hash: run id -> its record, :mod:`redis_lease.lost_records`)."""
+        return f"{self.prefix}:job:{{{name}}}:lost"
+
+    @property
+    def data_set(self) -> str:
+        """The data set's mark (hash: id, epoch, seq, losses; see :mod:`redis_lease.data_set`)."""
+        return f"{self.prefix}:dataset"
+
     @property
     def shard_jobs(self) -> str:
         """Every shard job at work, by RQ job id (hash: id -> JSON: run, shard, worker,

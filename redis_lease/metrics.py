@@ -24,11 +24,12 @@ among the newest ``SCAN_FACTOR * max_runs`` of the run index; a run whose keys a
 
 By job: ``redis_lease_workers_needed`` (for an autoscaler: the workers that finish the
 job's running runs before their deadlines, see :mod:`redis_lease.capacity`),
-``redis_lease_workers_needed_unknown_runs``, ``redis_lease_runs_finished_total{state}``
-and ``redis_lease_missed_runs_total`` (kept in Redis, :mod:`redis_lease.job_tallies`),
-and the histograms ``redis_lease_processing_duration_seconds`` and
+``redis_lease_workers_needed_unknown_runs``, ``redis_lease_runs_finished_total{state}``,
+``redis_lease_missed_runs_total`` and ``redis_lease_lost_runs_total`` (kept in Redis,
+:mod:`redis_lease.job_tallies`), and the histograms ``redis_lease_processing_duration_seconds`` and
 ``redis_lease_queue_age_seconds`` with ``redis_lease_attempt_log_skipped_total`` (from the
 attempt logs, kept by the exporter's process: :mod:`redis_lease.metrics_history`). Also
+``redis_lease_data_set_losses_total{kind}`` (:mod:`redis_lease.data_set`),
 ``redis_lease_redis_eviction_danger{policy}``, the provider gates'
 ``redis_lease_provider_*``, and ``redis_lease_bad_jobs_total{queue,reason}``: RQ jobs
 workers failed without running (kept in Redis, :mod:`redis_lease.bad_job_counts`).
@@ -235,6 +236,7 @@ class LeaseCollector(Collector):
         yield from families.all()
         yield from metrics_jobs.needs(self.store, jobs)
         yield from metrics_jobs.tallies(self.store, jobs)
+        yield metrics_jobs.data_set_losses(self.store)
         streams = [
             LogStream(
                 self.store.keys.attempts(s.run_id, shard),

@@ -1,5 +1,6 @@
 """The exporter's series that are not a run's: by job (workers needed, runs finished,
-missed runs), the server's eviction policy and the provider gates.
+missed runs, lost runs), the data set's losses, the server's eviction policy and the
+provider gates.
 
 See :mod:`redis_lease.metrics` for the whole list; :class:`~redis_lease.metrics.LeaseCollector`
 yields these beside the run series.
@@ -12,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from . import job_tallies
 from .connection import as_text
+from .data_set import LOSS_KINDS, read_mark
 from .gate import ProviderGate
 from .store import LeaseStore
 
@@ -20,6 +22,8 @@ WORKERS_NEEDED = "redis_lease_workers_needed"
 WORKERS_NEEDED_UNKNOWN = "redis_lease_workers_needed_unknown_runs"
 RUNS_FINISHED = "redis_lease_runs_finished"
 MISSED_RUNS = "redis_lease_missed_runs"
+LOST_RUNS = "redis_lease_lost_runs"
+DATA_SET_LOSSES = "redis_lease_data_set_losses"
 EVICTION_DANGER = "redis_lease_redis_eviction_danger"
 
 
@@ -68,9 +72,9 @@ def needs(store: LeaseStore, jobs: list[str]) -> list[Metric]:
 
 
 def tallies(store: LeaseStore, jobs: list[str]) -> list[Metric]:
-    """Runs finished by job and final state, and missed scheduled runs by job (kept in
-    Redis, :mod:`redis_lease.job_tallies`): every job, and ad-hoc runs (job ""), has
-    every series from 0, so ``increase()`` sees the first end."""
+    """Runs finished by job and final state, missed scheduled runs and lost runs by job
+    (kept in Redis, :mod:`redis_lease.job_tallies`): every job, and ad-hoc runs (job ""),
+    has every series from 0, so ``increase()`` sees the first end or loss."""
     finished = CounterMetricFamily(
         RUNS_FINISHED,
         "Ends of runs, by job and final state (job '' for ad-hoc runs): each time a run "
@@ -83,12 +87,37 @@ def tallies(store: LeaseStore, jobs: list[str]) -> list[Metric]:
         "older than the catch-up window that no tick handled (at most 366 a tick).",
         labels=["job"],
     )
+    lost = CounterMetricFamily(
+        LOST_RUNS,
+        "Runs whose record vanished before its time (eviction, deletion, a server restarted "
+        "empty or from an older copy), by job (job '' for ad-hoc runs): each loss once; the "
+        "tick makes again those the job's schedule and catch-up policy cover.",
+        labels=["job"],
+    )
     for job, counts in job_tallies.read(store, [*jobs, ""]).items():
         for state, value in counts.finished.items():
             finished.add_metric([job, state], value)
         if job:
             missed.add_metric([job], counts.missed)
-    return [finished, missed]
+        lost.add_metric([job], counts.lost)
+    return [finished, missed, lost]
+
+
+def data_set_losses(store: LeaseStore) -> Metric:
+    """Losses of the data set the ticks noticed, by kind (:mod:`redis_lease.data_set`):
+    every kind from 0. Kept in the data set's mark, so a wipe starts them over (a counter
+    reset, which ``increase()`` reads as such) with the wipe itself counted."""
+    counter = CounterMetricFamily(
+        DATA_SET_LOSSES,
+        "Losses of the Redis data set noticed by the tick: replaced (restarted empty, flushed, "
+        "another server's data), rolled_back (an older snapshot, a failover that missed the "
+        "last writes), mark_lost (keys dropped: eviction or deletion).",
+        labels=["kind"],
+    )
+    mark = read_mark(store)
+    for kind in LOSS_KINDS:
+        counter.add_metric([kind], mark.losses.get(kind, 0) if mark else 0)
+    return counter
 
 
 def eviction(store: LeaseStore) -> Metric:
@@ -130,11 +159,14 @@ def providers(store: LeaseStore) -> list[Metric]:
 
 
 __all__ = [
+    "DATA_SET_LOSSES",
     "EVICTION_DANGER",
+    "LOST_RUNS",
     "MISSED_RUNS",
     "RUNS_FINISHED",
     "WORKERS_NEEDED",
     "WORKERS_NEEDED_UNKNOWN",
+    "data_set_losses",
     "eviction",
     "job_names",
     "needs",

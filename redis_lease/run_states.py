@@ -10,6 +10,8 @@ from .limits import DEFAULT_RETENTION_DAYS
 OPEN_STATES = ("planning", "running")
 #: States a run ends in.
 FINAL_STATES = ("succeeded", "partial", "failed", "canceled")
+#: What views show for a run whose record vanished and that was not made again.
+LOST_STATE = "lost"
 DAY_MS = 86_400_000
 
 
@@ -28,4 +30,4 @@ def kept_until_ms(info: dict[str, str]) -> int | None:
     return int(info["state_at"]) + retention_days(info) * DAY_MS
 
 
-__all__ = ["DAY_MS", "FINAL_STATES", "OPEN_STATES", "kept_until_ms", "retention_days"]
+__all__ = ["DAY_MS", "FINAL_STATES", "LOST_STATE", "OPEN_STATES", "kept_until_ms", "retention_days"]

@@ -14,6 +14,7 @@ from typing import Any
 from .gate import GateState
 from .lease import ItemRecord, RunStatus
 from .output import iso_time, same_times
+from .run_states import LOST_STATE
 from .runs import FINAL_STATES, Runs
 from .store import LeaseStore
 
@@ -48,12 +49,12 @@ def projected_finish_text(status: RunStatus) -> str | None:
 
 
 def run_health(status: RunStatus) -> str:
-    """``failed`` (partial or failed), ``late`` (past its deadline and not succeeded),
+    """``failed`` (partial, failed or lost), ``late`` (past its deadline and not succeeded),
     ``at-risk`` (projected to finish after its deadline) or ``ok``.
 
     A canceled run is an operator's decision, not a delay: never late.
     """
-    if status.state in ("partial", "failed"):
+    if status.state in ("partial", "failed", LOST_STATE):
         return "failed"
     deadline = deadline_ms(status)
     if deadline is None or status.state in ("succeeded", "canceled"):
@@ -65,7 +66,8 @@ def run_health(status: RunStatus) -> str:
 
 
 def run_row(status: RunStatus) -> dict[str, Any]:
-    """The run's row in a listing: job, state, deadline, projected finish, counts, health."""
+    """The run's row in a listing: job, state, deadline, projected finish, counts, health,
+    and for a run lost or made again after a loss, why (``loss``)."""
     counts = status.counts
     return {
         "run": status.run_id,
@@ -80,7 +82,22 @@ def run_row(status: RunStatus) -> dict[str, Any]:
         "pending": counts["pending"],
         "leased": counts["leased"],
         "health": run_health(status),
+        "loss": loss_text(status),
     }
+
+
+def loss_text(status: RunStatus) -> str | None:
+    """What a loss did to the run: lost (with what to do), or made again or worked on after
+    one (why, and the items planned again); None when no loss touched it."""
+    info = status.info
+    if status.state == LOST_STATE:
+        return info.get("reason")
+    if not info.get("after_loss"):
+        return None
+    text = f"after a loss: {info['after_loss']}"
+    if info.get("replanned_items", "").isdigit():
+        text += f"; re-run, {info['replanned_items']} items planned again"
+    return text
 
 
 def decision_rows(store: LeaseStore, run_id: str) -> list[dict[str, str | None]]:

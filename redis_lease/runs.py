@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
-from . import age_history, job_tallies
+from . import age_history, job_tallies, lost_records
 from .capacity import capacity_key
 from .connection import as_text, queue_time
 from .deprecation import warn_renamed
@@ -25,10 +25,6 @@ from .validation import clip
 
 PLAN_BATCH = 500
 PLANNER_LOCK_MS = 120_000
-#: Why a run listed as open but with no record is dropped from the open set.
-GONE_REASON = (
-    "run record is gone: the server may have lost its data; check persistence and maxmemory-policy"
-)
 LOST_HINT = "records vanished: check maxmemory-policy and persistence"
 #: Told the items planned so far, each batch (see :meth:`Runs.plan`).
 PlanProgress = Callable[[int], None]
@@ -128,11 +124,14 @@ class Runs:
         business_date: date,
         started: datetime,
         deadline: datetime | None = None,
+        fields: dict[str, str] | None = None,
     ) -> tuple[str, bool]:
         """Creates the job's run for a business date once; returns (run id, created now).
 
-        ``deadline`` defaults to the job's deadline for the date. Repeating the call
-        after a crash midway completes the bookkeeping of an open run.
+        ``deadline`` defaults to the job's deadline for the date; ``fields`` are stored
+        with a run created now (a re-run's ``after_loss``). Repeating the call after a
+        crash midway completes the bookkeeping of an open run. A run recorded lost and
+        created again is noted so (:func:`redis_lease.lost_records.mark_rerun`).
         """
         run_id = job.run_id(business_date)
         deadline = deadline or job.deadline_for(business_date, started)
@@ -146,6 +145,7 @@ class Runs:
                 "deadline_at": str(to_ms(deadline)),
                 "planned": "0",
                 "retention_days": str(job.options.retention_days),
+                **(fields or {}),
             },
         )
         still_open = created or self.info(run_id)["state"] in OPEN_STATES
@@ -157,6 +157,7 @@ class Runs:
                 pipe.sadd(self.keys.job_open_runs(job.name), run_id)
             pipe.execute()
         if created:
+            lost_records.mark_rerun(self.store, job.name, run_id, to_ms(started))
             self.record_decision(
                 run_id, "created", f"run for {business_date} due {deadline.isoformat()}"
             )
@@ -167,10 +168,11 @@ class Runs:
 
         Safe to repeat after a crash midway: existing items are left alone. Returns
         the number of items planned, or None when another planner holds the run.
-        An error of the planner (or an item it yields that is not valid) fails the
-        run with the error as its reason; a Redis failure leaves the run planning,
-        for the next tick to plan again. ``progress`` is told the items streamed
-        so far after each batch.
+        A re-run after a loss (``after_loss`` in its record) counts the items it
+        added in ``replanned_items``. An error of the planner (or an item it yields
+        that is not valid) fails the run with the error as its reason; a Redis
+        failure leaves the run planning, for the next tick to plan again.
+        ``progress`` is told the items streamed so far after each batch.
         """
         planner = job.plan_items
         if planner is None:
@@ -181,7 +183,9 @@ class Runs:
                 return None
             info = self.info(run_id)
             business_date = date.fromisoformat(info["business_date"])
-            items = _Planned(planner, business_date, int(info.get("deadline_at", "0")))
+            items = _Planned(
+                planner, business_date, int(info.get("deadline_at", "0")), "after_loss" in info
+            )
             self._add_planned(job, run_id, items, key, progress)
         # Exact for distinct ids, and safe when planning repeats after a crash.
         planned = sum(counts.get("added", 0) for counts in self.store.shard_counts(run_id))
@@ -214,7 +218,7 @@ class Runs:
             if not batch:
                 return
             try:
-                self.store.add(
+                added, _ = self.store.add(
                     run_id,
                     batch,
                     max_attempts=job.options.max_attempts,
@@ -226,7 +230,11 @@ class Runs:
                 self._fail_planning(job, run_id, error)
                 raise
             with self.store.translating_errors(run_id):
-                self.client.pexpire(lock, PLANNER_LOCK_MS)
+                pipe = self.client.pipeline(transaction=False)
+                pipe.pexpire(lock, PLANNER_LOCK_MS)
+                if plan.rerun:
+                    pipe.hincrby(self.keys.run(run_id), "replanned_items", len(added))
+                pipe.execute()
             streamed += len(batch)
             if progress is not None:
                 progress(streamed)
@@ -286,26 +294,16 @@ class Runs:
         a crash between the two is repaired by the next tick (:meth:`retire_if_final`)."""
         job_tallies.count_finished(self.store, job_name, run_id, state, ended_ms, retention)
 
-    def drop_gone(self, job: Job, run_id: str) -> Decision:
-        """Drops a run listed as open whose record is missing, recording why.
-
-        The reason goes to the run's event log, kept for the job's retention, so
-        that ``status RUN`` can say the run is gone.
-        """
-        with self.store.translating_errors(run_id):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.srem(self.keys.job_open_runs(job.name), run_id)
-            events = self.keys.run_events(run_id)
-            pipe.xadd(events, {"kind": "drop", "reason": GONE_REASON}, maxlen=1000)
-            pipe.pexpire(events, job.options.retention_days * DAY_MS)
-            pipe.execute()
-        return Decision("drop", run_id, GONE_REASON)
-
     def gone(self, run_id: str) -> NotFound | None:
         """The error for a run with no record when something shows it existed, else None.
 
-        Evidence: the run index, the job's open runs, or the run's event log.
+        A run the tick found lost (:mod:`redis_lease.lost_records`) and did not make again
+        is named lost, with what to do. Other evidence: the run index, the job's open
+        runs, or the run's event log.
         """
+        lost = lost_records.read(self.store, run_id)
+        if lost is not None and not lost.rerun_at_ms:
+            return NotFound(f"run {run_id!r} was lost: {lost.describe()}", run_id=run_id)
         job = run_id.split(":", 1)[0]
         with self.store.translating_errors(run_id):
             pipe = self.client.pipeline(transaction=False)
@@ -412,11 +410,13 @@ class Runs:
 
 @dataclass(frozen=True)
 class _Planned:
-    """What planning streams: the planner, its business date, the run's deadline (ms)."""
+    """What planning streams: the planner, its business date, the run's deadline (ms), and
+    whether the run is a re-run after a loss (its added items are counted)."""
 
     planner: Planner
     business_date: date
     deadline_ms: int
+    rerun: bool = False
 
 
 def final_state(status: RunStatus) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from .connection import as_text, queue_time
+from .errors import NotFound
 from .lease import COUNT_STATES, RunStatus
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ _PER_SHARD = 7
 
 
 def read(store: StoreBase, run_id: str) -> tuple[dict[str, str], list[ShardSnapshot]]:
-    """The run's record and a snapshot of each of its shards, in one round trip."""
+    """The run's record and a snapshot of each of its shards, in one round trip; raises
+    NotFound when the run has no record (also when its shard count was known before)."""
     count = store.shard_count(run_id)
     with store.translating_errors(run_id):
         # One moment on one server; on a cluster each node answers for its own shards.
@@ -60,6 +62,8 @@ def read(store: StoreBase, run_id: str) -> tuple[dict[str, str], list[ShardSnaps
         if isinstance(reply, redis.ResponseError):
             raise store.translate(reply, run_id)
     (seconds, micros), info_raw, *shards = replies
+    if not info_raw:  # the shard count was known, the record is gone since (lost or expired)
+        raise NotFound(f"run {run_id!r} not found; add items to create it", run_id=run_id)
     now = int(seconds) * 1000 + int(micros) // 1000
     snapshots = [_shard(now, shards[i : i + _PER_SHARD]) for i in range(0, len(shards), _PER_SHARD)]
     return {as_text(k): as_text(v) for k, v in info_raw.items()}, snapshots

@@ -8,6 +8,12 @@ tick every minute, change nothing twice. Every decision is recorded with its
 reason in the run's event log (``redis-lease status RUN`` shows them). An error
 in one run or one job is recorded as an ``error`` decision and every other run
 and job is still ticked; :attr:`TickResult.failures` lists what failed.
+
+Each tick of a job first looks for a loss: the data set's mark against what the tick
+side remembers (:mod:`redis_lease.data_set`), then the job's lost runs, made again where
+the schedule and catch-up policy cover them (:mod:`redis_lease.lost_runs`); once a tick,
+the run index is looked through for lost ad-hoc runs. A loss found is not a failure of
+the tick: it is counted, named and acted on.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any
 
 from rq import get_current_job
 
-from . import age_history, capacity, dispatch
+from . import age_history, capacity, data_set, dispatch, lost_runs
 from .backoff import FAILURE_STREAK_LIMIT, hold_dispatch
 from .due_runs import NO_RECORD as NO_RECORD
 from .due_runs import create_due_runs
@@ -43,14 +49,14 @@ RATE_WINDOW = 5.0
 TICK_LOCK_SECONDS = 60
 #: ``workers_needed`` of a run whose need cannot be computed yet.
 UNKNOWN = "unknown"
-#: Decision kinds that mean some work failed: an error, a run dropped because it is gone.
-FAILURE_KINDS = ("error", "drop")
+#: Decision kinds that mean some work failed.
+FAILURE_KINDS = ("error",)
 #: Told which run planned how many items so far (``redis-lease tick`` shows it).
 TickProgress = Callable[[str, int], None]
 
 
 class TickResult(list[Decision]):
-    """The decisions of a tick, in order; failures (errors, dropped runs) among them."""
+    """The decisions of a tick, in order; failures (errors) among them."""
 
     @property
     def failures(self) -> list[Decision]:
@@ -78,6 +84,9 @@ def tick(
     for path in job_paths:
         work = partial(_tick_path, store, runs, path, moment, progress)
         result += _isolated(runs, path, work, False)
+    result += _isolated(
+        runs, "ad-hoc runs", partial(lost_runs.scan_index, store, runs, moment), False
+    )
     return result
 
 
@@ -97,18 +106,41 @@ def tick_job(
 ) -> list[Decision]:
     """One tick of one job, under a per-job lock (a concurrent tick skips).
 
-    Each open run is ticked on its own: an error in one is recorded in its event
-    log as an ``error`` decision, and the job's other runs are still ticked.
+    First a loss is looked for (the data set's mark, then the job's lost runs, made
+    again where covered); then due runs are created. Each open run is ticked on its
+    own: an error in one is recorded in its event log as an ``error`` decision, and
+    the job's other runs are still ticked. Last, the tick side remembers the job's
+    open runs (:mod:`redis_lease.remembered`).
     """
     with lock(store, f"{store.keys.job(job.name)}:tick", TICK_LOCK_SECONDS * 1000) as taken:
         if not taken:
             return []
-        first = _register(store, path, job, now)
-        decisions = create_due_runs(store, runs, path, job, now, first)
-        for run_id in runs.open_runs(job.name):
-            work = partial(_tick_run, store, runs, path, job, run_id, now, progress)
-            decisions += _isolated(runs, run_id, work, True)
-        return decisions
+        seen = data_set.observe(store, job.name)
+        work = partial(_tick_job_runs, store, runs, path, job, now, seen, progress)
+        if seen.loss is None:
+            return work()
+        told = Decision("data_lost", job.name, seen.loss.reason)
+        return [told, *_isolated(runs, job.name, work, False)]  # told even if the rest fails
+
+
+def _tick_job_runs(
+    store: LeaseStore,
+    runs: Runs,
+    path: str,
+    job: Job,
+    now: datetime,
+    seen: data_set.Observation,
+    progress: TickProgress | None,
+) -> list[Decision]:
+    """The job's tick after the mark was observed: lost runs, due runs, open runs."""
+    first = _register(store, path, job, now, seen.id)
+    decisions = lost_runs.recover(store, runs, path, job, now, seen)
+    decisions += create_due_runs(store, runs, path, job, now, first)
+    for run_id in runs.open_runs(job.name):
+        work = partial(_tick_run, store, runs, path, job, run_id, now, progress)
+        decisions += _isolated(runs, run_id, work, True)
+    lost_runs.remember_open(store, runs, job)
+    return decisions
 
 
 def _isolated(
@@ -138,12 +170,13 @@ def _failure(runs: Runs, subject: str, error: Exception, logged: bool) -> Decisi
     return Decision("error", subject, reason)
 
 
-def _register(store: LeaseStore, path: str, job: Job, now: datetime) -> bool:
-    """Records the job's path and settings; True on its first tick (no record of it yet)."""
+def _register(store: LeaseStore, path: str, job: Job, now: datetime, data_set_id: str) -> bool:
+    """Records the job's path and settings, and its copy of the data set's id; True on its
+    first tick (no record of it yet)."""
     key = store.keys.job(job.name)
     with store.translating_errors():
         pipe = store.client.pipeline(transaction=False)
-        record: dict[Any, Any] = {"path": path, **job.settings()}
+        record: dict[Any, Any] = {"path": path, **job.settings(), "dataset": data_set_id}
         pipe.hset(key, mapping=record)
         pipe.hsetnx(key, "registered_at", str(to_ms(now)))
         pipe.sadd(store.keys.jobs, job.name)
@@ -162,11 +195,12 @@ def _tick_run(
     now: datetime,
     progress: TickProgress | None = None,
 ) -> list[Decision]:
-    """Plans, finalizes or dispatches one open run; drops it when its record is gone."""
+    """Plans, finalizes or dispatches one open run; a run whose record went missing since
+    this tick looked for lost runs is left to the next tick's look."""
     try:
         info = runs.info(run_id)
     except NotFound:
-        return [runs.drop_gone(job, run_id)]
+        return []
     decisions: list[Decision] = []
     if info["state"] == "planning":
         planned = _plan(runs, job, run_id, partial(progress, run_id) if progress else None)

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import lost_records
 from .connection import as_text
 from .effects import SEPARATOR
 from .errors import InvalidInput, NotFound
@@ -228,9 +229,13 @@ def run_ids_since(store: LeaseStore, since_ms: int | None = None) -> list[str]:
 
 
 def run_statuses(store: LeaseStore, run_ids: Iterable[str]) -> Iterator[RunStatus]:
-    """The status of each run, in order; a run whose record expired meanwhile is left out."""
+    """The status of each run, in order. A run the tick found lost and did not make again
+    is shown in the state ``lost`` (:func:`redis_lease.lost_records.lost_status`); any
+    other run whose record is gone (its retention ended) is left out."""
     for run_id in run_ids:
         try:
             yield store.status(run_id)
-        except NotFound:  # listed, but its record has expired since
-            continue
+        except NotFound:
+            lost = lost_records.read(store, run_id)
+            if lost is not None and not lost.rerun_at_ms:
+                yield lost_records.lost_status(lost, lost.noticed_at_ms)

@@ -220,6 +220,9 @@ def test_redis_restarted_empty_recreates_the_run(
 ) -> None:
     """The server restarts with no data mid-run; the tick re-creates the run and says so.
 
+    The ticks after the restart come from a store that remembers nothing of the data set
+    (as a new cron process does): it cannot tell the wipe from a new deployment and says
+    so (tests/test_loss_faults.py has the tick side that remembers, and tells the wipe).
     The job fires every minute, so its run is due. The re-created run is planned
     and worked again; no item done before the loss counts, and the provider's
     idempotency keys stop a second payout. Breaks if the tick does not re-create
@@ -234,6 +237,8 @@ def test_redis_restarted_empty_recreates_the_run(
         run_id = c.start_run()
         c.drive(run_id, until=done(c, run_id))
         restarted = c.restart_redis(empty=True)
+        c.store.close()
+        c.store = c.open_store()  # a tick side that remembers nothing
         assert c.drive(run_id, timeout=60) == "succeeded"
         recreated = [d for d in c.decisions if d.kind == "create" and d.run_id == run_id]
         assert len(recreated) == 1 and NO_RECORD in recreated[0].reason, c.decisions

@@ -112,6 +112,26 @@ def granted(ops: list[Op]) -> dict[tuple[str, int], int]:
     }
 
 
+def cut_replica(primary_port: int, replica_port: int) -> int:
+    """Stops the replica replicating once it has the primary's whole stream (the primary's
+    writes paused meanwhile); returns the primary's clock (ms) at the cut: what the primary
+    accepts after it, the replica lacks."""
+    with _admin(primary_port) as primary, _admin(replica_port) as follower:
+        primary.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
+        try:
+            offset = primary.info("replication")["master_repl_offset"]
+            wait_until(
+                lambda: follower.info("replication")["slave_repl_offset"] >= offset,
+                5,
+                "the replica to have the primary's whole stream",
+            )
+            cut = server_ms(primary)
+            follower.execute_command("REPLICAOF", "NO", "ONE")
+        finally:
+            primary.execute_command("CLIENT", "UNPAUSE")
+    return cut
+
+
 def role(port: int) -> str:
     """What the server at ``port`` says it is (``master`` or ``slave``)."""
     with _admin(port) as client:
@@ -196,19 +216,7 @@ def test_a_primary_crash_can_lose_acknowledged_writes_and_the_checker_shows_it(
         run_id = c.start_run()
         c.drive(run_id, until=lambda: done_count(c, run_id) >= c.config.items // 4)
         old, replica = c.group.primary_port(), c.group.replica.port
-        with _admin(old) as primary, _admin(replica) as follower:
-            primary.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
-            try:
-                offset = primary.info("replication")["master_repl_offset"]
-                wait_until(
-                    lambda: follower.info("replication")["slave_repl_offset"] >= offset,
-                    5,
-                    "the replica to have the primary's whole stream",
-                )
-                cut = server_ms(primary)
-                follower.execute_command("REPLICAOF", "NO", "ONE")
-            finally:
-                primary.execute_command("CLIENT", "UNPAUSE")
+        cut = cut_replica(old, replica)
         c.note("cut", f"replica {replica} stops replicating at server ms {cut}")
         at_cut = done_count(c, run_id)
         c.drive(run_id, until=lambda: done_count(c, run_id) >= at_cut + 4)

@@ -22,8 +22,10 @@ from ..output import (
     print_json,
     print_table,
     progress_bar,
+    same_times,
 )
-from ..run_views import attempt_rows, deadline_text, effect_row, record_dict
+from ..run_states import LOST_STATE
+from ..run_views import attempt_rows, deadline_text, effect_row, loss_text, record_dict
 from ..runs import FINAL_STATES, OPEN_STATES
 from ..schedule import pause_states
 from ..store import LeaseStore
@@ -39,7 +41,7 @@ from ..views import (
 )
 from .app import ItemArg, JsonOpt, RunArg, app, json_option, open_store, parse_since
 
-RUN_STATES = (*OPEN_STATES, *FINAL_STATES)
+RUN_STATES = (*OPEN_STATES, *FINAL_STATES, LOST_STATE)
 LimitOpt = Annotated[int, typer.Option("--limit", "-n", help="Most items in the page (1-1000).")]
 CursorOpt = Annotated[
     str | None, typer.Option("--cursor", help="Where the page starts: the cursor a page printed.")
@@ -69,7 +71,8 @@ def runs(
     limit: Annotated[int, typer.Option("--limit", "-n", help="Most runs shown (1-1000).")] = 50,
     as_json: JsonOpt = False,
 ) -> None:
-    """List runs, newest first: state, counts, failed shard jobs; paused jobs are named."""
+    """List runs, newest first: state, counts, failed shard jobs; paused jobs are named, and
+    runs a loss touched (lost, or made again after one)."""
     if job is not None:
         check_id(job, "job")
     if state is not None and state not in RUN_STATES:
@@ -101,6 +104,10 @@ def runs(
         print_table(columns, [_run_cells(s) for s in shown])
     for name, text in sorted(paused.items()):
         typer.echo(f"job {name} is {text}")
+    for one in shown:
+        loss = loss_text(one)
+        if loss:
+            typer.echo(f"run {one.run_id}: {same_times(loss)}")
 
 
 def _advancing(run_ids: list[str], advance: Callable[[int], None]) -> Iterator[str]:
@@ -127,6 +134,7 @@ def _run_row(status: RunStatus, paused: dict[str, str]) -> dict[str, Any]:
         "lost": status.lost,
         "failed_jobs": failures.count,
         "job_paused": paused.get(job) if job else None,
+        "loss": loss_text(status),
     }
 
 

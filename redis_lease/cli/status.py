@@ -2,32 +2,43 @@
 
 A run's status: counts, accounting (lost items, late commits), deadline and projected
 finish, failed shard jobs, effects by outcome, the providers' caps, its decisions and
-the dangers to the promise (an evicting Redis).
+the dangers to the promise (an evicting Redis). Every run: a lost run in the state
+``lost``, and the data set's last loss (:mod:`redis_lease.data_set`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
 
 from ..connection import as_text
+from ..data_set import read_mark
 from ..errors import NotFound
 from ..job_failures import job_failures
 from ..lease import RunStatus
 from ..output import (
+    iso_time,
     print_fields,
     print_json,
     print_table,
     progress_bar,
     same_times,
 )
-from ..run_views import deadline_text, decision_rows, projected_finish_text, provider_rows
+from ..run_states import LOST_STATE
+from ..run_views import (
+    deadline_text,
+    decision_rows,
+    loss_text,
+    projected_finish_text,
+    provider_rows,
+)
 from ..runs import LOST_HINT, Runs
 from ..server_checks import eviction_danger
 from ..store import LeaseStore
 from ..validation import check_id
-from ..views import providers
+from ..views import providers, run_statuses
 from ..worker_views import WorkerRow, worker_rows
 from .app import (
     JsonOpt,
@@ -65,6 +76,22 @@ def _status_row(status: RunStatus) -> list[Any]:
     ]
 
 
+def _loss_fields(info: dict[str, str]) -> dict[str, Any]:
+    """The fields of a run a loss touched (none for any other run)."""
+    if not info.get("after_loss"):
+        return {}
+    fields: dict[str, Any] = {"after a loss": same_times(info["after_loss"])}
+    if _replanned(info) is not None:
+        fields["re-planned items"] = _replanned(info)
+    return fields
+
+
+def _replanned(info: dict[str, str]) -> int | None:
+    """Items a re-run after a loss planned again (None for a run that is no re-run)."""
+    text = info.get("replanned_items", "")
+    return int(text) if text.isdigit() else None
+
+
 def effects_by_outcome(status: RunStatus) -> dict[str, int]:
     """The run's effect records by state (intended, applied, failed, unknown), and reconciled."""
     return {
@@ -93,12 +120,13 @@ def status(
     statuses: list[RunStatus] = []
     run_ids = store.run_ids()
     with progress_bar("reading runs", len(run_ids)) as advance:
-        for run_id in run_ids:
-            advance(1)
-            try:
-                statuses.append(store.status(run_id))
-            except NotFound:  # listed, but its record has expired since
-                continue
+
+        def counted() -> Iterator[str]:
+            for run_id in run_ids:
+                advance(1)
+                yield run_id
+
+        statuses += run_statuses(store, counted())  # a lost run is shown lost
     if as_json:
         print_json([s.to_dict() for s in statuses])
         return
@@ -107,8 +135,21 @@ def status(
     else:
         columns = ("run", "state", "shards", "pending", "leased", "done", "dead", "lost")
         print_table((*columns, "oldest due (s)"), [_status_row(s) for s in statuses])
+    for one in statuses:
+        if one.state == LOST_STATE:
+            typer.echo(f"run {one.run_id} was {same_times(one.info.get('reason', 'lost'))}")
+    mark = read_mark(store)
+    if mark is not None and mark.last_loss:
+        typer.echo(
+            f"data set: {_last_loss(mark.last_loss, mark.last_loss_at_ms, mark.last_loss_reason)}"
+        )
     for line in dangers:
         typer.echo(f"danger: {line}")
+
+
+def _last_loss(kind: str, at_ms: int, reason: str) -> str:
+    """The data set's last loss in one line."""
+    return f"last loss ({kind}) noticed {iso_time(at_ms)}: {reason}"
 
 
 def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> None:
@@ -135,6 +176,8 @@ def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> 
                 "providers": gates,
                 "decisions": decisions,
                 "job_settings": settings,
+                "loss": loss_text(one),
+                "replanned_items": _replanned(info),
                 "dangers": dangers,
             }
         )
@@ -157,6 +200,7 @@ def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> 
             "lost": f"{one.lost}{lost_hint}",
             "committed after the deadline": one.late,
             "failed shard jobs": failed,
+            **_loss_fields(info),
             "oldest eligible age (s)": f"{one.oldest_eligible_age_seconds:.1f}",
             "oldest leased age (s)": f"{one.oldest_leased_age_seconds:.1f}",
             **{f"effects {name}": value for name, value in effects.items()},

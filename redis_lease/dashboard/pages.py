@@ -35,7 +35,7 @@ from ..run_views import (
 from ..runs import Runs
 from ..store import LeaseStore
 from ..validation import check_id
-from ..views import Page, item_effects, items_page, providers, unknown_items
+from ..views import Page, item_effects, items_page, providers, run_statuses, unknown_items
 from .charts import age_chart
 from .ids import CONVERTER, IdConverter
 from .unreadable import Unreadable, is_unreadable, readable, unreadable
@@ -110,10 +110,12 @@ def _run_row(store: LeaseStore, run_id: str | Unreadable) -> dict[str, Any] | Un
     """The runs page's row of a run (None when its record has expired meanwhile)."""
     if isinstance(run_id, Unreadable):
         return run_id
-    try:
-        return readable(f"run {run_id}", lambda: run_row(store.status(run_id)))
-    except NotFound:
-        return None
+
+    def row() -> dict[str, Any] | None:  # the CLI's rule: a lost run shows as lost
+        statuses = list(run_statuses(store, [run_id]))
+        return run_row(statuses[0]) if statuses else None
+
+    return readable(f"run {run_id}", row)
 
 
 def _status_by_shard(store: LeaseStore, run_id: str) -> tuple[RunStatus, list[dict[str, int]]]:
