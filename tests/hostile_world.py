@@ -26,6 +26,7 @@ from redis_lease import LeaseStore, dispatch
 from redis_lease.job_failures import record_job_failure
 from redis_lease.lease import Item
 from redis_lease.runs import Runs
+from redis_lease.takeover import ShardJob
 from tests.rq_helpers import burst, pickled_call
 
 #: The valid runs the world makes.
@@ -81,6 +82,7 @@ def build(store: LeaseStore, sink: str) -> HostileWorld:
     _lease_state(store, sink, world)
     _bytes_run(store, world)
     _rq_state(store, sink, world)
+    _lease_workers(store, sink, world)
     for key in store.client.scan_iter(count=1000):  # nothing expires while the test looks
         store.client.persist(key)
     return world
@@ -184,6 +186,36 @@ def _rq_state(store: LeaseStore, sink: str, world: HostileWorld) -> None:
         "/rq/0/data/queues.json",
         "/rq/0/data/workers.json",
     ]
+
+
+def _lease_workers(store: LeaseStore, sink: str, world: HostileWorld) -> None:
+    """The fleet's own records of its workers (the Workers page): their records and beats,
+    a shard job at work and a takeover, with markup and bytes where anyone could write."""
+    client, keys = store.client, store.keys
+    records, seen = keys.workers
+    name = _hostile(world, "worker name", sink)
+    record = {"host": _hostile(world, "worker host", sink), "pid": 7}
+    record["queues"] = [_hostile(world, "worker queue", sink)]
+    client.hset(records, mapping={name: json.dumps(record), NOT_UTF8: NOT_UTF8 + b"{"})
+    now_ms = int(client.time()[0]) * 1000
+    client.zadd(seen, {name: now_ms, NOT_UTF8: now_ms - 60_000})
+    job = ShardJob(
+        rq_id="rl-hostile",
+        run_id=RUN,
+        shard=0,
+        worker=_hostile(world, "shard job worker", sink),
+        owner="host:1:hostile",
+        host=_hostile(world, "shard job host", sink),
+        pid=8,
+        path="tests.fleet_jobs:fleet",
+        queue=QUEUE,
+        budget=30.0,
+    )
+    client.hset(keys.shard_jobs, mapping={job.rq_id: job.to_json(), NOT_UTF8: NOT_UTF8})
+    client.set(keys.run_beat(RUN, job.rq_id), NOT_UTF8)
+    taken = {"worker": _hostile(world, "taken over worker", sink), "run_id": RUN, "shard": 0}
+    taken |= {"rq_id": markup("taken over job", sink), "leases": 2, "at_ms": now_ms}
+    client.lpush(keys.takeovers, json.dumps(taken), NOT_UTF8, b"[1]")
 
 
 def _job(client: redis.Redis, job_id: bytes, fields: dict[str, bytes | str]) -> None:

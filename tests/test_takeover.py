@@ -15,11 +15,13 @@ import json
 import pytest
 
 from redis_lease import Item, LeaseStore
+from redis_lease.dashboard import create_app
 from redis_lease.dispatch import enqueue_shard, live_jobs, queue
 from redis_lease.errors import LeaseLost
 from redis_lease.limits import DEAD_AFTER_MS
 from redis_lease.runs import Runs
 from redis_lease.takeover import ShardJob, registered, sweep, takeovers
+from redis_lease.watch import beat_worker
 from redis_lease.worker_views import worker_rows
 
 RUN = "takeover-run"
@@ -99,6 +101,27 @@ def test_a_sweep_takes_over_a_silent_shard_job_once_and_leaves_a_beating_one(
     rows = {row.name: row for row in worker_rows(store)}
     assert rows["w-a"].state == "dead" and rows["w-a"].leases_taken_over == 2
     assert rows["w-b"].shard_jobs[0]["beating"] is True
+
+
+def test_the_dashboards_workers_page_shows_the_live_and_the_dead(store: LeaseStore) -> None:
+    add_items(store)
+    store.claim_next(RUN, OWNER_A, shard=0, limit=2, ttl=600)
+    store.claim_next(RUN, OWNER_B, shard=0, limit=3, ttl=600)
+    register(store, shard_job("rl-silent"), beating=False)
+    alive = shard_job("rl-beating", OWNER_B, "w-b")
+    store.client.set(store.keys.run_beat(RUN, alive.rq_id), '{"held": 3}', px=DEAD_AFTER_MS)
+    store.client.hset(store.keys.shard_jobs, alive.rq_id, alive.to_json())
+    beat_worker(store, "w-b", '{"host": "host-b", "pid": 202, "queues": ["q"]}')
+    sweep(store)
+
+    page = create_app(store, secret_key="k").test_client().get("/workers")
+
+    assert page.status_code == 200
+    html = " ".join(page.get_data(as_text=True).split())
+    assert 'data-worker="w-b" data-state="alive"' in html
+    assert 'data-worker="w-a" data-state="dead"' in html
+    assert f"{RUN}</a> shard 0: 3 leases" in html
+    assert f"2 leases: <div>2 of {RUN} shard 0 at" in html
 
 
 def test_a_hostile_takeover_log_and_registry_show_as_text(store: LeaseStore) -> None:

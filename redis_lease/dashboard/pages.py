@@ -1,4 +1,5 @@
-"""The dashboard's pages: runs, one run, one item; and its two actions, requeue and resume.
+"""The dashboard's pages: runs, one run, one item, the workers; and its two actions,
+requeue and resume.
 
 Every number comes from the same library reads and rows as the CLI's views
 (:mod:`redis_lease.views`, :mod:`redis_lease.run_views`); the actions make the same
@@ -36,6 +37,7 @@ from ..runs import Runs
 from ..store import LeaseStore
 from ..validation import check_id
 from ..views import Page, item_effects, items_page, providers, run_statuses, unknown_items
+from ..worker_views import worker_rows
 from .charts import age_chart
 from .ids import CONVERTER, IdConverter
 from .unreadable import Unreadable, is_unreadable, readable, unreadable
@@ -125,6 +127,12 @@ def _status_by_shard(store: LeaseStore, run_id: str) -> tuple[RunStatus, list[di
         return store.status_by_shard(run_id)
     except NotFound as error:
         raise Runs(store).gone(run_id) or error from None
+
+
+@pages.get("/workers")
+def workers() -> str:
+    """The worker processes, as ``redis-lease workers`` lists them."""
+    return render_template("workers.html", rows=worker_rows(_store()))
 
 
 @pages.get("/runs/<id:run_id>")
