@@ -82,6 +82,14 @@ def test_a_heading_of_another_form_fails_the_tests_that_read_them() -> None:
     assert parsed == [Heading("0.3.0", None, None), Heading("0.2.0", "2026-01-02", "0123abc")]
 
 
+def test_the_docs_name_this_release_and_its_protocol() -> None:
+    protocol_doc = (ROOT / "docs" / "protocol.md").read_text()
+    assert f"This page is protocol {PROTOCOL}." in protocol_doc
+    upgrading = (ROOT / "docs" / "upgrading.md").read_text()
+    assert f"| {redis_lease.__version__} | {PROTOCOL} |" in upgrading
+    assert f"| {previous().version} |" in upgrading  # the step the mixed test checks
+
+
 # -- the stamp ------------------------------------------------------------------------------
 
 
