@@ -15,9 +15,9 @@ import re
 import subprocess
 import sys
 import tomllib
+from typing import Any
 
 import pytest
-import redis
 
 import redis_lease
 from redis_lease import LeaseStore, ProtocolMismatch, check_protocol
@@ -226,9 +226,8 @@ def test_a_worker_stamps_the_protocol_where_none_is(redis_url: str, real_store: 
 # -- the Node.js client ---------------------------------------------------------------------
 
 
-def node_value(node: str, expression: str) -> object:
-    """The JSON value of an expression over the client's exports (``m``)."""
-    program = f"import * as m from './index.js'; console.log(JSON.stringify({expression}));"
+def run_node(node: str, program: str) -> Any:
+    """What a Node.js module program run in the client's folder prints, as JSON."""
     done = subprocess.run(
         [node, "--input-type=module", "-e", program],
         cwd=NODE_DIR,
@@ -241,11 +240,9 @@ def node_value(node: str, expression: str) -> object:
 
 
 def test_the_node_client_speaks_what_the_python_one_speaks(node: str) -> None:
-    assert node_value(node, "[m.PROTOCOL, m.PROTOCOLS, m.VERSION]") == [
-        PROTOCOL,
-        sorted(SPOKEN),
-        redis_lease.__version__,
-    ]
+    program = "import * as m from './index.js';"
+    program += "console.log(JSON.stringify([m.PROTOCOL, m.PROTOCOLS, m.VERSION]));"
+    assert run_node(node, program) == [PROTOCOL, sorted(SPOKEN), redis_lease.__version__]
 
 
 def node_worker(node: str, url: str, prefix: str) -> subprocess.CompletedProcess[str]:
@@ -285,23 +282,13 @@ def test_the_node_worker_stamps_the_protocol_and_works_the_run(
 def test_a_node_call_is_refused_by_a_stamp_that_holds_no_number(
     node: str, redis_url: str, real_store: LeaseStore
 ) -> None:
-    client = redis.Redis.from_url(redis_url)
-    client.set(f"{real_store.prefix}:protocol", "two")
+    real_store.add("r", [Item("a")])
+    real_store.client.set(real_store.keys.protocol, "two")
     program = (
         "import {connect} from './index.js';"
         f"const c = connect({json.dumps(redis_url)}, {{prefix: {json.dumps(real_store.prefix)}}});"
         "const r = await c.claim('r', 'a').catch((e) => e);"
         "console.log(JSON.stringify([r.name, r.found, r.speaks])); await c.close();"
     )
-    real_store.add("r", [Item("a")])
-    done = subprocess.run(
-        [node, "--input-type=module", "-e", program],
-        cwd=NODE_DIR,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    client.close()
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == ["ProtocolMismatch", "two", sorted(SPOKEN)]
+    assert run_node(node, program) == ["ProtocolMismatch", "two", sorted(SPOKEN)]
     assert real_store.item("r", "a").state == "pending"
