@@ -262,12 +262,12 @@ def open_store(ctx: typer.Context, *, needs_rq: bool = False) -> LeaseStore:
             else:
                 warning_line(str(warning.message))
         if needs_rq:
-            store.rq  # noqa: B018  # refused before the protocol is stamped
+            store.rq  # noqa: B018  # raises InvalidInput when RQ has no Redis
         # before anything is written: data in a protocol this release does not speak is refused
         check_protocol(store, stamp=ctx.info_name in STAMPING_COMMANDS)
         settings.store = store
-    if needs_rq:
-        settings.store.rq  # noqa: B018  # raises InvalidInput when RQ has no Redis
+    elif needs_rq:
+        settings.store.rq  # noqa: B018
     return settings.store
 
 
