@@ -17,6 +17,7 @@ from .errors import (
     NotFound,
     PermanentError,
     PermissionDenied,
+    ProtocolMismatch,
     ProviderError,
     RedisLeaseError,
     RedisUnavailable,
@@ -42,11 +43,12 @@ from .lease import (
     ReleaseRequest,
     RunStatus,
 )
+from .protocol_version import check_protocol
 from .runs import Runs
 from .shard_loop import HandlerResult
 from .store import LeaseStore
 
-__version__ = "0.1.0"
+__version__ = "0.10.0"
 
 __all__ = [
     "ActiveLease",
@@ -78,6 +80,7 @@ __all__ = [
     "NotFound",
     "PermanentError",
     "PermissionDenied",
+    "ProtocolMismatch",
     "ProviderError",
     "ProviderGate",
     "RedisLeaseError",
@@ -90,6 +93,7 @@ __all__ = [
     "TLSFailed",
     "Throttled",
     "Write",
+    "check_protocol",
 ]
 
 #: Old names, importable with a DeprecationWarning for one release.

@@ -10,10 +10,11 @@
     │   ├── NotClaimable             exit 4
     │   ├── RunClosed                exit 4
     │   ├── NotFound                 exit 5
-    │   └── RedisUnavailable         exit 6
-    │       ├── PermissionDenied
-    │       ├── TLSFailed
-    │       └── ClusterBusy
+    │   ├── RedisUnavailable         exit 6
+    │   │   ├── PermissionDenied
+    │   │   ├── TLSFailed
+    │   │   └── ClusterBusy
+    │   └── ProtocolMismatch         exit 9
     └── HandlerError                 raised by a job's handler and the effects it applies
         ├── PermanentError
         │   └── NeedsReconciliation
@@ -207,6 +208,25 @@ class TLSFailed(RedisUnavailable, redis.RedisError):
     Also a ``redis.RedisError`` (not a ``ConnectionError``), so that redis-py
     neither retries it nor hides it behind a generic connection error.
     """
+
+
+class ProtocolMismatch(LeaseError):
+    """The data in Redis is in a protocol this release does not speak; nothing was written.
+
+    Attributes:
+        found: the stamp as read (``<prefix>:protocol``, see
+            :mod:`redis_lease.protocol_version`).
+        speaks: the protocol numbers this release speaks.
+    """
+
+    exit_code = 9
+
+    def __init__(
+        self, message: str, *, found: str, speaks: tuple[int, ...], **context: Any
+    ) -> None:
+        super().__init__(message, **context)
+        self.found = found
+        self.speaks = speaks
 
 
 # -- handlers and effects -------------------------------------------------------------------

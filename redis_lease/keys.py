@@ -103,6 +103,12 @@ class Keys:
         return f"{self.prefix}:dataset"
 
     @property
+    def protocol(self) -> str:
+        """The protocol the data under the prefix is in (string: a decimal number), set by
+        the first worker (:mod:`redis_lease.protocol_version`)."""
+        return f"{self.prefix}:protocol"
+
+    @property
     def shard_jobs(self) -> str:
         """Every shard job at work, by RQ job id (hash: id -> JSON: run, shard, worker,
         owner, host, pid, path, queue, budget); its heartbeat is :meth:`run_beat`."""

@@ -232,6 +232,16 @@ same runs, under the same fence, as the Python library. Two clients do: the Pyth
 (`redis_lease`) and a Node.js one ([`clients/node/`](../clients/node)). This page says
 what a client sends and what it gets back, for every script.
 
+## The protocol stamp
+
+This page is protocol 1. The protocol the data under a prefix is in is stamped in the
+string `<prefix>:protocol` (a decimal number). Before its first script a client reads it
+(`GET`); where there is none, a worker stamps the protocol it writes
+(`SET <prefix>:protocol <n> NX`, then `GET` again if another stamped first). A client that
+does not speak the stamped number sends nothing and stops, naming both numbers (the
+Python and Node.js clients raise `ProtocolMismatch`; the CLI and `worker.js` exit 9).
+[upgrading.md](upgrading.md) says which releases speak which protocol and how it changes.
+
 ## Sending a script
 
 1. Read `lua/<name>.lua` and expand its includes (below). The expanded text is the script.

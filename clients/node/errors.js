@@ -82,6 +82,24 @@ export class RedisUnavailable extends Error {
   }
 }
 
+/**
+ * The data in Redis is in a protocol this client does not speak (its stamp, `<prefix>:protocol`,
+ * names another, or holds no number); nothing was sent. worker.js exits 9, as the CLI does.
+ */
+export class ProtocolMismatch extends Error {
+  /**
+   * @param {string} message
+   * @param {string} found the stamp as read
+   * @param {number[]} speaks the protocols this client speaks
+   */
+  constructor(message, found, speaks) {
+    super(message);
+    this.name = 'ProtocolMismatch';
+    this.found = found;
+    this.speaks = speaks;
+  }
+}
+
 /** Each script error code and its class. */
 export const CODES = {
   INVALID: InvalidInput,

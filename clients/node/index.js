@@ -2,9 +2,10 @@
 // Lua scripts (lua/), sent with EVALSHA. Keys, arguments and replies: docs/protocol.md.
 
 import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import Redis from 'ioredis';
 
-import { fromReply, InvalidInput, RedisUnavailable } from './errors.js';
+import { fromReply, InvalidInput, ProtocolMismatch, RedisUnavailable } from './errors.js';
 import { sha1, source } from './scripts.js';
 
 export * from './errors.js';
@@ -16,6 +17,13 @@ export const SHARD_KEY_NAMES = ['meta', 'counts', 'items', 'due', 'leases', 'hel
 const SCRIPTS = ['claim', 'claim_next', 'renew', 'commit', 'fail'];
 /** Times a call is sent again after NOSCRIPT (the server lost its scripts meanwhile). */
 const NOSCRIPT_RETRIES = 3;
+/** This client's release (package.json), named when a protocol stamp refuses it. */
+export const VERSION = JSON.parse(readFileSync(new URL('./package.json', import.meta.url), 'utf8'))
+  .version;
+/** The protocol this client stamps where none is stamped yet (redis_lease/protocol_version.py). */
+export const PROTOCOL = 1;
+/** Every protocol this client speaks (docs/upgrading.md). */
+export const PROTOCOLS = Object.freeze([PROTOCOL]);
 
 /**
  * A lease granted by claim or claimNext: what the holder sends back to renew, commit, fail.
@@ -139,6 +147,42 @@ export class LeaseClient {
     );
     /** @type {Map<string, number>} */
     this.shardCounts = new Map();
+    /** @type {Promise<number> | undefined} the protocol check, once it has begun */
+    this.protocolChecked = undefined;
+  }
+
+  /**
+   * Checks the protocol stamped under the prefix (`<prefix>:protocol`), stamping PROTOCOL
+   * where none is stamped yet. Every script call waits for it first, so a client that does
+   * not speak the stamped protocol sends nothing. Once per client (again after Redis did
+   * not answer).
+   * @returns {Promise<number>} the protocol the data is in; throws ProtocolMismatch
+   */
+  checkProtocol() {
+    this.protocolChecked ??= this.stampProtocol().catch((error) => {
+      if (!(error instanceof ProtocolMismatch)) this.protocolChecked = undefined;
+      throw error;
+    });
+    return this.protocolChecked;
+  }
+
+  /** @returns {Promise<number>} */
+  async stampProtocol() {
+    const key = `${this.prefix}:protocol`;
+    try {
+      let found = await this.redis.get(key);
+      if (found === null) {
+        const stamped = await this.redis.set(key, String(PROTOCOL), 'NX');
+        found = stamped === 'OK' ? String(PROTOCOL) : await this.redis.get(key);
+      }
+      found ??= String(PROTOCOL); // stamped by another, then deleted: none again
+      const number = /^[0-9]{1,9}$/.test(found) ? Number(found) : undefined;
+      if (number !== undefined && PROTOCOLS.includes(number)) return number;
+      throw protocolMismatch(this.prefix, key, found, number);
+    } catch (error) {
+      if (error instanceof ProtocolMismatch) throw error;
+      throw this.unavailable('the protocol stamp', error);
+    }
   }
 
   /** Closes the connection. */
@@ -301,6 +345,7 @@ export class LeaseClient {
    * @returns {Promise<unknown>}
    */
   async call(name, run, shard, args, context = {}) {
+    await this.checkProtocol();
     const keys = this.shardKeys(run, shard);
     const ticket = this.observer?.sent(name, keys, args);
     let reply;
@@ -336,6 +381,27 @@ export class LeaseClient {
       }
     }
   }
+}
+
+/**
+ * The refusal of a stamp this client does not speak, in the words of the Python client's.
+ * @param {string} prefix
+ * @param {string} key
+ * @param {string} found the stamp as read
+ * @param {number | undefined} number the protocol it names, if it is a number
+ * @returns {ProtocolMismatch}
+ */
+function protocolMismatch(prefix, key, found, number) {
+  const speaks = [...PROTOCOLS];
+  const release = `redis-lease-client ${VERSION} speaks protocol ${speaks.join(' and ')}`;
+  const message =
+    number === undefined
+      ? `the protocol stamp ${key} holds ${JSON.stringify(found.slice(0, 40))}, not a protocol ` +
+        `number, and ${release}: find what wrote it (docs/upgrading.md); nothing was written`
+      : `the data under prefix '${prefix}' is in protocol ${number} (stamp ${key}), and ` +
+        `${release}: run a release that speaks protocol ${number} (docs/upgrading.md), or use ` +
+        'another prefix; nothing was written';
+  return new ProtocolMismatch(message, found, speaks);
 }
 
 /**

@@ -9,12 +9,13 @@
 //   {"op": "commit", "lease": {...}, "result": {...}}
 //   {"op": "fail", "lease": {...}, "error": "text", "permanent": false}
 //   {"op": "scripts"}   the SHA1 of every expanded script of lua/
+//   {"op": "protocol"}  the protocol stamped (stamps it where none is; ProtocolMismatch)
 // Answers: {"ok": <lease, leases or reply>} or
 //   {"error": {"name": "LeaseLost", "code": "LEASE_LOST", "message": ..., ...fields}}
 
 import { createInterface } from 'node:readline';
 
-import { connect, LeaseError, scriptNames, sha1, source } from './index.js';
+import { connect, LeaseError, ProtocolMismatch, scriptNames, sha1, source } from './index.js';
 
 const [url, prefix = 'rl'] = process.argv.slice(2);
 if (!url) {
@@ -39,10 +40,12 @@ async function run(r) {
       return client.commit(r.lease, r.result, r);
     case 'fail':
       return client.fail(r.lease, r.error, r);
+    case 'protocol':
+      return client.checkProtocol();
     case 'scripts':
       return Object.fromEntries(scriptNames().map((name) => [name, sha1(source(name))]));
     default:
-      throw new Error(`unknown op ${JSON.stringify(r.op)}: use claim, claimNext, renew, commit, fail or scripts`);
+      throw new Error(`unknown op ${JSON.stringify(r.op)}: use claim, claimNext, renew, commit, fail, protocol or scripts`);
   }
 }
 
@@ -51,6 +54,9 @@ function described(error) {
   if (error instanceof LeaseError) {
     const { name, code, message, fields, run: runId, item, token, ...typed } = error;
     return { name: error.name, code, message, fields, run: runId, item, token, ...typed };
+  }
+  if (error instanceof ProtocolMismatch) {
+    return { name: error.name, message: error.message, found: error.found, speaks: error.speaks };
   }
   return { name: 'Error', message: error instanceof Error ? error.message : String(error) };
 }

@@ -2,7 +2,8 @@
 // A worker: claims the due items of some shards of a run, "handles" each (waits
 // --handle-ms), commits it, and stops when no item of those shards is pending or leased.
 // Prints a JSON summary line on exit. HISTORY_FILE=<path>: records every script call as
-// JSON lines for tests/faults/checker.py.
+// JSON lines for tests/faults/checker.py. Exits 9, touching nothing, when the data is in a
+// protocol the client does not speak (its stamp, <prefix>:protocol; docs/upgrading.md).
 //
 //   node worker.js --run RUN [--url redis://127.0.0.1:6379/0] [--prefix rl] [--shards 0,2]
 //     [--worker NAME] [--ttl-ms 60000] [--batch 10] [--handle-ms 0] [--timeout-s 300]
@@ -10,7 +11,7 @@
 import { parseArgs } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-import { connect, LeaseLost, NotFound } from './index.js';
+import { connect, LeaseLost, NotFound, ProtocolMismatch } from './index.js';
 import { History } from './history.js';
 
 const OPTIONS = {
@@ -78,6 +79,11 @@ async function main() {
   const client = connect(/** @type {string} */ (values.url), {
     prefix: values.prefix,
     observer: history,
+  });
+  await client.checkProtocol().catch((error) => {
+    if (!(error instanceof ProtocolMismatch)) throw error;
+    process.stderr.write(`worker.js: ${error.message}\n`);
+    process.exit(9); // as the CLI: the data is in a protocol this client does not speak
   });
   const count = await client.shardCount(run).catch((error) => {
     if (!(error instanceof NotFound)) throw error;

@@ -154,6 +154,8 @@ def main() -> int:
                 "redis_lease",
                 "--url",
                 args.url,
+                "--prefix",  # the run's: its workers watch and stamp it, and it is cleaned up
+                store.prefix,
                 "worker",
                 "--simple",
                 "--queue",

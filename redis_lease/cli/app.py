@@ -36,6 +36,7 @@ from ..output import (
     error_line,
     warning_line,
 )
+from ..protocol_version import check_protocol
 from ..runs import to_ms
 from ..server_checks import EvictionPolicyWarning, check_server
 from ..store import LeaseStore
@@ -48,6 +49,8 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 #: Set to 1 to let unexpected exceptions show their traceback.
 DEBUG_ENV = "REDIS_LEASE_DEBUG"
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+#: Commands that stamp the protocol where none is stamped yet; the others only check it.
+STAMPING_COMMANDS = frozenset({"worker"})
 
 
 @dataclass
@@ -230,12 +233,14 @@ def open_store(ctx: typer.Context, *, needs_rq: bool = False) -> LeaseStore:
     queue URL is refused before anything is written (exit 2).
 
     Warnings become ``warning: ...`` lines on stderr; a server that may evict keys
-    (``maxmemory-policy`` other than ``noeviction``) is a ``danger: ...`` line.
+    (``maxmemory-policy`` other than ``noeviction``) is a ``danger: ...`` line. The
+    protocol stamp is checked (and stamped by the commands of :data:`STAMPING_COMMANDS`).
 
     Raises:
         RedisUnavailable: Redis cannot be reached, or refuses the login, a command
             (PermissionDenied) or the TLS handshake (TLSFailed).
         InvalidInput: the URL (malformed, unknown scheme) or prefix is not acceptable.
+        ProtocolMismatch: the data is in a protocol this release does not speak (exit 9).
     """
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     ctx.obj = settings
@@ -256,9 +261,13 @@ def open_store(ctx: typer.Context, *, needs_rq: bool = False) -> LeaseStore:
                 danger_line(str(warning.message))
             else:
                 warning_line(str(warning.message))
+        if needs_rq:
+            store.rq  # noqa: B018  # raises InvalidInput when RQ has no Redis
+        # before anything is written: data in a protocol this release does not speak is refused
+        check_protocol(store, stamp=ctx.info_name in STAMPING_COMMANDS)
         settings.store = store
-    if needs_rq:
-        settings.store.rq  # noqa: B018  # raises InvalidInput when RQ has no Redis
+    elif needs_rq:
+        settings.store.rq  # noqa: B018
     return settings.store
 
 
