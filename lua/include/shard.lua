@@ -4,7 +4,8 @@
 -- lease expiry, the last attempt, the deadline, and the holder check; and it
 -- writes the attempt log.
 --
--- Shard keys (all share the hash tag {<run_id>#<shard>}):
+-- Shard keys (all share the hash tag {<run_id>#<shard>}; each script checks their names and
+-- types with check_keys, SHARD_KEYS or LOGGED_KEYS below, before its first write):
 --   KEYS[1] meta     hash: run, shard, max_attempts, backoff_base_ms, backoff_cap_ms,
 --                    deadline_at (ms, 0 = none), closed
 --   KEYS[2] counts   hash: done and the event counters (pending, leased, dead: ZCARD of due,
@@ -26,7 +27,7 @@
 --   KEYS[5] leases   zset: leased items by lease expiry (ms)
 --   KEYS[6] held     zset: leased items by lease start (ms)
 --   KEYS[7] dead     zset: dead items by time of death (ms)
---   KEYS[8] attempts stream, the attempt log, capped with XADD MAXLEN ~ attempt_log
+--   KEYS[8] attempts stream: the attempt log, capped with XADD MAXLEN ~ attempt_log
 --                    (limits.json); only the scripts that end attempts take it (claim,
 --                    claim_next, renew, commit, fail, release, settle, reap, record_effect).
 --                    One entry per ended attempt, written in the same call as the change:
@@ -48,8 +49,11 @@
 local META, COUNTS, ITEMS, DUE, LEASES, HELD, DEAD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local ATTEMPTS = KEYS[8]  -- the attempt log, in the scripts that take LOGGED_KEYS
 local INDEX = {pending = DUE, leased = LEASES, dead = DEAD}
-local SHARD_KEYS = {'meta', 'counts', 'items', 'due', 'leases', 'held', 'dead'}
-local LOGGED_KEYS = {'meta', 'counts', 'items', 'due', 'leases', 'held', 'dead', 'attempts'}
+-- The shard's keys with their types, as check_keys takes them: SHARD_KEYS, and LOGGED_KEYS
+-- (with the attempt log) for the scripts that end attempts.
+local SHARD_KEYS = {{'meta', 'hash'}, {'counts', 'hash'}, {'items', 'hash'}, {'due', 'zset'},
+  {'leases', 'zset'}, {'held', 'zset'}, {'dead', 'zset'}}
+local LOGGED_KEYS = keys_with(SHARD_KEYS, {{'attempts', 'stream'}})
 local RESULT, ERROR = '#r', '#e'
 local RECORD = '^(%l+)|(%d*)|(%d*)|([^|]*)|([^|]*)|(%d*)|(%d*)|(%d*)|([^|]*)|(%d*)|(%d*)|(.*)$'
 -- The 11-field form of earlier versions (no eligible_at). A JSON payload never begins with
@@ -227,19 +231,6 @@ local function text_of(id, suffix)
   local staged = staged_h[id .. suffix]
   if staged ~= nil then return staged or nil end
   return rcall('HGET', ITEMS, id .. suffix) or nil
-end
-
--- Checks the eight keys of a script that logs (at least eight when `open`), and that the
--- attempt log is a stream or nothing: an XADD on another type would fail after the other
--- writes. Returns nil or an INVALID error reply.
-local function check_logged_keys(open)
-  local bad = check_keys(8, open, LOGGED_KEYS)
-  if bad then return bad end
-  local have = rcall('TYPE', ATTEMPTS).ok
-  if have ~= 'none' and have ~= 'stream' then
-    return fail('INVALID', 'KEYS[8] holds a ' .. have .. ', not a stream')
-  end
-  return nil
 end
 
 -- -- the shard's settings, read once per call -------------------------------------------
