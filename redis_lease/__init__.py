@@ -1,8 +1,17 @@
-"""redis-lease: recoverable batch runs on Redis with fenced leases."""
+"""redis-lease: recoverable batch runs on Redis with fenced leases.
 
-from typing import Any
+Every public name is importable from here, wherever it lives. The few whose modules
+need RQ or Prometheus's client (:data:`_LAZY`) import their module on first use, so that
+``import redis_lease`` stays light.
+"""
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from .capacity import CapacityPlan, Measured, RunNeed
+from .cluster import FollowingPool
 from .deprecation import renamed_attribute
+from .effects import not_sent, resolve_effect
 from .errors import (
     ClusterBusy,
     ConditionFailed,
@@ -27,8 +36,10 @@ from .errors import (
 )
 from .gate import ProviderGate
 from .guards import FieldEquals, KeyExists, KeyMissing, Write
+from .job_failures import JobFailures
+from .job_tallies import Tallies
 from .jobs import Job
-from .keeper import ActiveLease
+from .keeper import ActiveLease, LeaseKeeper
 from .lease import (
     Attempt,
     CommitReply,
@@ -42,40 +53,65 @@ from .lease import (
     ReleaseRequest,
     RunStatus,
 )
-from .runs import Runs
-from .shard_loop import HandlerResult
+from .limits import lua_dir
+from .runs import Decision, Runs
+from .scripts import Call, Command, Observer, Scripts, observe, source
+from .server_checks import EvictionPolicyWarning
+from .shard_loop import HandlerResult, ShardReport
 from .store import LeaseStore
+from .tls import InsecureTLSWarning
+
+if TYPE_CHECKING:
+    from .dispatch import JsonJob, purge_queue
+    from .metrics import LeaseCollector
+    from .metrics_history import AttemptHistograms, LogStream
+    from .tick import tick_entry
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ActiveLease",
     "Attempt",
+    "AttemptHistograms",
+    "Call",
+    "CapacityPlan",
     "ClusterBusy",
+    "Command",
     "CommitReply",
     "CommitRequest",
     "ConditionFailed",
+    "Decision",
     "EffectFailed",
     "EffectUnknown",
+    "EvictionPolicyWarning",
     "FailReply",
     "FailRequest",
     "FieldEquals",
+    "FollowingPool",
     "HandlerError",
     "HandlerResult",
+    "InsecureTLSWarning",
     "InvalidInput",
     "Item",
     "ItemError",
     "ItemRecord",
     "Job",
+    "JobFailures",
+    "JsonJob",
     "KeyExists",
     "KeyMissing",
     "Lease",
+    "LeaseCollector",
     "LeaseError",
+    "LeaseKeeper",
     "LeaseLost",
     "LeaseStore",
+    "LogStream",
+    "Measured",
     "NeedsReconciliation",
     "NotClaimable",
     "NotFound",
+    "Observer",
     "PermanentError",
     "PermissionDenied",
     "ProviderError",
@@ -84,19 +120,45 @@ __all__ = [
     "RedisUnavailable",
     "ReleaseRequest",
     "RunClosed",
+    "RunNeed",
     "RunStatus",
     "Runs",
+    "Scripts",
+    "ShardReport",
     "SlotTimeout",
     "TLSFailed",
+    "Tallies",
     "Throttled",
     "Write",
+    "lua_dir",
+    "not_sent",
+    "observe",
+    "purge_queue",
+    "resolve_effect",
+    "source",
+    "tick_entry",
 ]
+
+#: Names whose module is imported on first use (it needs RQ or Prometheus's client).
+_LAZY = {
+    "AttemptHistograms": "metrics_history",
+    "JsonJob": "dispatch",
+    "LeaseCollector": "metrics",
+    "LogStream": "metrics_history",
+    "purge_queue": "dispatch",
+    "tick_entry": "tick",
+}
 
 #: Old names, importable with a DeprecationWarning for one release.
 _RENAMED = {"CommitOutcome": "CommitReply", "FailOutcome": "FailReply", "Outcome": "HandlerResult"}
 
 
 def __getattr__(name: str) -> Any:
-    """The old names (``CommitOutcome``, ``FailOutcome``, ``Outcome``) of renamed
-    classes, with a DeprecationWarning."""
+    """The names of :data:`_LAZY`, imported now; and the old names (``CommitOutcome``,
+    ``FailOutcome``, ``Outcome``) of renamed classes, with a DeprecationWarning."""
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value
     return renamed_attribute(__name__, name, _RENAMED, globals())
