@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -183,7 +184,8 @@ def worker(
 ) -> None:
     """Start an RQ worker set up for redis-lease shard jobs (JSON serializer).
 
-    Prints one line at start, one per shard job (its run, shard, items committed
+    Prints one line once started (a command the Redis user may not run is one error
+    line and exit 6 instead), one per shard job (its run, shard, items committed
     and failed, seconds) and one on SIGTERM. With --burst it exits 8 when shard
     jobs it ran failed. Jobs import from the working directory, as with rq worker.
     Plain RQ works too: rq worker -u URL --serializer rq.serializers.JSONSerializer
@@ -191,7 +193,7 @@ def worker(
     """
     from rq.serializers import JSONSerializer
 
-    from ..dispatch import JsonJob, LeaseWorker, SimpleLeaseWorker, queue
+    from ..dispatch import JsonJob, LeaseWorker, SimpleLeaseWorker, check_worker_access, queue
 
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     names = queues or ["redis-lease"]
@@ -200,11 +202,10 @@ def worker(
     if concurrency is not None:  # read by the shard jobs, forked or not
         os.environ[CONCURRENCY_ENV] = str(check_concurrency(concurrency))
     store = open_store(ctx, needs_rq=True)
+    worker_name = name or uuid.uuid4().hex  # RQ's default name, known before RQ starts
     with store.translating_errors():
-        store.client.ping()
         client = store.rq  # RQ's Redis: the store's, or --queue-url's
-        if client is not store.client:
-            client.ping()
+        check_worker_access(store, client, worker_name)  # a refusal: one line, exit 6
     use_lease_url(settings.url if settings.queue_url else None)
     worker_class = SimpleLeaseWorker if simple else LeaseWorker
     rq_worker = worker_class(
@@ -212,13 +213,13 @@ def worker(
         connection=client,
         serializer=JSONSerializer,
         job_class=JsonJob,
-        name=name,
+        name=worker_name,
     )
     with_cwd_on_path()  # the shard jobs' modules import from here, forked or not
     rq_worker.say = typer.echo
     rq_worker.tracebacks = verbose
     handlers = f"concurrency {concurrency}" if concurrency is not None else "the jobs' concurrency"
-    typer.echo(
+    rq_worker.started = lambda: typer.echo(
         f"worker {rq_worker.name}: queues {', '.join(names)}, {handlers}, "
         f"{'in-process' if simple else 'forking'}{', burst' if burst else ''}, "
         f"Redis {safe_url(settings.url)}"
