@@ -313,8 +313,8 @@ one base, the names in this order, a hash tag, and each key's type (what `TYPE` 
 a missing key is fine). Anything else is `INVALID` and changes nothing: a key of another
 type is `INVALID KEYS[<n>] (<name>) holds a <type>, not a <type>`, never Redis's own
 `WRONGTYPE` after part of the writes. Every script's keys and their types are in its
-section below; a commit's guarded keys may be of any type, each write checking the type
-it needs the same way first.
+section below. A commit's guarded keys may be of any type: each write checks the type it
+needs first (`INVALID write <n> needs a <type> but key <k> holds a <type>`).
 
 ## Arguments
 

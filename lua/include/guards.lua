@@ -138,7 +138,7 @@ local function check_guards(conditions, writes)
 end
 
 -- A write to a key of another type would fail half-way, so the types are
--- checked, following the writes, first (as check_keys words it, with the write).
+-- checked, following the writes, first.
 local function check_types(writes)
   local seen = {}
   for i, w in ipairs(writes) do
@@ -146,8 +146,7 @@ local function check_types(writes)
     if want then
       local have = seen[w.key] or rcall('TYPE', KEYS[GUARDED + w.key]).ok
       if have ~= 'none' and have ~= want then
-        return 'KEYS[' .. (GUARDED + w.key) .. '] (guarded key ' .. w.key .. ') holds a ' .. have
-          .. ', not a ' .. want .. ' (write ' .. i .. ')'
+        return 'write ' .. i .. ' needs a ' .. want .. ' but key ' .. w.key .. ' holds a ' .. have
       end
       if have == 'none' and (w['do'] == 'hset' or w['do'] == 'sadd' or w['do'] == 'zadd') then
         seen[w.key] = want
