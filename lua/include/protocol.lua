@@ -71,14 +71,20 @@ end
 -- nan, inf, hex, '+1' and '01' and nests 1000 deep. Outside strings every word must be true,
 -- false, null or a number in JSON's form, and the nesting at most json_depth levels.
 local function strict_json(raw)
-  local bare = raw:gsub('\\.', ''):gsub('"[^"]*"', '""')
+  local bare = raw
+  if bare:find('\\', 1, true) then bare = bare:gsub('\\.', '') end
+  bare = bare:gsub('"[^"]*"', '""')
   for word in bare:gmatch('[^%s%[%]{}:,"]+') do
     if word ~= 'true' and word ~= 'false' and word ~= 'null' then
       local digits, rest = word:match('^%-?(%d+)(.*)$')
       if not digits or (#digits > 1 and digits:sub(1, 1) == '0') then return false end
-      if rest:gsub('^%.%d+', ''):gsub('^[eE][%-+]?%d+', '') ~= '' then return false end
+      if rest ~= '' and rest:gsub('^%.%d+', ''):gsub('^[eE][%-+]?%d+', '') ~= '' then
+        return false
+      end
     end
   end
+  -- The text decoded, so its brackets pair up: n levels take 2n of its characters.
+  if #bare <= 2 * LIMITS.bounds.json_depth[2] + 1 then return true end
   local brackets, level = bare:gsub('[^%[%]{}]', ''), 0
   while brackets ~= '' do  -- each pass removes the innermost level
     level = level + 1
@@ -130,7 +136,8 @@ local function check_value(kind, bound, raw)
       if not pcall(cjson.decode, raw) or not strict_json(raw) then
         return nil, 'must be JSON text, at most ' .. LIMITS.bounds.json_depth[2] .. ' levels deep'
       end
-      local stored = #cjson.encode(raw) - 2  -- as escaped inside a JSON string
+      -- As escaped inside a JSON string: each byte takes at most 6 (\u00XX).
+      local stored = #raw * 6 <= most and 0 or #cjson.encode(raw) - 2
       if stored > most then return nil, 'is ' .. stored .. ' bytes as stored, over ' .. most end
     end
     return raw
