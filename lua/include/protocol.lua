@@ -75,7 +75,8 @@ local function strict_json(raw)
   if bare:find('\\', 1, true) then bare = bare:gsub('\\.', '') end
   bare = bare:gsub('"[^"]*"', '""')
   for word in bare:gmatch('[^%s%[%]{}:,"]+') do
-    if word ~= 'true' and word ~= 'false' and word ~= 'null' then
+    if not word:find('^[1-9]%d*$') and word ~= '0' and word ~= 'true' and word ~= 'false'
+        and word ~= 'null' then  -- the commonest words first: whole numbers, then literals
       local digits, rest = word:match('^%-?(%d+)(.*)$')
       if not digits or (#digits > 1 and digits:sub(1, 1) == '0') then return false end
       if rest ~= '' and rest:gsub('^%.%d+', ''):gsub('^[eE][%-+]?%d+', '') ~= '' then
@@ -174,17 +175,18 @@ end
 -- {kind, bound}, at most `most` groups (a bound name). Returns the groups as
 -- lists, or nil and an INVALID error reply.
 local function check_rest(first, kinds, most)
-  local count = math.max(0, #ARGV - first + 1)
-  if count % #kinds ~= 0 then
-    return nil, fail('INVALID', 'ARGV[' .. first .. '...] must come in groups of ' .. #kinds)
+  local count, width = math.max(0, #ARGV - first + 1), #kinds
+  if count % width ~= 0 then
+    return nil, fail('INVALID', 'ARGV[' .. first .. '...] must come in groups of ' .. width)
   end
-  if count / #kinds > LIMITS.bounds[most][2] then
+  if count / width > LIMITS.bounds[most][2] then
     return nil, fail('INVALID', 'at most ' .. LIMITS.bounds[most][2] .. ' per call')
   end
   local groups = {}
-  for i = first, #ARGV, #kinds do
+  for i = first, #ARGV, width do
     local group = {}
-    for k, kind in ipairs(kinds) do
+    for k = 1, width do
+      local kind = kinds[k]
       local value, why = check_value(kind[1], kind[2], ARGV[i + k - 1])
       if value == nil then return nil, fail('INVALID', 'ARGV[' .. (i + k - 1) .. '] ' .. why) end
       group[k] = value
