@@ -8,8 +8,10 @@ here with pairs checked already (``add --from-file`` checks a whole file first).
 The pairs are taken a window at a time (:func:`window_size`). A window's pairs of one
 shard go in calls of :data:`ADD_BATCH`, and its calls in round trips of
 :data:`ADD_PIPELINE`, so Redis runs one call after another while the rest are on their
-way. While one window is sent, by a thread of its own, the next is read and prepared;
-windows go out one after the other, so the calls run in the pairs' order.
+way. :data:`SENDERS` windows are sent at once, each by a thread on a connection of its
+own, so that Redis has the next round trip at hand when it ends one, while the next
+window is read and prepared. A window that holds an id of one being sent waits for it:
+an id given twice is added from its first pair, whatever the windows' timing.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
 ADD_BATCH = min(500, ADD_BATCH_MAX)
 #: add_items calls sent per round trip (a pipeline of up to this many).
 ADD_PIPELINE = 16
+#: Windows sent at once, each on a connection of its own.
+SENDERS = 2
 
 Pair = tuple[str, str]
 #: Called with each window's pairs and, in their order, whether each was added.
@@ -95,14 +99,16 @@ def send_adds(
     if second is None:  # one window: no thread needed
         added(first.pairs, first.send())
         return
-    with ThreadPoolExecutor(1, thread_name_prefix="redis-lease-add") as sender:
+    with ThreadPoolExecutor(SENDERS, thread_name_prefix="redis-lease-add") as sender:
         in_flight: deque[tuple[_Window, Future[list[bool]]]] = deque()
         try:
             for window in itertools.chain((first, second), windows):
-                in_flight.append((window, sender.submit(window.send)))
-                if len(in_flight) == 2:  # the next window is read and prepared meanwhile
+                while in_flight and (
+                    len(in_flight) == SENDERS or any(window.meets(w) for w, _ in in_flight)
+                ):
                     done, future = in_flight.popleft()
                     added(done.pairs, future.result())
+                in_flight.append((window, sender.submit(window.send)))
             while in_flight:
                 done, future = in_flight.popleft()
                 added(done.pairs, future.result())
@@ -160,6 +166,7 @@ class _Window:
         settings: AddSettings,
     ) -> None:
         self.store, self.run_id, self.pairs = store, run_id, pairs
+        self._ids: frozenset[str] | None = None
         by_shard: dict[int, list[int]] = {}
         for index, (item_id, _) in enumerate(pairs):
             by_shard.setdefault(shard_of(item_id, count), []).append(index)
@@ -175,6 +182,12 @@ class _Window:
                     flat += pairs[index]
                 self.calls.append(Call("add_items", keys, flat))
                 self.spans.append(span)
+
+    def meets(self, other: _Window) -> bool:
+        """Whether the two windows hold an id in common."""
+        if self._ids is None:
+            self._ids = frozenset(item_id for item_id, _ in self.pairs)
+        return any(item_id in self._ids for item_id, _ in other.pairs)
 
     def send(self) -> list[bool]:
         """Sends the calls; whether each pair was added, in order."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from redis_lease import Item, LeaseStore
-from redis_lease.adding import ADD_BATCH, ADD_PIPELINE, window_size
+from redis_lease.adding import ADD_BATCH, ADD_PIPELINE, _Window, window_size
 from redis_lease.scripts import Call, Command, Scripts
 from tests import test_cli as base
 from tests.test_cli import ENV_NAMES, Cli, assert_error
@@ -126,3 +127,33 @@ def test_store_add_of_many_items_sorts_out_each_and_reports_progress(store: Leas
     assert store.add_checked("r", pairs, progress=heard.append) == (count, 1)
     assert sum(heard) == count + 1 and len(heard) >= 3
     assert store.status("r").counts["pending"] == count + len(added) + len(existing)
+
+
+def test_a_window_holding_an_id_of_one_being_sent_waits_for_it(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows go out two at a time, but not two holding the same id: the first line wins."""
+    size = window_size(1)
+    pairs = [("dup", '"first"'), *((f"u{n}", "null") for n in range(size - 1))]
+    pairs += [("second", "null"), ("dup", '"later"')]  # the second window
+    second = "second"
+    events: list[tuple[str, str]] = []
+    second_started = threading.Event()
+    original = _Window.send
+
+    def send(window: _Window) -> list[bool]:
+        first = window.pairs[0][0]
+        events.append(("start", first))
+        if first == "dup":  # give the second window the chance to overtake, were it sent
+            second_started.wait(timeout=2)
+        elif first == second:
+            second_started.set()
+        try:
+            return original(window)
+        finally:
+            events.append(("end", first))
+
+    monkeypatch.setattr(_Window, "send", send)
+    assert store.add_checked("r", pairs) == (size + 1, 1)
+    assert events.index(("end", "dup")) < events.index(("start", second)), events
+    assert store.item("r", "dup").payload == "first"
