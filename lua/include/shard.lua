@@ -60,6 +60,16 @@ local RECORD = '^(%l+)|(%d*)|(%d*)|([^|]*)|([^|]*)|(%d*)|(%d*)|(%d*)|([^|]*)|(%d
 -- digits and a '|', so no such record matches RECORD.
 local RECORD_11 = '^(%l+)|(%d*)|(%d*)|([^|]*)|([^|]*)|(%d*)|(%d*)|(%d*)|([^|]*)|(%d*)|(.*)$'
 
+-- Numbers as text, each converted once per call: the items of a batch share their times,
+-- and a time read from a record keeps its text for the record's next encoding.
+local number_texts = {}
+local function num(n)
+  if not n then return '' end
+  local s = number_texts[n]
+  if not s then s = tostring(n); number_texts[n] = s end
+  return s
+end
+
 -- -- staged writes ---------------------------------------------------------------------
 local staged_z = {}      -- index key -> {member -> score, or false to remove}
 local staged_order = {}  -- index key -> its staged members, in the order first staged
@@ -105,10 +115,10 @@ local function flush()
       local member = order[i]
       if members[member] == false then rem[#rem + 1] = member end
     end
-    for i = #order, 1, -1 do
+    for i = #order, 1, -1 do  -- scores as text (num): a batch's few times converted once each
       local member = order[i]
       local score = members[member]
-      if score then add[#add + 1] = score; add[#add + 1] = member end
+      if score then add[#add + 1] = num(score); add[#add + 1] = member end
     end
     if #rem > 0 then multi('ZREM', key, rem) end
     if #add > 0 then multi('ZADD', key, add) end
@@ -139,16 +149,6 @@ local function flush()
 end
 
 -- -- records ---------------------------------------------------------------------------
--- Numbers as text, each converted once per call: the items of a batch share their times,
--- and a time read from a record keeps its text for the record's next encoding.
-local number_texts = {}
-local function num(n)
-  if not n then return '' end
-  local s = number_texts[n]
-  if not s then s = tostring(n); number_texts[n] = s end
-  return s
-end
-
 -- A time field of a record ('' for none) as a number, its text kept for num(); each text
 -- converted once per call (the records of a batch share their times).
 local text_numbers = {}

@@ -54,10 +54,14 @@ class ItemFile:
         file of checked items, then yields."""
         self._default_text = encode_json(self.default_payload, "payload")
         with tempfile.TemporaryFile("w+", encoding="utf-8", newline="\n") as checked:
-            count = 0
+            count, lines = 0, []
             for item_id, text in self._items():
-                checked.write(f"{item_id}\t{text}\n")  # no id or JSON text holds a tab or newline
+                lines.append(f"{item_id}\t{text}\n")  # no id or JSON text holds a tab or newline
                 count += 1
+                if len(lines) == 4096:
+                    checked.writelines(lines)
+                    lines.clear()
+            checked.writelines(lines)
             if count == 0:
                 raise InvalidInput(f"{self._name()} holds no items")
             self.count, self._checked = count, checked
