@@ -17,7 +17,7 @@
 -- @include "shard.lua"
 
 local function main()
-  local bad = check_keys(7, false, SHARD_KEYS)
+  local bad = check_keys(SHARD_KEYS)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'int', 'shard'}, {3, 'int', 'attempts'},

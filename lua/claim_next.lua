@@ -39,7 +39,7 @@ local function remove_due_head(due)
 end
 
 local function main()
-  local bad = check_logged_keys(false)
+  local bad = check_keys(LOGGED_KEYS)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'id'}, {3, 'int', 'ttl_ms'}, {4, 'int', 'batch'}})

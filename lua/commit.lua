@@ -6,8 +6,8 @@
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
 -- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
--- KEYS[9...] guarded keys, referred to by number from 1 in ARGV[5] and ARGV[6]
---   (their rules: include/guards.lua)
+-- KEYS[9...] guarded: any type, the guarded keys, referred to by number from 1 in ARGV[5] and
+--   ARGV[6]; each write checks the type it needs first (their rules: include/guards.lua)
 -- ARGV[1] item id (id)
 -- ARGV[2] token (int, bound token)
 -- ARGV[3] lease id, '' to check the token alone (id?)
@@ -30,7 +30,7 @@
 -- @include "guards.lua"
 
 local function main()
-  local bad = check_logged_keys(true)
+  local bad = check_keys(LOGGED_KEYS, true)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'int', 'token'}, {3, 'id?'}, {4, 'json', 'json_bytes'},

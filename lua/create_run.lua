@@ -1,6 +1,6 @@
 -- create_run: create a run record once; later calls change nothing.
 --
--- KEYS[1] the run's hash (tag {<run_id>})
+-- KEYS[1] run: hash, the run's record (tag {<run_id>})
 -- ARGV[1] run id (id)
 -- ARGV[2] shard count (int, bound shard_count)
 -- ARGV[3] initial state, default running (one of planning|running)
@@ -11,15 +11,15 @@
 -- Errors: INVALID <what>
 -- @include "protocol.lua"
 
+local KEYS_TAKEN = {{false, 'hash'}}
+
 local function main()
-  local bad = check_keys(1)
+  local bad = check_keys(KEYS_TAKEN)
   if bad then return bad end
   local A, fields
   A, bad = check_args({{1, 'id'}, {2, 'int', 'shard_count'}, {3, 'one', {'planning', 'running'}, 'running'}})
   if bad then return bad end
   fields, bad = check_rest(4, {{'id'}, {'text', 'text_bytes'}}, 'guard_specs')
-  if bad then return bad end
-  bad = check_key_types({'hash'})
   if bad then return bad end
   local key = KEYS[1]
   if rcall('HSETNX', key, 'run_id', A[1]) == 0 then

@@ -12,7 +12,7 @@
 -- @include "shard.lua"
 
 local function main()
-  local bad = check_logged_keys(false)
+  local bad = check_keys(LOGGED_KEYS)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'int', 'sweep'}})

@@ -6,7 +6,7 @@
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
 -- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
 -- KEYS[9] effects: hash, idempotency key -> JSON record
--- KEYS[10] unknown effects: zset, idempotency key -> since (ms)
+-- KEYS[10] effects_unknown: zset, the unknown effects, idempotency key -> since (ms)
 -- ARGV[1] item id (id)
 -- ARGV[2] token (int, bound token)
 -- ARGV[3] lease id, '' to check the token alone (id?)
@@ -31,15 +31,13 @@
 -- @include "shard.lua"
 
 local EFFECTS, UNKNOWN = KEYS[9], KEYS[10]
+local KEYS_TAKEN = keys_with(LOGGED_KEYS, {{'effects', 'hash'}, {'effects_unknown', 'zset'}})
 local FROM = {intended = {[''] = true, intended = true, unknown = true, failed = true},
   applied = {intended = true, unknown = true}, failed = {intended = true, unknown = true},
   unknown = {intended = true}}
 
 local function main()
-  local bad = check_keys(10, false, {'meta', 'counts', 'items', 'due', 'leases', 'held', 'dead',
-    'attempts', 'effects', 'effects_unknown'})
-  if bad then return bad end
-  bad = check_logged_keys(true)
+  local bad = check_keys(KEYS_TAKEN)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'int', 'token'}, {3, 'id?'}, {4, 'text', 'key_length'},

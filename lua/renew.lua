@@ -17,7 +17,7 @@
 -- @include "holder.lua"
 
 local function main()
-  local bad = check_logged_keys(false)
+  local bad = check_keys(LOGGED_KEYS)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'int', 'token'}, {3, 'id?'}, {4, 'int', 'ttl_ms'},

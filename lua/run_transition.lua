@@ -1,8 +1,8 @@
 -- run_transition: move a run to a new state if it is in one of the expected
 -- states, recording the change with its time and reason in the run's event log.
 --
--- KEYS[1] the run's hash (tag {<run_id>})
--- KEYS[2] the run's event log (stream, same tag)
+-- KEYS[1] run: hash, the run's record (tag {<run_id>})
+-- KEYS[2] events: stream, the run's event log (same tag)
 -- ARGV[1] expected states, comma-separated, '*' for any (text, bound text_bytes)
 -- ARGV[2] new state (one of planning|running|succeeded|partial|failed|canceled)
 -- ARGV[3] reason (text, bound text_bytes)
@@ -13,17 +13,16 @@
 -- Errors: INVALID <what>; NOT_FOUND run=<id>
 -- @include "protocol.lua"
 
+local KEYS_TAKEN = {{'', 'hash'}, {'events', 'stream'}}
 local STATES = {'planning', 'running', 'succeeded', 'partial', 'failed', 'canceled'}
 
 local function main()
-  local bad = check_keys(2, false, {'', 'events'})
+  local bad = check_keys(KEYS_TAKEN)
   if bad then return bad end
   local A, fields
   A, bad = check_args({{1, 'text', 'text_bytes'}, {2, 'one', STATES}, {3, 'text', 'text_bytes'}})
   if bad then return bad end
   fields, bad = check_rest(4, {{'id'}, {'text', 'text_bytes'}}, 'guard_specs')
-  if bad then return bad end
-  bad = check_key_types({'hash', 'stream'})
   if bad then return bad end
   local state = rcall('HGET', KEYS[1], 'state')
   if not state then return fail('NOT_FOUND', 'run=' .. (KEYS[1]:match('{(.-)}') or KEYS[1])) end

@@ -109,7 +109,7 @@ local function check_groups()
 end
 
 local function main()
-  local bad = check_logged_keys(false)
+  local bad = check_keys(LOGGED_KEYS)
   if bad then return bad end
   local values, ids = check_groups()
   if not values then return ids end

@@ -12,7 +12,7 @@
 -- @include "shard.lua"
 
 local function main()
-  local bad = check_keys(7, false, SHARD_KEYS)
+  local bad = check_keys(SHARD_KEYS)
   if bad then return bad end
   local first_due = rcall('ZRANGE', DUE, 0, 0, 'WITHSCORES')
   local first_held = rcall('ZRANGE', HELD, 0, 0, 'WITHSCORES')

@@ -3,7 +3,7 @@
 -- provider's throttle pause lasts.
 --
 -- KEYS[1] slots: zset, holder -> slot expiry (ms)
--- KEYS[2] state: hash (cap, min_cap, max_cap, paused_until, peak_in_use, counters)
+-- KEYS[2] state: hash, the provider's cap, min_cap, max_cap, paused_until, peak_in_use, counters
 -- ARGV[1] holder id (id)
 -- ARGV[2] slot TTL in ms (int, bound ttl_ms)
 -- ARGV[3] max cap, set once (int, bound cap)
@@ -13,6 +13,8 @@
 -- Errors: INVALID <what>
 -- @include "protocol.lua"
 
+local KEYS_TAKEN = {{'slots', 'zset'}, {'state', 'hash'}}
+
 local function state_number(field, default)
   local n = tonumber(rcall('HGET', KEYS[2], field))
   if finite(n) then return n end
@@ -20,14 +22,12 @@ local function state_number(field, default)
 end
 
 local function main()
-  local bad = check_keys(2, false, {'slots', 'state'})
+  local bad = check_keys(KEYS_TAKEN)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'int', 'ttl_ms'}, {3, 'int', 'cap'}, {4, 'int', 'cap'}})
   if bad then return bad end
   if A[4] > A[3] then return fail('INVALID', 'min cap ' .. A[4] .. ' is over max cap ' .. A[3]) end
-  bad = check_key_types({'zset', 'hash'})
-  if bad then return bad end
   local now = now_ms()
   rcall('HSETNX', KEYS[2], 'max_cap', A[3])
   rcall('HSETNX', KEYS[2], 'min_cap', A[4])

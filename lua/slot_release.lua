@@ -4,7 +4,7 @@
 -- (not above max_cap).
 --
 -- KEYS[1] slots: zset, holder -> slot expiry (ms)
--- KEYS[2] state: hash (cap, min_cap, max_cap, paused_until, counters)
+-- KEYS[2] state: hash, the provider's cap, min_cap, max_cap, paused_until, counters
 -- ARGV[1] holder id (id)
 -- ARGV[2] outcome (one of ok|throttled|error)
 -- ARGV[3] retry-after in ms, throttled only, clamped by the caller (int, bound delay_ms)
@@ -13,6 +13,8 @@
 -- Errors: INVALID <what>
 -- @include "protocol.lua"
 
+local KEYS_TAKEN = {{'slots', 'zset'}, {'state', 'hash'}}
+
 local function state_number(field, default)
   local n = tonumber(rcall('HGET', KEYS[2], field))
   if finite(n) then return n end
@@ -20,12 +22,10 @@ local function state_number(field, default)
 end
 
 local function main()
-  local bad = check_keys(2, false, {'slots', 'state'})
+  local bad = check_keys(KEYS_TAKEN)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'id'}, {2, 'one', {'ok', 'throttled', 'error'}}, {3, 'int', 'delay_ms', 0}})
-  if bad then return bad end
-  bad = check_key_types({'zset', 'hash'})
   if bad then return bad end
   local now = now_ms()
   rcall('ZREM', KEYS[1], A[1])

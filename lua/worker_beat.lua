@@ -13,10 +13,10 @@
 -- Errors: INVALID <what>
 -- @include "protocol.lua"
 
+local KEYS_TAKEN = {{'', 'hash'}, {'seen', 'zset'}}
+
 local function main()
-  local bad = check_keys(2, false, {'', 'seen'})
-  if bad then return bad end
-  bad = check_key_types({'hash', 'zset'})
+  local bad = check_keys(KEYS_TAKEN)
   if bad then return bad end
   local A
   A, bad = check_args({{1, 'text', 'key_length'}, {2, 'json', 'json_bytes', ''},

@@ -1,8 +1,17 @@
-"""redis-lease: recoverable batch runs on Redis with fenced leases."""
+"""redis-lease: recoverable batch runs on Redis with fenced leases.
 
-from typing import Any
+Every public name is importable from here, wherever it lives. The few whose modules
+need RQ or Prometheus's client (:data:`_LAZY`) import their module on first use, so that
+``import redis_lease`` stays light.
+"""
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from .capacity import CapacityPlan, Measured, RunNeed
+from .cluster import FollowingPool
 from .deprecation import renamed_attribute
+from .effects import not_sent, resolve_effect
 from .errors import (
     ClusterBusy,
     ConditionFailed,
@@ -28,8 +37,10 @@ from .errors import (
 )
 from .gate import ProviderGate
 from .guards import FieldEquals, KeyExists, KeyMissing, Write
+from .job_failures import JobFailures
+from .job_tallies import Tallies
 from .jobs import Job
-from .keeper import ActiveLease
+from .keeper import ActiveLease, LeaseKeeper
 from .lease import (
     Attempt,
     CommitReply,
@@ -43,41 +54,79 @@ from .lease import (
     ReleaseRequest,
     RunStatus,
 )
+from .limits import lua_dir
 from .protocol_version import check_protocol
-from .runs import Runs
-from .shard_loop import HandlerResult
+from .runs import Decision, Runs
+from .scripts import Call, Command, Observer, Scripts, observe, source
+from .server_checks import EvictionPolicyWarning
+from .shard_loop import HandlerResult, ShardReport
 from .store import LeaseStore
+from .tls import InsecureTLSWarning
+
+if TYPE_CHECKING:
+    from .bad_jobs import BadJob, BadJobGuard
+    from .data_set import Loss, MarkState, Observation
+    from .dispatch import JsonJob, JsonQueue, json_cron_jobs, purge_queue
+    from .lost_records import LostRun
+    from .metrics import LeaseCollector
+    from .metrics_history import AttemptHistograms, LogStream
+    from .remembered import Remembered
+    from .tick import tick_entry
+    from .watch import FleetWatch
 
 __version__ = "0.10.0"
 
 __all__ = [
     "ActiveLease",
     "Attempt",
+    "AttemptHistograms",
+    "BadJob",
+    "BadJobGuard",
+    "Call",
+    "CapacityPlan",
     "ClusterBusy",
+    "Command",
     "CommitReply",
     "CommitRequest",
     "ConditionFailed",
+    "Decision",
     "EffectFailed",
     "EffectUnknown",
+    "EvictionPolicyWarning",
     "FailReply",
     "FailRequest",
     "FieldEquals",
+    "FleetWatch",
+    "FollowingPool",
     "HandlerError",
     "HandlerResult",
+    "InsecureTLSWarning",
     "InvalidInput",
     "Item",
     "ItemError",
     "ItemRecord",
     "Job",
+    "JobFailures",
+    "JsonJob",
+    "JsonQueue",
     "KeyExists",
     "KeyMissing",
     "Lease",
+    "LeaseCollector",
     "LeaseError",
+    "LeaseKeeper",
     "LeaseLost",
     "LeaseStore",
+    "LogStream",
+    "Loss",
+    "LostRun",
+    "MarkState",
+    "Measured",
     "NeedsReconciliation",
     "NotClaimable",
     "NotFound",
+    "Observation",
+    "Observer",
     "PermanentError",
     "PermissionDenied",
     "ProtocolMismatch",
@@ -86,21 +135,59 @@ __all__ = [
     "RedisLeaseError",
     "RedisUnavailable",
     "ReleaseRequest",
+    "Remembered",
     "RunClosed",
+    "RunNeed",
     "RunStatus",
     "Runs",
+    "Scripts",
+    "ShardReport",
     "SlotTimeout",
     "TLSFailed",
+    "Tallies",
     "Throttled",
     "Write",
     "check_protocol",
+    "json_cron_jobs",
+    "lua_dir",
+    "not_sent",
+    "observe",
+    "purge_queue",
+    "resolve_effect",
+    "source",
+    "tick_entry",
 ]
+
+#: Names whose module is imported on first use (it needs RQ or Prometheus's client).
+_LAZY = {
+    "AttemptHistograms": "metrics_history",
+    "BadJob": "bad_jobs",
+    "BadJobGuard": "bad_jobs",
+    "FleetWatch": "watch",
+    "JsonJob": "dispatch",
+    "JsonQueue": "dispatch",
+    "Loss": "data_set",
+    "LostRun": "lost_records",
+    "MarkState": "data_set",
+    "Observation": "data_set",
+    "Remembered": "remembered",
+    "json_cron_jobs": "dispatch",
+    "LeaseCollector": "metrics",
+    "LogStream": "metrics_history",
+    "purge_queue": "dispatch",
+    "tick_entry": "tick",
+}
 
 #: Old names, importable with a DeprecationWarning for one release.
 _RENAMED = {"CommitOutcome": "CommitReply", "FailOutcome": "FailReply", "Outcome": "HandlerResult"}
 
 
 def __getattr__(name: str) -> Any:
-    """The old names (``CommitOutcome``, ``FailOutcome``, ``Outcome``) of renamed
-    classes, with a DeprecationWarning."""
+    """The names of :data:`_LAZY`, imported now; and the old names (``CommitOutcome``,
+    ``FailOutcome``, ``Outcome``) of renamed classes, with a DeprecationWarning."""
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value
     return renamed_attribute(__name__, name, _RENAMED, globals())

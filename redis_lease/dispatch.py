@@ -15,7 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from redis.exceptions import NoPermissionError
 from rq import Queue, SimpleWorker, Worker
+from rq.command import PUBSUB_CHANNEL_TEMPLATE
 from rq.exceptions import NoSuchJobError
 from rq.job import Job as RQJob
 from rq.job import JobStatus
@@ -39,6 +41,10 @@ MISSING_GRACE_MS = 5_000
 LIVE_STATUSES = {JobStatus.SCHEDULED, JobStatus.DEFERRED}
 SHARD_FUNC = "redis_lease.worker.process_shard"
 log = logging.getLogger("redis_lease.worker")
+#: Seconds a worker waits for the server to confirm its command channel before it starts.
+SUBSCRIBE_WAIT = 5.0
+#: The run a worker's first read names (no key of it is ever written).
+ACCESS_CHECK_RUN = "worker-access-check"
 
 
 class JsonJob(RQJob):
@@ -121,6 +127,9 @@ class _Reporting(BaseWorker):
     """
 
     say: Callable[[str], None] | None = None
+    #: Called once RQ has registered the worker and subscribed it (its bootstrap), before
+    #: its first job: ``worker`` prints its start line then, not before.
+    started: Callable[[], None] | None = None
     #: Whether a failed shard job's traceback is logged (``worker --verbose``).
     tracebacks = True
     #: Shard jobs run, and those of them that failed (raised, or their work horse died).
@@ -132,6 +141,26 @@ class _Reporting(BaseWorker):
     lost_leases = 0
     #: The key prefixes of the shard jobs run (the fleet watch watches them).
     shard_prefixes: frozenset[str] = frozenset()
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        """Registers and subscribes the worker as RQ does, then calls :attr:`started`."""
+        super().bootstrap(*args, **kwargs)
+        if self.started is not None:
+            self.started()
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        """RQ's loop. A command the ACL refuses in it ends the loop, as RQ does with any
+        error, and is raised once the worker has stopped (its one line names what to grant),
+        instead of RQ's logged traceback and a clean exit."""
+        refusals = _Refusals()
+        self.log.addFilter(refusals)
+        try:
+            worked = bool(super().work(*args, **kwargs))
+        finally:
+            self.log.removeFilter(refusals)
+        if refusals.error is not None:
+            raise refusals.error
+        return worked
 
     def execute_job(self, job: RQJob, queue: Queue) -> None:
         """Runs the job as RQ does, then reports it when it is a shard job."""
@@ -192,6 +221,20 @@ class _Reporting(BaseWorker):
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
 
+class _Refusals(logging.Filter):
+    """Keeps out of RQ's log, and holds, the ACL refusal (NOPERM) that ended its loop."""
+
+    error: NoPermissionError | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False (not logged) for a record of a refused command; it is held in :attr:`error`."""
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, NoPermissionError):
+            self.error = error
+            return False
+        return True
+
+
 def job_error(job: RQJob, status: Any = None) -> str:
     """The last line of a failed RQ job's error (its exception), or its status."""
     try:
@@ -213,6 +256,36 @@ class LeaseWorker(_PromptUnsubscribe, _Reporting, BadJobGuard, Worker):
 class SimpleLeaseWorker(_PromptUnsubscribe, _Reporting, BadJobGuard, SimpleWorker):
     """RQ's in-process worker that reports shard jobs, fails bad jobs alone and exits
     promptly (see the mixins)."""
+
+
+def check_worker_access(store: LeaseStore, connection: redis.Redis, name: str) -> None:
+    """Sends what a worker needs of its Redis users before it starts, so that a refusal of the
+    ACL is one error here: not RQ's warning ("CLIENT SETNAME command not supported"), a
+    traceback of its listener thread, or shard jobs failing one by one. A read-only script on
+    the store's keys; on RQ's ``connection``, CLIENT SETNAME ``name``, CLIENT INFO (Redis
+    6.2+) and a subscription to the worker's channel. RQ's registration comes next, before
+    the worker says it started (:attr:`_Reporting.started`).
+
+    Raises:
+        redis.RedisError: what the server refused (the caller translates it).
+    """
+    store.scripts.call("shard_status", store.keys.shard(ACCESS_CHECK_RUN, 0), [])
+    connection.client_setname(name)
+    try:
+        connection.client_info()
+    except NoPermissionError:
+        raise
+    except redis.ResponseError:  # before Redis 6.2: RQ reads CLIENT LIST instead
+        pass
+    pubsub = connection.pubsub()
+    try:
+        pubsub.subscribe(PUBSUB_CHANNEL_TEMPLATE % name)
+        deadline = time.monotonic() + SUBSCRIBE_WAIT
+        while time.monotonic() < deadline:  # the confirmation, or the refusal (raised)
+            if pubsub.get_message(timeout=deadline - time.monotonic()) is not None:
+                break
+    finally:
+        pubsub.close()
 
 
 def queue(connection: redis.Redis, name: str) -> Queue:

@@ -212,7 +212,9 @@ def _permission_denied(error: BaseException, context: dict[str, Any]) -> Permiss
     name = command.group(1).replace("|", " ").upper() if command else None
     if name is not None:
         problem = f"not run {name}: grant it"
-    elif "access" in text and ("key" in text or "channel" in text):
+    elif "access" in text and "channel" in text:
+        problem = "not access the channels it needs: grant their channel pattern"
+    elif "access" in text and "key" in text:
         problem = "not access the keys it needs: grant their key pattern"
     else:
         script = _script_name(text)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import random
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis
 
 from . import guards, settlement, tracing
+from .adding import AddSettings, added_counts, added_ids
 from .deprecation import warn_renamed
 from .errors import InvalidInput, LeaseError, NotClaimable, RedisUnavailable
 from .keys import shard_of
@@ -31,8 +32,6 @@ from .lease import (
     effect_record,
 )
 from .limits import (
-    ADD_BATCH_MAX,
-    ATTEMPTS_MAX,
     BATCH_MAX,
     DEFAULT_BACKOFF_BASE,
     DEFAULT_BACKOFF_CAP,
@@ -53,9 +52,6 @@ from .validation import (
     encode_json,
     ttl_to_ms,
 )
-
-#: Items sent to Redis per add_items call (at most limits.ADD_BATCH_MAX).
-ADD_BATCH = min(500, ADD_BATCH_MAX)
 
 
 def lease_base() -> str:
@@ -122,39 +118,42 @@ class LeaseStore(StoreReads):
         """Adds items to a run (creating it); returns (added ids, ids that existed).
 
         Every item is validated before anything is written. Items go to Redis in
-        batches of ADD_BATCH per shard. The settings (attempts, backoff, the
-        deadline after which no lease is granted; None for none) are fixed by a
-        shard's first add; :meth:`set_deadline` moves the deadline later.
+        batches per shard, many batches per round trip (:mod:`.adding`). The settings
+        (attempts, backoff, the deadline after which no lease is granted; None for none)
+        are fixed by a shard's first add; :meth:`set_deadline` moves the deadline later.
         """
-        check_positive(max_attempts, "max_attempts", ATTEMPTS_MAX)
-        deadline = check_time_ms(deadline_ms, "deadline_ms")
-        base_ms, cap_ms = (
-            ttl_to_ms(backoff_base, "backoff_base"),
-            ttl_to_ms(backoff_cap, "backoff_cap"),
-        )
+        settings = AddSettings.checked(max_attempts, backoff_base, backoff_cap, deadline_ms)
         checked = [(check_id(i.id, "item id"), encode_json(i.payload)) for i in items]
         if not checked:
             raise InvalidInput("no items given; name at least one item")
         self.create_run(run_id, shards)
-        count = self.shard_count(run_id)
-        by_shard: dict[int, list[tuple[str, str]]] = {}
-        for item_id, payload in dict(checked).items():
-            by_shard.setdefault(shard_of(item_id, count), []).append((item_id, payload))
-        added: list[str] = []
-        existing: list[str] = []
-        for shard, batch_items in sorted(by_shard.items()):
-            for start in range(0, len(batch_items), ADD_BATCH):
-                batch = batch_items[start : start + ADD_BATCH]
-                flat = [part for pair in batch for part in pair]
-                flags = self._run_script(
-                    "add_items",
-                    run_id,
-                    shard,
-                    [run_id, shard, max_attempts, base_ms, cap_ms, deadline, *flat],
-                )
-                for (item_id, _), flag in zip(batch, flags, strict=True):
-                    (added if flag else existing).append(item_id)
-        return added, existing
+        return added_ids(self, run_id, dict(checked).items(), settings)
+
+    def add_checked(
+        self,
+        run_id: str,
+        pairs: Iterable[tuple[str, str]],
+        *,
+        shards: int | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff_base: float = DEFAULT_BACKOFF_BASE,
+        backoff_cap: float = DEFAULT_BACKOFF_CAP,
+        deadline_ms: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[int, int]:
+        """Adds items checked already, (item id, payload JSON text) pairs read as they are
+        sent (creating the run); returns (added, already there): an id given twice counts
+        once as added, then as already there. The settings are :meth:`add`'s; ``progress``
+        hears how many pairs each round of round trips took.
+
+        For many items read from a file: each id as :func:`~.validation.check_id` passed
+        it, each text as :func:`~.validation.encode_json` made it, so that nothing is
+        checked twice here. The scripts check them again: a bad pair is refused
+        (InvalidInput) with its calls, after the calls before them added theirs.
+        """
+        settings = AddSettings.checked(max_attempts, backoff_base, backoff_cap, deadline_ms)
+        self.create_run(run_id, shards)
+        return added_counts(self, run_id, pairs, settings, progress)
 
     # -- leases ---------------------------------------------------------------
 

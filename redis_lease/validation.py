@@ -66,28 +66,44 @@ def check_id(value: str, what: str = "id") -> str:
 INT_RANGE = (-(2**63), 2**63 - 1)
 
 
-def _depth(value: Any, what: str = "value") -> int:
-    """The nesting depth of a JSON value (0 for a scalar), counted without recursion.
+#: Values with no depth and nothing to check: found by their exact type, the commonest first.
+_FLAT = frozenset({str, float, bool, type(None)})
+
+
+def _depth(value: Any, what: str = "value", level: int = 0) -> int:
+    """The nesting depth of a JSON value (0 for a scalar); past JSON_MAX_DEPTH levels it
+    looks no deeper and answers JSON_MAX_DEPTH + 1, so it never recurses further.
 
     Raises InvalidInput for a whole number outside 64 bits (some server-side JSON
     readers refuse it, others round it)."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        node, level = stack.pop()
-        if isinstance(node, int) and not isinstance(node, bool):
-            if not INT_RANGE[0] <= node <= INT_RANGE[1]:
-                raise InvalidInput(
-                    f"{what} holds the whole number {node}, outside 64 bits; send it as a string"
-                )
-        elif isinstance(node, dict | list):
-            deepest = max(deepest, level + 1)
-            children = node.values() if isinstance(node, dict) else node
-            stack.extend((child, level + 1) for child in children)
-    return deepest
+    if isinstance(value, dict):
+        children: Any = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if whole and not INT_RANGE[0] <= value <= INT_RANGE[1]:
+            raise InvalidInput(
+                f"{what} holds the whole number {value}, outside 64 bits; send it as a string"
+            )
+        return 0
+    if level >= JSON_MAX_DEPTH:
+        return JSON_MAX_DEPTH + 1
+    deepest = 0
+    for child in children:
+        if type(child) not in _FLAT:
+            found = _depth(child, what, level + 1)
+            if found > deepest:
+                deepest = found
+    return deepest + 1
 
 
 def _too_deep(what: str) -> InvalidInput:
     return InvalidInput(f"{what} is nested more than {JSON_MAX_DEPTH} levels deep; flatten it")
+
+
+#: Compact JSON, as encode_json writes it (one encoder: json.dumps would build one per call).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def encode_json(value: Any, what: str = "payload", limit: int = JSON_MAX_BYTES) -> str:
@@ -95,7 +111,7 @@ def encode_json(value: Any, what: str = "payload", limit: int = JSON_MAX_BYTES) 
     try:
         if _depth(value, what) > JSON_MAX_DEPTH:
             raise _too_deep(what)
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _ENCODER.encode(value)
         size = stored_size(text)  # a lone surrogate cannot be encoded: a UnicodeEncodeError
     except (TypeError, ValueError, RecursionError) as error:
         if isinstance(error, InvalidInput):
@@ -108,16 +124,19 @@ def encode_json(value: Any, what: str = "payload", limit: int = JSON_MAX_BYTES) 
     return text
 
 
-#: Characters the scripts' JSON encoder escapes inside a record, and what each adds.
-_ESCAPE_EXTRA = {'"': 1, "\\": 1, "/": 1, "\b": 1, "\f": 1, "\n": 1, "\r": 1, "\t": 1, "\x7f": 5}
+#: Characters the scripts' JSON encoder escapes inside a record as two (``\"``, ``\n``...),
+#: and those it escapes as six (``\u00XX``: the other control characters and DEL).
+_ESCAPED_AS_2 = re.compile('["\\\\/\b\f\n\r\t]')
+_ESCAPED_AS_6 = re.compile("[\x00-\x07\x0b\x0e-\x1f\x7f]")
 
 
 def stored_size(text: str) -> int:
     """Bytes of JSON ``text`` as it sits in an item record: escaped the way the scripts'
     encoder escapes a string (``"``, ``\\``, ``/`` and control characters)."""
-    extra = sum(text.count(char) * added for char, added in _ESCAPE_EXTRA.items())
-    controls = sum(1 for char in text if char < " " and char not in "\b\f\n\r\t")
-    return len(text.encode()) + extra + 5 * controls
+    extra = len(_ESCAPED_AS_2.findall(text))
+    if not text.isprintable():  # printable text holds no control character
+        extra += 5 * len(_ESCAPED_AS_6.findall(text))
+    return len(text.encode()) + extra
 
 
 def parse_json(text: str, what: str = "payload", limit: int = JSON_MAX_BYTES) -> Any:

@@ -116,13 +116,13 @@ class FleetWatch(threading.Thread):
         self.takeovers: list[takeover.Takeover] = []
 
     def run(self) -> None:
-        while True:
+        """Ticks every :data:`~redis_lease.limits.HEARTBEAT` seconds until :meth:`close`
+        (the first tick a second after the start: call :meth:`tick` before to beat at once)."""
+        while not self._done.wait(HEARTBEAT):
             try:
                 self.tick()
             except (RedisLeaseError, *REDIS_FAILURES) as error:
                 log.warning("fleet watch: %s", error)
-            if self._done.wait(HEARTBEAT):
-                return
 
     def tick(self) -> None:
         """One beat, and one sweep for stopped shard jobs under each prefix."""

@@ -51,15 +51,21 @@ DOC = ROOT / "docs" / "protocol.md"
 
 SHARD_KEYS = ("meta", "counts", "items", "due", "leases", "held", "dead", "attempts")
 SHARD_KEY_WHAT = {
-    "meta": "hash: run, shard, max_attempts, backoff_base_ms, backoff_cap_ms, deadline_at, closed",
-    "counts": "hash: done and the event counters",
-    "items": "hash: item id -> packed record; `<id>#r` the result, `<id>#e` the last errors",
-    "due": "zset: pending items by eligible-at (ms)",
-    "leases": "zset: leased items by lease expiry (ms)",
-    "held": "zset: leased items by lease start (ms)",
-    "dead": "zset: dead items by time of death (ms)",
-    "attempts": "stream: the attempt log, one entry per ended attempt",
+    "meta": "run, shard, max_attempts, backoff_base_ms, backoff_cap_ms, deadline_at, closed",
+    "counts": "done and the event counters",
+    "items": "item id -> packed record; `<id>#r` the result, `<id>#e` the last errors",
+    "due": "pending items by eligible-at (ms)",
+    "leases": "leased items by lease expiry (ms)",
+    "held": "leased items by lease start (ms)",
+    "dead": "dead items by time of death (ms)",
+    "attempts": "the attempt log, one entry per ended attempt",
 }
+#: The types a key may be documented to hold (what TYPE answers), or ``any type``.
+KEY_TYPES = "hash|zset|set|list|string|stream|any type"
+#: A key of a script's own (not a shard's): ``name: type, what it holds``.
+_OWN_KEY = re.compile(rf"^([a-z_]+): ({KEY_TYPES}), (.*)$")
+#: A shard key in include/shard.lua's header: ``KEYS[n] name     type: what``.
+_SHARD_KEY = re.compile(rf"^--\s+KEYS\[\d+\] ([a-z]+) +({KEY_TYPES}):", re.MULTILINE)
 SHARD_TAG = "<prefix>:{<run_id>#<shard>}"
 #: Key patterns of the keys that are not a shard's seven or its attempt log.
 OTHER_KEYS = {
@@ -142,6 +148,12 @@ def parse(path: Path) -> Header:
     return header
 
 
+def shard_key_types() -> dict[str, str]:
+    """Each shard key's type, by name, from include/shard.lua's header."""
+    text = (LUA / "include" / "shard.lua").read_text()
+    return dict(_SHARD_KEY.findall(text))
+
+
 def limits() -> dict[str, Any]:
     """The parsed limits.json."""
     data: dict[str, Any] = json.loads((LUA / "include" / "limits.json").read_text())
@@ -190,16 +202,21 @@ def render_script(header: Header, bounds: dict[str, list[int]]) -> list[str]:
     """One script's section."""
     out = [f"### `{header.name}`", "", cell(" ".join(header.purpose)), ""]
     if header.keys:
-        out += ["| KEYS | key | pattern |", "| --- | --- | --- |"]
+        out += ["| KEYS | key | type | pattern |", "| --- | --- | --- | --- |"]
         for position, block in header.keys:
             text = " ".join(line.strip() for line in block)
             if text in SHARD_KEYS:
                 pattern = f"`{SHARD_TAG}:{text}`"
-                what = cell(f"{text} ({SHARD_KEY_WHAT[text]})")
+                what, kind = cell(f"{text} ({SHARD_KEY_WHAT[text]})"), shard_key_types()[text]
             else:
+                own = _OWN_KEY.match(text)
+                if own is None:
+                    raise SystemExit(
+                        f"{header.name}.lua: KEYS[{position}] must read 'name: type, what it holds'"
+                    )
                 pattern = OTHER_KEYS.get((header.name, position), "")
-                what = joined(block)
-            out.append(f"| {position} | {what} | {pattern} |")
+                what, kind = cell(f"{own.group(1)} ({own.group(3)})"), own.group(2)
+            out.append(f"| {position} | {what} | {kind} | {pattern} |")
         out.append("")
     if header.argv:
         out += ["| ARGV | argument | kind | bound |", "| --- | --- | --- | --- |"]
@@ -295,14 +312,19 @@ Every key starts with the store's prefix (`rl` unless set). A run has `shards` s
 the shard count is the field `shards` of the run's hash `<prefix>:run:{<run_id>}`.
 A shard's keys share the hash tag `{<run_id>#<shard>}`:
 
-| # | key | pattern | holds |
-| --- | --- | --- | --- |
+| # | key | type | pattern | holds |
+| --- | --- | --- | --- | --- |
 @shard_keys@
 
 The scripts that change a shard take its seven keys in this order; those that end
 attempts (claim, claim_next, renew, commit, fail, release, settle, reap, record_effect)
-take the attempt log as the eighth. The scripts check the keys: one base, the names in
-this order, a hash tag; anything else is `INVALID` and changes nothing.
+take the attempt log as the eighth. The scripts check the keys before their first write:
+one base, the names in this order, a hash tag, and each key's type (what `TYPE` answers;
+a missing key is fine). Anything else is `INVALID` and changes nothing: a key of another
+type is `INVALID KEYS[<n>] (<name>) holds a <type>, not a <type>`, never Redis's own
+`WRONGTYPE` after part of the writes. Every script's keys and their types are in its
+section below. A commit's guarded keys may be of any type: each write checks the type it
+needs first (`INVALID write <n> needs a <type> but key <k> holds a <type>`).
 
 ## Arguments
 
@@ -375,8 +397,9 @@ def render() -> str:
     bounds: dict[str, list[int]] = table["bounds"]
     defaults: dict[str, Any] = table["defaults"]
     headers = [parse(path) for path in sorted(LUA.glob("*.lua"))]
+    types = shard_key_types()
     shard_rows = "\n".join(
-        f"| {n} | {name} | `{SHARD_TAG}:{name}` | {cell(SHARD_KEY_WHAT[name])} |"
+        f"| {n} | {name} | {types[name]} | `{SHARD_TAG}:{name}` | {cell(SHARD_KEY_WHAT[name])} |"
         for n, name in enumerate(SHARD_KEYS, 1)
     )
     parts = {

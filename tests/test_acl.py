@@ -112,6 +112,53 @@ def test_worker_user_is_refused_keys_beyond_its_patterns(server: RedisServer) ->
     assert not default_client(server).keys("team2*")
 
 
+#: Grants of the documented worker user, each taken away in turn, and what its one line names.
+WORKER_GRANTS = [
+    ("+client|setname", "may not run CLIENT SETNAME: grant it"),
+    ("+client|info", "may not run CLIENT INFO: grant it"),
+    ("+subscribe", "may not run SUBSCRIBE: grant it"),
+    ("&rq:*", "may not access the channels it needs: grant their channel pattern"),
+    ("+hset", "may not run HSET: grant it"),
+    ("+sadd", "may not run SADD: grant it"),
+    ("~rq:*", "may not access the keys it needs: grant their key pattern"),
+    ("+evalsha", "may not run EVALSHA: grant it"),
+    ("~rl:*", "may not access the keys it needs: grant their key pattern"),
+]
+
+
+def lacking(server: RedisServer, grant: str) -> Cli:
+    """The CLI as ``rl-lacking``: the documented worker user without ``grant``."""
+    words = documented_acl_lines()["worker"].split()
+    assert grant in words, grant
+    words = [w for w in words if w != grant]
+    words[2], words[words.index(">WORKER_PASSWORD")] = "rl-lacking", ">lacking-Pw-1"
+    default = default_client(server)
+    default.execute_command(*words)  # type: ignore[no-untyped-call]
+    default.close()
+    return Cli(f"redis://rl-lacking:lacking-Pw-1@127.0.0.1:{server.port}/0")
+
+
+@pytest.mark.parametrize(("grant", "named"), WORKER_GRANTS, ids=[g for g, _ in WORKER_GRANTS])
+def test_a_worker_the_acl_refuses_says_one_line_and_never_starts(
+    server: RedisServer, grant: str, named: str
+) -> None:
+    done = lacking(server, grant).run("worker", "--burst", "--queue", "acl-lacking")
+    assert done.returncode == 6, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [f"error: the Redis user {named} (see docs/security.md)"]
+    assert done.stdout == "", "no start line: the worker never started"
+    assert not default_client(server).keys("rq:*"), "nothing of the worker was registered"
+
+
+def test_a_worker_refused_once_started_stops_with_one_line(server: RedisServer) -> None:
+    # RQ's dequeue (LMOVE) is first sent after the worker registered, and said so.
+    done = lacking(server, "+lmove").run("worker", "--burst", "--queue", "acl-lacking")
+    assert done.returncode == 6, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        "error: the Redis user may not run LMOVE: grant it (see docs/security.md)"
+    ]
+    assert done.stdout.startswith("worker ") and len(done.stdout.splitlines()) == 1
+
+
 def dead_run(server: RedisServer, run_id: str) -> None:
     """A run of two items, ``a`` dead after its one attempt, made by the default user."""
     store = LeaseStore.from_url(server.url)

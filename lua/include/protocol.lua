@@ -3,9 +3,16 @@
 -- bounds (LIMITS, from limits.json) and the one argument checker.
 --
 -- A Lua error does not roll back the writes before it, so every script checks
--- all of its arguments with check_args/check_rest (and its key count with
--- check_keys) before its first write, and answers a bad one with
+-- all of its arguments with check_args/check_rest, and all of its keys with
+-- check_keys, before its first write, and answers a bad one with
 -- `INVALID <what>`, never a raw Lua error.
+--
+-- Keys: every script declares the keys it takes, in KEYS order, each as {name, type}, and
+-- passes the list to check_keys before anything else. The type is what TYPE answers for
+-- the key (hash, zset, stream, string, ...); a key of another type would make a command
+-- fail with a raw WRONGTYPE error, maybe after other writes, so it is refused first with
+-- `INVALID KEYS[<n>] (<name>) holds a <type>, not a <declared type>` (a missing key is
+-- fine). A new script gets the check by declaring its keys.
 local rcall = redis.call
 -- @include "limits.json"
 
@@ -64,14 +71,21 @@ end
 -- nan, inf, hex, '+1' and '01' and nests 1000 deep. Outside strings every word must be true,
 -- false, null or a number in JSON's form, and the nesting at most json_depth levels.
 local function strict_json(raw)
-  local bare = raw:gsub('\\.', ''):gsub('"[^"]*"', '""')
+  local bare = raw
+  if bare:find('\\', 1, true) then bare = bare:gsub('\\.', '') end
+  bare = bare:gsub('"[^"]*"', '""')
   for word in bare:gmatch('[^%s%[%]{}:,"]+') do
-    if word ~= 'true' and word ~= 'false' and word ~= 'null' then
+    if not word:find('^[1-9]%d*$') and word ~= '0' and word ~= 'true' and word ~= 'false'
+        and word ~= 'null' then  -- the commonest words first: whole numbers, then literals
       local digits, rest = word:match('^%-?(%d+)(.*)$')
       if not digits or (#digits > 1 and digits:sub(1, 1) == '0') then return false end
-      if rest:gsub('^%.%d+', ''):gsub('^[eE][%-+]?%d+', '') ~= '' then return false end
+      if rest ~= '' and rest:gsub('^%.%d+', ''):gsub('^[eE][%-+]?%d+', '') ~= '' then
+        return false
+      end
     end
   end
+  -- The text decoded, so its brackets pair up: n levels take 2n of its characters.
+  if #bare <= 2 * LIMITS.bounds.json_depth[2] + 1 then return true end
   local brackets, level = bare:gsub('[^%[%]{}]', ''), 0
   while brackets ~= '' do  -- each pass removes the innermost level
     level = level + 1
@@ -123,7 +137,8 @@ local function check_value(kind, bound, raw)
       if not pcall(cjson.decode, raw) or not strict_json(raw) then
         return nil, 'must be JSON text, at most ' .. LIMITS.bounds.json_depth[2] .. ' levels deep'
       end
-      local stored = #cjson.encode(raw) - 2  -- as escaped inside a JSON string
+      -- As escaped inside a JSON string: each byte takes at most 6 (\u00XX).
+      local stored = #raw * 6 <= most and 0 or #cjson.encode(raw) - 2
       if stored > most then return nil, 'is ' .. stored .. ' bytes as stored, over ' .. most end
     end
     return raw
@@ -160,17 +175,18 @@ end
 -- {kind, bound}, at most `most` groups (a bound name). Returns the groups as
 -- lists, or nil and an INVALID error reply.
 local function check_rest(first, kinds, most)
-  local count = math.max(0, #ARGV - first + 1)
-  if count % #kinds ~= 0 then
-    return nil, fail('INVALID', 'ARGV[' .. first .. '...] must come in groups of ' .. #kinds)
+  local count, width = math.max(0, #ARGV - first + 1), #kinds
+  if count % width ~= 0 then
+    return nil, fail('INVALID', 'ARGV[' .. first .. '...] must come in groups of ' .. width)
   end
-  if count / #kinds > LIMITS.bounds[most][2] then
+  if count / width > LIMITS.bounds[most][2] then
     return nil, fail('INVALID', 'at most ' .. LIMITS.bounds[most][2] .. ' per call')
   end
   local groups = {}
-  for i = first, #ARGV, #kinds do
+  for i = first, #ARGV, width do
     local group = {}
-    for k, kind in ipairs(kinds) do
+    for k = 1, width do
+      local kind = kinds[k]
       local value, why = check_value(kind[1], kind[2], ARGV[i + k - 1])
       if value == nil then return nil, fail('INVALID', 'ARGV[' .. (i + k - 1) .. '] ' .. why) end
       group[k] = value
@@ -180,36 +196,48 @@ local function check_rest(first, kinds, most)
   return groups
 end
 
--- Checks the key count (at least `count` when `open`) and, given `names`, that
--- the first keys are one base name with these suffixes ('' for the base itself),
--- the base carrying a hash tag: a caller cannot mix two shards' keys or put one
--- key in another's place.
-local function check_keys(count, open, names)
+-- Checks KEYS against `declared`, the script's keys in KEYS order, each {name, type}:
+--   the count: #declared keys (at least that many when `open`: the script checks the rest);
+--   the names, when the first key has one: the keys are one base name with these suffixes
+--     ('' for the base itself), the base carrying a hash tag, so that a caller cannot mix two
+--     shards' keys or put one key in another's place (a name of false: any key);
+--   the types: each key holds its declared type or nothing.
+-- Returns nil or an INVALID error reply.
+local function check_keys(declared, open)
+  local count = #declared
   if not (#KEYS == count or (open and #KEYS >= count)) then
     return fail('INVALID', 'expected ' .. (open and 'at least ' or '') .. count .. ' keys, got ' .. #KEYS)
   end
-  if not names then return nil end
-  local first = names[1] == '' and '' or ':' .. names[1]
-  local base = KEYS[1]:sub(1, #KEYS[1] - #first)
-  if KEYS[1] ~= base .. first or not base:find('{', 1, true) then
-    return fail('INVALID', 'KEYS[1] must carry a hash tag and end in "' .. first .. '"')
+  local named = declared[1][1]
+  if named then
+    local first = named == '' and '' or ':' .. named
+    local base = KEYS[1]:sub(1, #KEYS[1] - #first)
+    if KEYS[1] ~= base .. first or not base:find('{', 1, true) then
+      return fail('INVALID', 'KEYS[1] must carry a hash tag and end in "' .. first .. '"')
+    end
+    for i = 2, count do
+      local name = declared[i][1]
+      if name and KEYS[i] ~= base .. ':' .. name then
+        return fail('INVALID', 'KEYS[' .. i .. '] must be ' .. base .. ':' .. name)
+      end
+    end
   end
-  for i = 2, #names do
-    if KEYS[i] ~= base .. ':' .. names[i] then
-      return fail('INVALID', 'KEYS[' .. i .. '] must be ' .. base .. ':' .. names[i])
+  for i = 1, count do
+    local want = declared[i][2]
+    local have = rcall('TYPE', KEYS[i]).ok
+    if have ~= want and have ~= 'none' then
+      local name = declared[i][1]
+      return fail('INVALID', 'KEYS[' .. i .. ']' .. (name and name ~= '' and ' (' .. name .. ')' or '')
+        .. ' holds a ' .. have .. ', not a ' .. want)
     end
   end
   return nil
 end
 
--- Checks that each KEYS[i] holds types[i] or nothing: a command on a key of another type
--- fails with a raw error, maybe after other writes. Returns nil or an INVALID error reply.
-local function check_key_types(types)
-  for i, want in ipairs(types) do
-    local have = rcall('TYPE', KEYS[i]).ok
-    if have ~= 'none' and have ~= want then
-      return fail('INVALID', 'KEYS[' .. i .. '] holds a ' .. have .. ', not a ' .. want)
-    end
-  end
-  return nil
+-- `declared` followed by the keys of `more` (key lists as check_keys takes them).
+local function keys_with(declared, more)
+  local all = {}
+  for _, key in ipairs(declared) do all[#all + 1] = key end
+  for _, key in ipairs(more) do all[#all + 1] = key end
+  return all
 end

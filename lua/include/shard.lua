@@ -4,7 +4,8 @@
 -- lease expiry, the last attempt, the deadline, and the holder check; and it
 -- writes the attempt log.
 --
--- Shard keys (all share the hash tag {<run_id>#<shard>}):
+-- Shard keys (all share the hash tag {<run_id>#<shard>}; each script checks their names and
+-- types with check_keys, SHARD_KEYS or LOGGED_KEYS below, before its first write):
 --   KEYS[1] meta     hash: run, shard, max_attempts, backoff_base_ms, backoff_cap_ms,
 --                    deadline_at (ms, 0 = none), closed
 --   KEYS[2] counts   hash: done and the event counters (pending, leased, dead: ZCARD of due,
@@ -26,7 +27,7 @@
 --   KEYS[5] leases   zset: leased items by lease expiry (ms)
 --   KEYS[6] held     zset: leased items by lease start (ms)
 --   KEYS[7] dead     zset: dead items by time of death (ms)
---   KEYS[8] attempts stream, the attempt log, capped with XADD MAXLEN ~ attempt_log
+--   KEYS[8] attempts stream: the attempt log, capped with XADD MAXLEN ~ attempt_log
 --                    (limits.json); only the scripts that end attempts take it (claim,
 --                    claim_next, renew, commit, fail, release, settle, reap, record_effect).
 --                    One entry per ended attempt, written in the same call as the change:
@@ -48,13 +49,26 @@
 local META, COUNTS, ITEMS, DUE, LEASES, HELD, DEAD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local ATTEMPTS = KEYS[8]  -- the attempt log, in the scripts that take LOGGED_KEYS
 local INDEX = {pending = DUE, leased = LEASES, dead = DEAD}
-local SHARD_KEYS = {'meta', 'counts', 'items', 'due', 'leases', 'held', 'dead'}
-local LOGGED_KEYS = {'meta', 'counts', 'items', 'due', 'leases', 'held', 'dead', 'attempts'}
+-- The shard's keys with their types, as check_keys takes them: SHARD_KEYS, and LOGGED_KEYS
+-- (with the attempt log) for the scripts that end attempts.
+local SHARD_KEYS = {{'meta', 'hash'}, {'counts', 'hash'}, {'items', 'hash'}, {'due', 'zset'},
+  {'leases', 'zset'}, {'held', 'zset'}, {'dead', 'zset'}}
+local LOGGED_KEYS = keys_with(SHARD_KEYS, {{'attempts', 'stream'}})
 local RESULT, ERROR = '#r', '#e'
 local RECORD = '^(%l+)|(%d*)|(%d*)|([^|]*)|([^|]*)|(%d*)|(%d*)|(%d*)|([^|]*)|(%d*)|(%d*)|(.*)$'
 -- The 11-field form of earlier versions (no eligible_at). A JSON payload never begins with
 -- digits and a '|', so no such record matches RECORD.
 local RECORD_11 = '^(%l+)|(%d*)|(%d*)|([^|]*)|([^|]*)|(%d*)|(%d*)|(%d*)|([^|]*)|(%d*)|(.*)$'
+
+-- Numbers as text, each converted once per call: the items of a batch share their times,
+-- and a time read from a record keeps its text for the record's next encoding.
+local number_texts = {}
+local function num(n)
+  if not n then return '' end
+  local s = number_texts[n]
+  if not s then s = tostring(n); number_texts[n] = s end
+  return s
+end
 
 -- -- staged writes ---------------------------------------------------------------------
 local staged_z = {}      -- index key -> {member -> score, or false to remove}
@@ -101,10 +115,10 @@ local function flush()
       local member = order[i]
       if members[member] == false then rem[#rem + 1] = member end
     end
-    for i = #order, 1, -1 do
+    for i = #order, 1, -1 do  -- scores as text (num): a batch's few times converted once each
       local member = order[i]
       local score = members[member]
-      if score then add[#add + 1] = score; add[#add + 1] = member end
+      if score then add[#add + 1] = num(score); add[#add + 1] = member end
     end
     if #rem > 0 then multi('ZREM', key, rem) end
     if #add > 0 then multi('ZADD', key, add) end
@@ -135,16 +149,6 @@ local function flush()
 end
 
 -- -- records ---------------------------------------------------------------------------
--- Numbers as text, each converted once per call: the items of a batch share their times,
--- and a time read from a record keeps its text for the record's next encoding.
-local number_texts = {}
-local function num(n)
-  if not n then return '' end
-  local s = number_texts[n]
-  if not s then s = tostring(n); number_texts[n] = s end
-  return s
-end
-
 -- A time field of a record ('' for none) as a number, its text kept for num(); each text
 -- converted once per call (the records of a batch share their times).
 local text_numbers = {}
@@ -227,19 +231,6 @@ local function text_of(id, suffix)
   local staged = staged_h[id .. suffix]
   if staged ~= nil then return staged or nil end
   return rcall('HGET', ITEMS, id .. suffix) or nil
-end
-
--- Checks the eight keys of a script that logs (at least eight when `open`), and that the
--- attempt log is a stream or nothing: an XADD on another type would fail after the other
--- writes. Returns nil or an INVALID error reply.
-local function check_logged_keys(open)
-  local bad = check_keys(8, open, LOGGED_KEYS)
-  if bad then return bad end
-  local have = rcall('TYPE', ATTEMPTS).ok
-  if have ~= 'none' and have ~= 'stream' then
-    return fail('INVALID', 'KEYS[8] holds a ' .. have .. ', not a stream')
-  end
-  return nil
 end
 
 -- -- the shard's settings, read once per call -------------------------------------------

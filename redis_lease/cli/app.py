@@ -5,7 +5,8 @@ and ``--tls-key`` as its parameters, ``--tls-insecure`` allowing it to turn
 verification off) and ``--prefix`` are kept in ``ctx.obj`` (a
 :class:`Settings`); a command gets its store from :func:`open_store`. Every
 failure leaves through :meth:`LeaseGroup.main`: one ``error: ...`` line on stderr
-and the documented exit code (docs/cli.md), never a traceback. The command
+and the documented exit code (docs/cli.md), never a traceback; a warning, one
+``warning: ...`` line (:func:`show_warning`). The command
 modules of this package add commands with ``@app.command()`` on :data:`app`.
 """
 
@@ -95,6 +96,19 @@ def report(error: Exception) -> int:
     return 1
 
 
+def show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """Shows a warning that reached the command line (a library's, say) as one
+    ``warning: ...`` line on stderr, without Python's source line."""
+    warning_line(str(message))
+
+
 class LeaseGroup(TyperGroup):
     """The root command: turns every failure into one stderr line and an exit code."""
 
@@ -111,10 +125,12 @@ class LeaseGroup(TyperGroup):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         try:
-            # Non-standalone: click hands errors to us instead of printing them itself.
-            result = super().main(
-                args, prog_name, complete_var, False, windows_expand_args, **extra
-            )
+            with warnings.catch_warnings():
+                warnings.showwarning = show_warning
+                # Non-standalone: click hands errors to us instead of printing them itself.
+                result = super().main(
+                    args, prog_name, complete_var, False, windows_expand_args, **extra
+                )
         except Exception as error:
             if os.environ.get(DEBUG_ENV) == "1":
                 raise

@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -183,18 +184,19 @@ def worker(
 ) -> None:
     """Start an RQ worker set up for redis-lease shard jobs (JSON serializer).
 
-    Prints one line at start, one per shard job (its run, shard, items committed
-    and failed, leases lost, seconds), one per shard job it takes over from a worker
-    that stopped beating, and one on SIGTERM. A job it cannot run (unreadable, e.g.
-    pickled, or its function does not import) fails alone with one line and the
-    worker goes on. With --burst it exits 8 when shard jobs it ran failed or jobs it
-    took could not run. Jobs import from the working directory, as with rq worker.
+    Prints one line once started (a command the Redis user may not run is one error
+    line and exit 6 instead), one per shard job (its run, shard, items committed and
+    failed, leases lost, seconds), one per shard job it takes over from a worker that
+    stopped beating, and one on SIGTERM. A job it cannot run (unreadable, e.g. pickled,
+    or its function does not import) fails alone with one line and the worker goes on.
+    With --burst it exits 8 when shard jobs it ran failed or jobs it took could not run.
+    Jobs import from the working directory, as with rq worker.
     Plain RQ works too: rq worker -u URL --serializer rq.serializers.JSONSerializer
     --job-class redis_lease.dispatch.JsonJob redis-lease
     """
     from rq.serializers import JSONSerializer
 
-    from ..dispatch import JsonJob, LeaseWorker, SimpleLeaseWorker, queue
+    from ..dispatch import JsonJob, LeaseWorker, SimpleLeaseWorker, check_worker_access, queue
     from ..watch import FleetWatch
 
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
@@ -204,11 +206,10 @@ def worker(
     if concurrency is not None:  # read by the shard jobs, forked or not
         os.environ[CONCURRENCY_ENV] = str(check_concurrency(concurrency))
     store = open_store(ctx, needs_rq=True)
+    worker_name = name or uuid.uuid4().hex  # RQ's default name, known before RQ starts
     with store.translating_errors():
-        store.client.ping()
         client = store.rq  # RQ's Redis: the store's, or --queue-url's
-        if client is not store.client:
-            client.ping()
+        check_worker_access(store, client, worker_name)  # a refusal: one line, exit 6
     use_lease_url(settings.url if settings.queue_url else None)
     worker_class = SimpleLeaseWorker if simple else LeaseWorker
     rq_worker = worker_class(
@@ -216,27 +217,36 @@ def worker(
         connection=client,
         serializer=JSONSerializer,
         job_class=JsonJob,
-        name=name,
+        name=worker_name,
     )
     with_cwd_on_path()  # the shard jobs' modules import from here, forked or not
     rq_worker.say = typer.echo
     rq_worker.tracebacks = verbose
     rq_worker.bad_job_store = store
     handlers = f"concurrency {concurrency}" if concurrency is not None else "the jobs' concurrency"
-    typer.echo(
-        f"worker {rq_worker.name}: queues {', '.join(names)}, {handlers}, "
-        f"{'in-process' if simple else 'forking'}{', burst' if burst else ''}, "
-        f"Redis {safe_url(settings.url)}"
-        + (f", queues on {safe_url(settings.queue_url)}" if settings.queue_url else "")
-    )
     watch = FleetWatch(
         store, rq_worker.name, names, say=typer.echo, prefixes=lambda: rq_worker.shard_prefixes
     )
-    watch.start()
+
+    def started() -> None:
+        """Once RQ registered the worker: the watch's first beat and sweep (a refusal is
+        one line), then the start line, then the watch beats every second."""
+        with store.translating_errors():
+            watch.tick()
+        typer.echo(
+            f"worker {rq_worker.name}: queues {', '.join(names)}, {handlers}, "
+            f"{'in-process' if simple else 'forking'}{', burst' if burst else ''}, "
+            f"Redis {safe_url(settings.url)}"
+            + (f", queues on {safe_url(settings.queue_url)}" if settings.queue_url else "")
+        )
+        watch.start()
+
+    rq_worker.started = started
     try:
         rq_worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
     finally:
-        watch.close()
+        if watch.is_alive():
+            watch.close()
     done, failed, bad = rq_worker.shard_jobs, rq_worker.failed_shard_jobs, rq_worker.bad_jobs
     lost = rq_worker.lost_leases
     typer.echo(

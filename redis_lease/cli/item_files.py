@@ -3,9 +3,11 @@
 JSON lines: one object per line, ``{"id": "acct_1", "payload": {...}}`` (``payload``
 optional; blank lines skipped). CSV: a header with an ``id`` column; a ``payload``
 column holds JSON text, or else the other columns make the payload, an object of
-their texts (empty cells left out). ``-`` is stdin, copied to a temporary file while
-it is checked, so that nothing is written unless every line is good and the file is
-never held in memory.
+their texts (empty cells left out). ``-`` is stdin.
+
+The file is read once, checked line by line into a temporary file of checked items
+(an id and its payload's JSON text a line), so that nothing is written unless every
+line is good, nothing is checked twice, and the file is never held in memory.
 """
 
 from __future__ import annotations
@@ -15,12 +17,11 @@ import io
 import json
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
 from ..errors import InvalidInput
-from ..lease import Item
 from ..validation import check_id, encode_json, parse_json
 
 FORMATS = ("auto", "jsonl", "csv")
@@ -28,7 +29,7 @@ _JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
 
 class ItemFile:
-    """A file of items, read twice: once to check every line, once to add them.
+    """A file of items, checked whole before any is sent.
 
     Args:
         path: the file, or ``-`` for stdin.
@@ -44,59 +45,56 @@ class ItemFile:
         self.form = form
         self.default_payload = default_payload
         self.count = 0
-        self._spool: IO[bytes] | None = None
+        self._default_text = "null"
+        self._checked: IO[str] | None = None
 
     @contextmanager
     def opened(self) -> Iterator[ItemFile]:
-        """Checks every line (raising InvalidInput at the first bad one), then yields."""
-        try:
-            if self.path == "-":
-                self._spool = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
-            self.count = sum(1 for _ in self._items(check_only=True))
-            if self.count == 0:
+        """Checks every line (raising InvalidInput at the first bad one) into a temporary
+        file of checked items, then yields."""
+        self._default_text = encode_json(self.default_payload, "payload")
+        with tempfile.TemporaryFile("w+", encoding="utf-8", newline="\n") as checked:
+            count, lines = 0, []
+            for item_id, text in self._items():
+                lines.append(f"{item_id}\t{text}\n")  # no id or JSON text holds a tab or newline
+                count += 1
+                if len(lines) == 4096:
+                    checked.writelines(lines)
+                    lines.clear()
+            checked.writelines(lines)
+            if count == 0:
                 raise InvalidInput(f"{self._name()} holds no items")
-            yield self
-        finally:
-            if self._spool is not None:
-                self._spool.close()
+            self.count, self._checked = count, checked
+            try:
+                yield self
+            finally:
+                self._checked = None
 
-    def batches(
-        self, size: int, progress: Callable[[int], None] = lambda n: None
-    ) -> Iterator[list[Item]]:
-        """The items in lists of at most ``size`` (after :meth:`opened` checked them)."""
-        batch: list[Item] = []
-        for item in self._items():
-            batch.append(item)
-            if len(batch) == size:
-                yield batch
-                progress(len(batch))
-                batch = []
-        if batch:
-            yield batch
-            progress(len(batch))
+    def items(self) -> Iterator[tuple[str, str]]:
+        """The checked items, (id, payload JSON text) pairs in file order (inside
+        :meth:`opened`)."""
+        assert self._checked is not None, "items() is read inside opened()"
+        self._checked.seek(0)
+        for line in self._checked:
+            item_id, _, text = line[:-1].partition("\t")
+            yield item_id, text
 
     # -- reading --------------------------------------------------------------
 
     def _name(self) -> str:
         return "stdin" if self.path == "-" else repr(self.path)
 
-    def _binary(self, check_only: bool) -> IO[bytes]:
-        """The bytes to read: the file, stdin (copied to the spool) on the first pass, the spool."""
-        if self.path != "-":
-            try:
-                return open(self.path, "rb")
-            except OSError as error:
-                raise InvalidInput(
-                    f"file {self._name()} cannot be read: {error.strerror}"
-                ) from None
-        assert self._spool is not None
-        if check_only:
-            return io.BufferedReader(_Tee(sys.stdin.buffer, self._spool))
-        self._spool.seek(0)
-        return io.BufferedReader(_Tee(self._spool, None))
+    def _binary(self) -> IO[bytes]:
+        """The bytes to read: the file, or stdin."""
+        if self.path == "-":
+            return io.BufferedReader(_Unclosed(sys.stdin.buffer))
+        try:
+            return open(self.path, "rb")
+        except OSError as error:
+            raise InvalidInput(f"file {self._name()} cannot be read: {error.strerror}") from None
 
-    def _items(self, check_only: bool = False) -> Iterator[Item]:
-        binary = self._binary(check_only)
+    def _items(self) -> Iterator[tuple[str, str]]:
+        binary = self._binary()
         with binary, io.TextIOWrapper(binary, encoding="utf-8-sig", newline="") as text:
             lines = _numbered(text, self._name())
             first = _peek(lines)
@@ -119,26 +117,29 @@ class ItemFile:
             return "jsonl"
         return "jsonl" if first_line.lstrip().startswith("{") else "csv"
 
-    def _jsonl(self, lines: Iterator[tuple[int, str]]) -> Iterator[Item]:
+    def _jsonl(self, lines: Iterator[tuple[int, str]]) -> Iterator[tuple[str, str]]:
         for number, line in lines:
             if not line.strip():
                 continue
-            where = f"{self._name()} line {number}"
             try:
                 row = json.loads(line)
             except (json.JSONDecodeError, RecursionError):
                 raise InvalidInput(
-                    f'{where} is not a JSON object ({{"id": ..., "payload": ...}}): '
+                    f'{self._where(number)} is not a JSON object ({{"id": ..., "payload": ...}}): '
                     f"{line.strip()[:80]!r}"
                 ) from None
             if not isinstance(row, dict) or "id" not in row:
-                raise InvalidInput(f'{where} has no "id": use {{"id": ..., "payload": ...}}')
-            extra = sorted(set(row) - {"id", "payload"})
-            if extra:
-                raise InvalidInput(f'{where} has unknown field {extra[0]!r}: only "id", "payload"')
-            yield self._item(where, row["id"], row.get("payload", self.default_payload))
+                raise InvalidInput(
+                    f'{self._where(number)} has no "id": use {{"id": ..., "payload": ...}}'
+                )
+            if len(row) > 2 or (len(row) == 2 and "payload" not in row):
+                extra = sorted(set(row) - {"id", "payload"})
+                raise InvalidInput(
+                    f'{self._where(number)} has unknown field {extra[0]!r}: only "id", "payload"'
+                )
+            yield self._checked_item(number, row["id"], row.get("payload", self.default_payload))
 
-    def _csv(self, lines: Iterator[tuple[int, str]]) -> Iterator[Item]:
+    def _csv(self, lines: Iterator[tuple[int, str]]) -> Iterator[tuple[str, str]]:
         numbers: list[int] = []
 
         def text_lines() -> Iterator[str]:
@@ -170,52 +171,52 @@ class ItemFile:
                 raise InvalidInput(
                     f"{self._name()} line {numbers[-1]}: not CSV ({error})"
                 ) from None
-            where = f"{self._name()} line {numbers[-1]}"
+            number = numbers[-1]
             if not any(cell.strip() for cell in row):
                 continue
             if len(row) != len(names):
-                raise InvalidInput(f"{where} has {len(row)} cells; the header has {len(names)}")
+                raise InvalidInput(
+                    f"{self._where(number)} has {len(row)} cells; the header has {len(names)}"
+                )
             payload: Any = self.default_payload
             if payload_at is not None:
                 if row[payload_at].strip():
-                    payload = parse_json(row[payload_at], f"{where}: payload")
+                    payload = parse_json(row[payload_at], f"{self._where(number)}: payload")
             elif len(names) > 1:
                 payload = {n: v for i, (n, v) in enumerate(zip(names, row, strict=True))
                            if i != id_at and v != ""}  # fmt: skip
-            yield self._item(where, row[id_at].strip(), payload)
+            yield self._checked_item(number, row[id_at].strip(), payload)
 
-    def _item(self, where: str, item_id: Any, payload: Any) -> Item:
+    def _where(self, number: int) -> str:
+        return f"{self._name()} line {number}"
+
+    def _checked_item(self, number: int, item_id: Any, payload: Any) -> tuple[str, str]:
+        """The item of line ``number``: its id and its payload's JSON text, both checked."""
         if not isinstance(item_id, str):
-            raise InvalidInput(f"{where}: the id must be a string, got {item_id!r}")
+            raise InvalidInput(f"{self._where(number)}: the id must be a string, got {item_id!r}")
         try:
             check_id(item_id, "item id")
-            encode_json(payload, "payload")
+            if payload is self.default_payload:
+                return item_id, self._default_text
+            return item_id, encode_json(payload, "payload")
         except InvalidInput as error:
-            raise InvalidInput(f"{where}: {error.message}") from None
-        return Item(item_id, payload)
+            raise InvalidInput(f"{self._where(number)}: {error.message}") from None
 
 
-class _Tee(io.RawIOBase):
-    """Reads ``source`` and writes what it read to ``copy`` (None: no copy)."""
+class _Unclosed(io.RawIOBase):
+    """Reads ``source`` (stdin) and leaves it open when closed."""
 
-    def __init__(self, source: IO[bytes], copy: IO[bytes] | None) -> None:
+    def __init__(self, source: IO[bytes]) -> None:
         super().__init__()
-        self._source, self._copy = source, copy
+        self._source = source
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
         data = self._source.read(len(buffer))
-        if self._copy is not None and data:
-            self._copy.write(data)
         buffer[: len(data)] = data
         return len(data)
-
-    def close(self) -> None:
-        if self._copy is not None:
-            self._copy.flush()
-        super().close()
 
 
 def _numbered(text: IO[str], name: str) -> Iterator[tuple[int, str]]:

@@ -35,9 +35,6 @@ from .app import (
 )
 from .item_files import ItemFile
 
-#: Items of a file sent to the store per add call (it sends them on in batches per shard).
-FILE_BATCH = 2000
-
 
 def _lease_ref(
     ctx: typer.Context, run: str, item: str, token: int, lease_id: str, trace_id: str = ""
@@ -128,15 +125,14 @@ def add(
 def _add_from_file(
     ctx: typer.Context, run: str, source: ItemFile, shards: int | None, max_attempts: int
 ) -> tuple[int, int]:
-    """Adds the file's items in batches, after checking every line; returns the counts."""
-    added = existing = 0
+    """Adds the file's items after checking every line; returns the counts (an id given
+    twice counts once as added, then as already there)."""
     with source.opened():  # every line checked first: a bad one writes nothing
         store = open_store(ctx)
         with progress_bar(f"adding to {run}", source.count) as advance:
-            for batch in source.batches(FILE_BATCH, advance):
-                new, old = store.add(run, batch, shards=shards, max_attempts=max_attempts)
-                added, existing = added + len(new), existing + len(old)
-    return added, existing
+            return store.add_checked(
+                run, source.items(), shards=shards, max_attempts=max_attempts, progress=advance
+            )
 
 
 @app.command()
