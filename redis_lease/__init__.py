@@ -62,6 +62,7 @@ from .server_checks import EvictionPolicyWarning
 from .shard_loop import HandlerResult, ShardReport
 from .store import LeaseStore
 from .tls import InsecureTLSWarning
+from .version import __version__ as __version__
 
 if TYPE_CHECKING:
     from .bad_jobs import BadJob, BadJobGuard
@@ -73,8 +74,6 @@ if TYPE_CHECKING:
     from .remembered import Remembered
     from .tick import tick_entry
     from .watch import FleetWatch
-
-__version__ = "0.10.0"
 
 __all__ = [
     "ActiveLease",

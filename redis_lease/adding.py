@@ -29,7 +29,7 @@ from .scripts import Call
 from .validation import check_positive, check_time_ms, ttl_to_ms
 
 if TYPE_CHECKING:
-    from .store import LeaseStore
+    from .store_base import StoreBase
 
 #: Items sent to Redis per add_items call (at most limits.ADD_BATCH_MAX).
 ADD_BATCH = min(500, ADD_BATCH_MAX)
@@ -76,7 +76,7 @@ def window_size(shards: int) -> int:
 
 
 def send_adds(
-    store: LeaseStore,
+    store: StoreBase,
     run_id: str,
     pairs: Iterable[Pair],
     settings: AddSettings,
@@ -118,7 +118,7 @@ def send_adds(
 
 
 def added_ids(
-    store: LeaseStore, run_id: str, pairs: Iterable[Pair], settings: AddSettings
+    store: StoreBase, run_id: str, pairs: Iterable[Pair], settings: AddSettings
 ) -> tuple[list[str], list[str]]:
     """:func:`send_adds`; returns (the ids added, the ids that were there)."""
     added: list[str] = []
@@ -133,7 +133,7 @@ def added_ids(
 
 
 def added_counts(
-    store: LeaseStore,
+    store: StoreBase,
     run_id: str,
     pairs: Iterable[Pair],
     settings: AddSettings,
@@ -159,7 +159,7 @@ class _Window:
 
     def __init__(
         self,
-        store: LeaseStore,
+        store: StoreBase,
         run_id: str,
         count: int,
         pairs: Sequence[Pair],

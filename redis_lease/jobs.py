@@ -34,6 +34,7 @@ from .lease import Item
 from .limits import (
     ATTEMPTS_MAX,
     BATCH_MAX,
+    CONCURRENCY_MAX,
     DEFAULT_BACKOFF_BASE,
     DEFAULT_BACKOFF_CAP,
     DEFAULT_MAX_ATTEMPTS,
@@ -52,10 +53,6 @@ Handler = Callable[[Item, "ActiveLease"], Any]
 CATCH_UP_POLICIES = ("all", "latest", "none")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-#: The most handlers one shard job runs at once.
-CONCURRENCY_MAX = 256
 
 
 def check_concurrency(value: int) -> int:

@@ -29,9 +29,8 @@ from .connection import as_text, describe
 from .effects import apply_effect
 from .errors import EffectFailed, LeaseLost, RedisLeaseError
 from .failures import REDIS_FAILURES, redis_errors
-from .jobs import CONCURRENCY_MAX
 from .lease import Lease
-from .limits import DEAD_AFTER, DEAD_AFTER_MS, HEARTBEAT
+from .limits import CONCURRENCY_MAX, DEAD_AFTER, DEAD_AFTER_MS, HEARTBEAT
 from .scripts import Command
 from .store import LeaseStore
 

@@ -55,6 +55,7 @@ ERROR_MAX_BYTES = bound("error_bytes")[1]
 TEXT_MAX_BYTES = bound("text_bytes")[1]
 GUARD_SPECS_MAX = bound("guard_specs")[1]
 JSON_MAX_DEPTH = bound("json_depth")[1]
+CONCURRENCY_MAX = bound("concurrency")[1]
 
 DEFAULT_PREFIX: str = default("prefix")
 DEFAULT_TTL: float = default("lease_ttl_ms") / 1000

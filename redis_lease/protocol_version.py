@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from .errors import ProtocolMismatch
 from .store_base import StoreBase
+from .version import __version__
 
 #: The protocol this release stamps on data that has no stamp yet.
 PROTOCOL = 1
@@ -86,8 +87,6 @@ def protocol_number(text: str) -> int | None:
 
 def mismatch(store: StoreBase, found: str, number: int | None) -> ProtocolMismatch:
     """The one-line refusal: which protocol the data is in and which this release speaks."""
-    from . import __version__  # the package imports this module first
-
     speaks = tuple(sorted(SPOKEN))
     release = f"redis-lease {__version__} speaks protocol {numbers_text(SPOKEN)}"
     key = store.keys.protocol

@@ -1,20 +1,25 @@
 """The ``redis-lease`` command line: thin wrappers around the library.
 
-One module per audience: :mod:`.leases` (items and leases), :mod:`.operator` and
-:mod:`.status` (operator views: runs, items, dead items, one item, a run's status),
-:mod:`.fleet` (jobs and the worker fleet) and :mod:`.protocol` (the protocol stamp), each
-adding its commands to the app of :mod:`.app`.
+The app and its error door are in :mod:`.app`; what the commands share (the store,
+shared options, parsers) in :mod:`.shared`. One module per audience adds its commands to
+the app with ``@app.command()``, and is registered here, in one place: :mod:`.leases`
+(items and leases), :mod:`.operator` and :mod:`.status` (operator views: runs, items, dead
+items, one item, a run's status), :mod:`.fleet` (jobs and the worker fleet),
+:mod:`.schedules` (schedules and backfill), :mod:`.capacity` (plan-capacity),
+:mod:`.dashboard` and :mod:`.protocol` (the protocol stamp).
 """
 
 from __future__ import annotations
 
-from . import dashboard, fleet, leases, operator, protocol, status
-from .app import LeaseGroup, Settings, app, open_store, report
+from . import capacity, dashboard, fleet, leases, operator, protocol, schedules, status
+from .app import LeaseGroup, app, report
+from .shared import Settings, open_store
 
 __all__ = [
     "LeaseGroup",
     "Settings",
     "app",
+    "capacity",
     "dashboard",
     "fleet",
     "leases",
@@ -23,6 +28,7 @@ __all__ = [
     "operator",
     "protocol",
     "report",
+    "schedules",
     "status",
 ]
 

@@ -17,6 +17,8 @@ from ..jobs import parse_duration
 from ..output import print_json, print_table
 from ..runs import Runs
 from ..validation import check_id
+from .app import app
+from .shared import open_store
 
 
 def _seconds(text: str, name: str) -> float:
@@ -27,8 +29,6 @@ def _seconds(text: str, name: str) -> float:
 
 
 def _measured(ctx: typer.Context, run: str) -> Measured:
-    from .app import open_store  # the app imports this module
-
     check_id(run, "run id")
     store = open_store(ctx)
     try:
@@ -40,6 +40,7 @@ def _measured(ctx: typer.Context, run: str) -> Measured:
     return measure
 
 
+@app.command("plan-capacity")
 def plan_capacity(
     ctx: typer.Context,
     eligible: Annotated[

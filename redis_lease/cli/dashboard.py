@@ -7,7 +7,8 @@ from typing import Annotated
 import typer
 
 from ..errors import InvalidInput
-from .app import app, open_store
+from .app import app
+from .shared import open_store
 
 USER_ENV = "REDIS_LEASE_DASHBOARD_USER"
 PASSWORD_ENV = "REDIS_LEASE_DASHBOARD_PASSWORD"

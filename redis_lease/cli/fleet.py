@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import os
 import re
-import sys
-import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -23,59 +19,23 @@ from ..job_store import use_lease_url
 from ..jobs import check_concurrency, load_job, parse_duration, with_cwd_on_path
 from ..output import error_line, print_json, print_table, same_times
 from ..runs import Runs
-from ..tick import TickProgress, TickResult
 from ..tick import tick as run_tick
 from ..urls import safe_url
 from ..validation import check_id
 from ..worker import CONCURRENCY_ENV
-from .app import JsonOpt, RunArg, Settings, app, open_store, parse_date
+from .app import app
+from .shared import (
+    JOBS_FAILED_EXIT,
+    JsonOpt,
+    RunArg,
+    Settings,
+    exit_if_failed,
+    open_store,
+    parse_date,
+    planning_progress,
+)
 
 JobArg = Annotated[str, typer.Argument(help="A job's import path, package.module:attr.")]
-#: Exit code of ``tick`` and ``start`` when the tick ran but some of its work failed.
-TICK_FAILED_EXIT = 7
-#: Exit code of ``worker --burst`` when shard jobs it ran failed, or jobs it took could not run.
-JOBS_FAILED_EXIT = 8
-#: Seconds planning runs before its progress is shown.
-PROGRESS_DELAY = 1.0
-
-
-@contextmanager
-def planning_progress(delay: float = PROGRESS_DELAY) -> Iterator[TickProgress]:
-    """A progress line on stderr for planning that takes more than ``delay`` seconds.
-
-    Only on a terminal; quiet otherwise (a pipe, a file, ``--json`` output read by
-    a script). Yields the tick's ``progress`` callback.
-    """
-    from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    console = Console(file=sys.stderr)
-    started = time.monotonic()
-    shown: dict[str, Any] = {}
-
-    def progress(run_id: str, items: int) -> None:
-        if not console.is_terminal or time.monotonic() - started < delay:
-            return
-        if "bar" not in shown:
-            bar = Progress(
-                SpinnerColumn(),
-                TextColumn("planning {task.description}: {task.completed} items"),
-                TimeElapsedColumn(),
-                console=console,
-                transient=True,
-            )
-            bar.start()
-            shown["bar"], shown["tasks"] = bar, {}
-        tasks: dict[str, Any] = shown["tasks"]
-        if run_id not in tasks:
-            tasks[run_id] = shown["bar"].add_task(run_id, total=None)
-        shown["bar"].update(tasks[run_id], completed=items)
-
-    try:
-        yield progress
-    finally:
-        if "bar" in shown:
-            shown["bar"].stop()
 
 
 def _known_job_paths(ctx: typer.Context) -> list[str]:
@@ -118,16 +78,6 @@ def tick(
     else:
         typer.echo("nothing to do")
     exit_if_failed(decisions)
-
-
-def exit_if_failed(result: TickResult) -> None:
-    """Exits 7, after one line saying so, when some of the tick's work failed."""
-    if result.failures:
-        error_line(
-            f"{len(result.failures)} of the tick's runs or jobs failed (decisions error and "
-            "drop above; each is in its run's log: redis-lease status RUN)"
-        )
-        raise typer.Exit(TICK_FAILED_EXIT)
 
 
 @app.command()
@@ -419,6 +369,3 @@ def _parse_deadline(text: str, now: datetime) -> datetime:
     if moment <= now:
         raise InvalidInput(f"deadline {text!r} is in the past")
     return moment
-
-
-from . import schedules as schedules  # noqa: E402  (registers the schedule commands)

@@ -21,7 +21,9 @@ from ..output import compact_json, iso_time, print_json, progress_bar, warning_l
 from ..store import LeaseStore
 from ..validation import check_id, check_positive, ttl_to_ms
 from ..views import unknown_items
-from .app import (
+from .app import app
+from .item_files import ItemFile
+from .shared import (
     ItemArg,
     JsonOpt,
     LeaseIdOpt,
@@ -29,11 +31,9 @@ from .app import (
     TokenOpt,
     TraceIdOpt,
     TtlOpt,
-    app,
     json_option,
     open_store,
 )
-from .item_files import ItemFile
 
 
 def _lease_ref(

@@ -39,7 +39,8 @@ from ..views import (
     run_ids_since,
     run_statuses,
 )
-from .app import ItemArg, JsonOpt, RunArg, app, json_option, open_store, parse_since
+from .app import app
+from .shared import ItemArg, JsonOpt, RunArg, json_option, open_store, parse_since
 
 RUN_STATES = (*OPEN_STATES, *FINAL_STATES, LOST_STATE)
 LimitOpt = Annotated[int, typer.Option("--limit", "-n", help="Most items in the page (1-1000).")]

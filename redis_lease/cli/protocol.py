@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import typer
 
-from .. import __version__
 from ..output import print_fields, print_json
 from ..protocol_version import PROTOCOL, SPOKEN, protocol_number, read_stamp
-from .app import JsonOpt, app, open_store
+from ..version import __version__
+from .app import app
+from .shared import JsonOpt, open_store
 
 
 @app.command()

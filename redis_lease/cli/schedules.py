@@ -26,7 +26,8 @@ from ..schedule import (
 )
 from ..schedule import resume as resume_schedule
 from ..validation import check_id
-from .app import JsonOpt, app, open_store, parse_date
+from .app import app
+from .shared import JsonOpt, exit_if_failed, open_store, parse_date, planning_progress
 
 JobArg = Annotated[str, typer.Argument(help="A job's import path, package.module:attr.")]
 JobNameArg = Annotated[
@@ -184,8 +185,6 @@ def backfill_command(
     Dates are those on which the job's schedule fires, in its timezone. Running it
     twice creates nothing new; a date that has a run is left alone. Exit 7 as for tick.
     """
-    from .fleet import exit_if_failed, planning_progress
-
     if policy not in BACKFILL_POLICIES:
         raise InvalidInput(f"unknown --policy {policy!r}: use {' or '.join(BACKFILL_POLICIES)}")
     start, end = parse_date(first, "--from"), parse_date(last, "--to")

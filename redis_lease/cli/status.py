@@ -40,11 +40,8 @@ from ..store import LeaseStore
 from ..validation import check_id
 from ..views import providers, run_statuses
 from ..worker_views import WorkerRow, worker_rows
-from .app import (
-    JsonOpt,
-    app,
-    open_store,
-)
+from .app import app
+from .shared import JsonOpt, open_store
 
 
 def run_details(
