@@ -369,6 +369,40 @@ class Cluster:
         """Lets the worker stopped at ``point`` go on."""
         effect_jobs.release_hook(self.hooks, point)
 
+    # -- the hold (settings hold_after=N: passes past the N-th wait; see effect_jobs.Hold) --
+
+    def hold_limit(self) -> int | None:
+        """The hold's cap on handler passes now (None: lifted or never set)."""
+        if self.config.hold_after <= 0:
+            return None
+        return effect_jobs.read_limit(self.hooks, self.config.hold_after)
+
+    def held(self) -> int:
+        """Handler passes waiting at the hold now."""
+        limit = self.hold_limit()
+        return 0 if limit is None else max(0, effect_jobs.passes(self.hooks) - limit)
+
+    def hold_at(self, limit: int) -> None:
+        """Caps the handler passes (since the start) at ``limit``: later ones wait."""
+        effect_jobs.write_limit(self.hooks, limit)
+        self.note("hold", f"at {limit} passes")
+
+    def hold_more(self, count: int) -> None:
+        """Lets ``count`` more handler passes go than the cap let so far."""
+        limit = self.hold_limit()
+        assert limit is not None, "no hold to let more through"
+        self.hold_at(limit + count)
+
+    def lift_hold(self) -> None:
+        """Lets every held handler pass go on, and every later one."""
+        effect_jobs.write_limit(self.hooks, None)
+        self.note("lift-hold")
+
+    def work_held(self, run_id: str, done: int) -> Callable[[], bool]:
+        """A check for :meth:`drive`: ``done`` items are done and a handler waits at the
+        hold, so the run cannot finish before the test lifts it."""
+        return lambda: self.store.status(run_id).counts["done"] >= done and self.held() >= 1
+
     def _respawn(self) -> None:
         """Restarts, as a supervisor would, each worker that quit without a fault asking."""
         for worker in self.workers:
