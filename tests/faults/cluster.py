@@ -57,6 +57,7 @@ from tests.faults.checker import Summary, Violation, check
 from tests.faults.evidence import Evidence, collect
 from tests.faults.proxy import Proxy
 from tests.faults.recorder import Op, read_lines, read_ops
+from tests.fleet_helpers import stop_group, threads_stopped, wait_for
 from tests.helpers import server_ms
 from tests.redis_cluster import HOST, ClusterServers
 from tests.redis_server import RedisServer
@@ -314,8 +315,10 @@ class Cluster:
             os.killpg(worker.process.pid, sig)
 
     def pause(self, index: int) -> None:
-        """SIGSTOPs worker ``index`` (its lease keeper stops too)."""
-        self._signal(index, signal.SIGSTOP)
+        """SIGSTOPs worker ``index`` (its lease keeper stops too); returns once every
+        thread of it is stopped."""
+        if self.workers[index].alive:
+            stop_group(self.workers[index].process.pid)
         self.note("pause", f"worker {index} pid {self.workers[index].process.pid}")
 
     def resume(self, index: int) -> None:
@@ -457,6 +460,9 @@ class Cluster:
         self._one_server(kind)
         assert self.server.process is not None
         os.kill(self.server.process.pid, sig)
+        if sig == signal.SIGSTOP:  # every thread stopped before the fault's time starts
+            pid = self.server.process.pid
+            wait_for(lambda: threads_stopped(pid), 10, "redis-server to stop")
         self.note(kind)
 
     def kill_redis(self) -> int:
