@@ -310,12 +310,14 @@ def test_connections_delayed_past_the_lease(tmp_path: Path, prefix: str, concurr
         prefix,
         concurrency=concurrency,
         workers=2,
-        **keyless(items=30 * n, provider=provider),
+        **keyless(items=30 * n, provider=provider, hold_after=8),
     ) as c:
         c.wait_ready()
         run_id = c.start_run()
-        c.drive(run_id, until=lambda: commits(c, run_id) >= 3)
+        # the passes past the 8th wait at the hold until the delay is on: leases are held
+        c.drive(run_id, until=c.work_held(run_id, 3))
         c.delay(2.5)
+        c.lift_hold()
         until = time.monotonic() + 4.0
         c.drive(run_id, until=lambda: time.monotonic() > until)  # the fault lasts 4 s
         c.delay(0.0)
