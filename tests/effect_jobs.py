@@ -16,6 +16,12 @@ SIGKILL it exactly there. The points of the effects job, in order:
 - ``after_call``: the provider answered; the ledger still says ``intended``;
 - ``after_effect``: the ledger says ``applied``; the item is not committed yet.
 
+A config's ``hold_after`` caps the handler passes (:class:`Hold`): the first ones go on,
+later ones wait at the start of the handler, before anything is recorded, until the
+test raises the cap or lifts it. A test that inflicts a fault "once N items are done"
+holds the rest of the run so that it cannot finish before the fault is in place,
+whatever the machine's speed.
+
 The seat-race job stops at ``before_commit`` after the reservations handler
 re-read its hold and before the worker commits the guarded release.
 
@@ -28,6 +34,7 @@ write, so the checker can tell which holder's writes were applied.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -99,6 +106,8 @@ class EffectConfig:
     deadline: str = "10m"
     #: Extra bytes of padding in each item's payload.
     payload_bytes: int = 0
+    #: Handler passes that go on before the rest wait for the test (:class:`Hold`); 0: none.
+    hold_after: int = 0
 
     def env(self) -> dict[str, str]:
         """The environment variables that carry this config."""
@@ -178,6 +187,76 @@ class Hooks:
         return scratch
 
 
+class Hold:
+    """A cap on handler passes over every process of one test, kept in the hook directory.
+
+    Each pass takes the next number from ``hold.count`` (under a file lock); a pass
+    whose number is at or past the cap in ``hold.limit`` waits until the test raises
+    the cap past it or lifts it (``none``). Without ``hold.limit`` the cap is
+    ``initial``.
+    """
+
+    COUNT, LIMIT, NONE = "hold.count", "hold.limit", "none"
+    #: How often a held pass looks at the cap again.
+    POLL = 0.02
+
+    def __init__(self, directory: str, initial: int, timeout: float = 120.0) -> None:
+        self.directory = Path(directory) if directory and initial > 0 else None
+        self.initial, self.timeout = initial, timeout
+
+    def take(self) -> None:
+        """Takes this pass's number and waits while the cap holds it back."""
+        if self.directory is None:
+            return
+        number = take_number(self.directory / self.COUNT)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            limit = read_limit(self.directory, self.initial)
+            if limit is None or number < limit:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"hold: pass {number} not let go within {self.timeout}s")
+            time.sleep(self.POLL)
+
+
+def take_number(path: Path) -> int:
+    """Increments the counter in ``path`` under an exclusive lock; returns its old value."""
+    with path.open("a+") as counter:
+        fcntl.flock(counter, fcntl.LOCK_EX)  # released when the file closes
+        counter.seek(0)
+        number = int(counter.read() or 0)
+        counter.seek(0)
+        counter.truncate()
+        counter.write(str(number + 1))
+    return number
+
+
+def passes(directory: Path) -> int:
+    """Handler passes that took a number from the hold so far."""
+    path = directory / Hold.COUNT
+    if not path.exists():
+        return 0
+    with path.open() as counter:
+        fcntl.flock(counter, fcntl.LOCK_SH)  # not between a writer's truncate and write
+        return int(counter.read() or 0)
+
+
+def read_limit(directory: Path, initial: int) -> int | None:
+    """The hold's cap now: a number of passes, or None when lifted."""
+    path = directory / Hold.LIMIT
+    if not path.exists():
+        return initial
+    text = path.read_text().strip()
+    return None if text == Hold.NONE else int(text)
+
+
+def write_limit(directory: Path, limit: int | None) -> None:
+    """Sets the hold's cap (None lifts it); atomic for the readers."""
+    scratch = directory / f".{Hold.LIMIT}.{uuid.uuid4().hex}"
+    scratch.write_text(Hold.NONE if limit is None else str(limit))
+    scratch.rename(directory / Hold.LIMIT)
+
+
 def notes(directory: Path, point: str) -> list[dict[str, Any]]:
     """What :meth:`Hooks.note` recorded at ``point`` so far."""
     return [json.loads(path.read_text()) for path in sorted(directory.glob(f"{point}.*.json"))]
@@ -225,6 +304,7 @@ def make_effects_job(config: EffectConfig) -> Job:
         queue=config.queue,
     )
     hooks = Hooks(config.hook_dir, config.pause_at)
+    hold = Hold(config.hook_dir, config.hold_after)
 
     padding = "x" * config.payload_bytes
 
@@ -238,6 +318,7 @@ def make_effects_job(config: EffectConfig) -> Job:
 
     @job.handler
     def handle(item: Item, lease: ActiveLease) -> dict[str, Any] | HandlerResult:
+        hold.take()
         client = ProviderClient(config.provider_url, timeout=config.provider_timeout)
         hooks.reach("before_effect", lease)
 

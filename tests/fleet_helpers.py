@@ -58,6 +58,47 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def group_stopped(pgid: int) -> bool:
+    """True once every thread of every process in group ``pgid`` is stopped (state T or t
+    in /proc/<pid>/task/<tid>/stat): a SIGSTOP has taken effect everywhere."""
+    seen = False
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid or fields[0] == "Z":
+                continue
+            seen = True
+            if not threads_stopped(int(entry.name)):
+                return False
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+    return seen
+
+
+def threads_stopped(pid: int) -> bool:
+    """True once every thread of process ``pid`` is stopped (T or t), or it is gone."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:  # the process is gone
+        return True
+    for task in tasks:
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # the thread ended meanwhile
+            continue
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
+def stop_group(pgid: int, timeout: float = 10.0) -> None:
+    """SIGSTOPs process group ``pgid`` and waits until all its threads are stopped."""
+    os.killpg(pgid, signal.SIGSTOP)
+    wait_for(lambda: group_stopped(pgid), timeout, f"process group {pgid} to stop", every=0.005)
+
+
 def processes_mentioning(needle: str) -> list[int]:
     """Process ids whose command line contains ``needle`` (a /proc scan, no psutil)."""
     found = []

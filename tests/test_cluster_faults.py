@@ -83,6 +83,9 @@ class Resharding:
     run works between them. Driven from :meth:`Cluster.drive`'s step."""
 
     STEPS = ("begin", "keys", "keys", "finish")
+    #: Handler passes let through the hold after each step: the run cannot finish before
+    #: the moves do, however slow the machine (the test holds all but 8 passes at first).
+    PASSES_PER_STEP = 6
 
     def __init__(self, cluster: Cluster, run_id: str, shards: int) -> None:
         self.cluster, self.run_id, self.shards = cluster, run_id, shards
@@ -124,6 +127,10 @@ class Resharding:
             self.cluster.finish_slot_move(self.moved[self.shard][0])
         self.step_index = (self.step_index + 1) % len(self.STEPS)
         self.last_done, self.last_at = done, time.monotonic()
+        if self.finished:
+            self.cluster.lift_hold()
+        else:
+            self.cluster.hold_more(self.PASSES_PER_STEP)  # work between the steps, not the end
 
 
 def test_a_slot_migrated_while_a_run_works_loses_nothing(tmp_path: Path, prefix: str) -> None:
@@ -139,6 +146,7 @@ def test_a_slot_migrated_while_a_run_works_loses_nothing(tmp_path: Path, prefix:
         ttl=1.0,
         batch_size=2,
         max_attempts=50,
+        hold_after=8,  # 8 + 8 steps x 6 passes: items left when the last move ends
     ) as cluster:
         cluster.wait_ready()
         run_id = cluster.start_run()

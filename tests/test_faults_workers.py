@@ -310,12 +310,14 @@ def test_connections_delayed_past_the_lease(tmp_path: Path, prefix: str, concurr
         prefix,
         concurrency=concurrency,
         workers=2,
-        **keyless(items=30 * n, provider=provider),
+        **keyless(items=30 * n, provider=provider, hold_after=8),
     ) as c:
         c.wait_ready()
         run_id = c.start_run()
-        c.drive(run_id, until=lambda: commits(c, run_id) >= 3)
+        # the passes past the 8th wait at the hold until the delay is on: leases are held
+        c.drive(run_id, until=c.work_held(run_id, 3))
         c.delay(2.5)
+        c.lift_hold()
         until = time.monotonic() + 4.0
         c.drive(run_id, until=lambda: time.monotonic() > until)  # the fault lasts 4 s
         c.delay(0.0)
@@ -374,35 +376,50 @@ def test_one_of_six_workers_drained_mid_run(tmp_path: Path, prefix: str, concurr
     worker, so the oldest eligible age rises, then falls to 0 as the others take
     it up. Breaks if a drained item is lost or left leased, or the age is not
     reported.
+
+    The handler passes past the 24th wait at the hold until the drain is under way,
+    so the run cannot finish before it on a slow machine, and the drained worker
+    still holds claimed items not started.
     """
-    # The drain still meets a batch with items claimed and not started.
     n = scale(concurrency)
     provider = ProviderState(latency=0.03 * n)
     settings: dict[str, Any] = {
         "items": 180 * n,
         "shards": 6,
         "batch_size": 60,  # claims sized to the 30 ms handler: a few items wait per worker
-        "ttl": 1.5,
+        "ttl": 3.0,  # held items' leases are renewed by a keeper a loaded machine may slow
         "provider": provider,
+        "hold_after": 24,
     }
     with Cluster(tmp_path / "c", prefix, concurrency=concurrency, workers=6, **settings) as c:
         c.wait_ready()
         run_id = c.start_run()
         ages: list[tuple[float, float]] = []
         drained: list[int] = []
+        ready = c.work_held(run_id, 18)
+
+        def released() -> bool:
+            return c.store.status(run_id).counters.get("releases", 0) >= 1
 
         def sample() -> None:
             status = c.store.status(run_id)
             ages.append((time.monotonic(), status.oldest_eligible_age_seconds))
-            if not drained and status.counts["done"] >= 18:
-                held = Counter(c.holder(run_id, r.item_id) for r in leased(c, run_id))
-                held.pop(None, None)
-                # the holder of the most leases; more than it runs at once: some not started
-                index, count = held.most_common(1)[0] if held else (None, 0)
-                if index is not None and count > concurrency:
-                    c.terminate(index)
-                    drained.append(index)
-                    ages.append((time.monotonic(), -1.0))  # the drain, in the samples
+            if drained or not ready():
+                return
+            held = Counter(c.holder(run_id, r.item_id) for r in leased(c, run_id))
+            held.pop(None, None)
+            # the holder of the most leases; more than it runs at once: some not started
+            index, count = held.most_common(1)[0] if held else (None, 0)
+            if index is None or count <= concurrency:
+                return
+            c.terminate(index)
+            drained.append(index)
+            ages.append((time.monotonic(), -1.0))  # the drain, in the samples
+            if concurrency > 1:
+                # its loop gives the waiting items back while its handlers are held; one
+                # handler runs inline (c1) and sees the stop once the hold lets it go on
+                wait_for(released, 30, "the drained worker to give its items back")
+            c.lift_hold()
 
         assert c.drive(run_id, timeout=90, step=sample) == "succeeded"
         assert drained, "no worker was drained"

@@ -9,7 +9,6 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from datetime import date
-from pathlib import Path
 
 import pytest
 
@@ -24,6 +23,7 @@ from tests.fleet_helpers import (
     fleet_env,
     leased_by,
     pid_alive,
+    stop_group,
     text,
     wait_for,
 )
@@ -130,8 +130,7 @@ def test_worker_killed_midway_loses_nothing(
     pid = wait_for(victim, 60, "a worker to start the slow item", every=0)
     # Frozen at once, the victim claims, renews and commits nothing more: its leases are
     # read as they were when it stopped, before any of them can expire and change hands.
-    os.killpg(pid, signal.SIGSTOP)
-    wait_for(lambda: stopped(pid), 10, "the victim to stop")
+    stop_group(pid)
     held = leased_by(real_store, run_id)
     events = real_store.status(run_id).counters
     assert events.get("takeovers", 0) == events.get("expired", 0) == 0, "read before expiry"
@@ -155,12 +154,6 @@ def test_worker_killed_midway_loses_nothing(
     assert counts[slow] == 2  # started by the killed worker, done by another
     # Only the items the killed worker held can have had a second effect.
     assert {item for item, n in counts.items() if n > 1} <= killed_items
-
-
-def stopped(pid: int) -> bool:
-    """True once the process is stopped (state T in /proc)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
 def drive_once(store: LeaseStore, run_id: str) -> None:
@@ -193,7 +186,7 @@ def test_paused_worker_late_commit_is_refused(
         return starts[0] if starts else None
 
     pid = wait_for(paused, 60, "a worker to start the slow item", every=0.1)
-    os.killpg(pid, signal.SIGSTOP)
+    stop_group(pid)
     try:
         token = real_store.item(run_id, slow).token
 

@@ -50,11 +50,13 @@ def concurrency(request: pytest.FixtureRequest) -> int:
 
 
 def fleet_settings(concurrency: int) -> dict[str, Any]:
-    """A run of a few seconds (more items at c16, so that the loss still comes mid-run), a
-    provider that honours idempotency keys."""
+    """A run of a few seconds (more items at c16), a provider that honours idempotency keys;
+    the passes past a quarter of the items and 4 wait at the hold until the loss is in
+    place (:func:`quarter_done`), so that it comes mid-run however slow the machine."""
     items = 48 if concurrency == 1 else 48 * 6
     return {
         "items": items,
+        "hold_after": items // 4 + 4,
         "shards": 2,
         "ttl": 1.5,
         "schedule": EVERY_MINUTE,
@@ -64,8 +66,8 @@ def fleet_settings(concurrency: int) -> dict[str, Any]:
 
 
 def quarter_done(c: Cluster, run_id: str) -> bool:
-    """At least a quarter of the run's items are done."""
-    return done_count(c, run_id) >= c.config.items // 4
+    """At least a quarter of the run's items are done, and the rest waits at the hold."""
+    return c.work_held(run_id, c.config.items // 4)()
 
 
 def of_kind(decisions: list[Decision], kind: str, run_id: str | None = None) -> list[Decision]:
@@ -118,6 +120,7 @@ def test_everything_lost_mid_run_is_told_and_the_run_made_again(
         before = read_mark(c.store)
         assert done_count(c, run_id) < c.config.items  # mid-run: work is left
         restarted = c.restart_redis(empty=True)
+        c.lift_hold()
         assert c.drive(run_id, timeout=90) == "succeeded"
         [told] = of_kind(c.decisions, "data_lost")
         assert before is not None and f"mark {before.id} now" in told.reason
@@ -150,6 +153,7 @@ def test_one_runs_keys_deleted_mid_run_the_run_is_made_again(
         assert done_count(c, run_id) < c.config.items  # mid-run: work is left
         client.delete(*keys)
         c.note("delete-run-keys", f"{len(keys)} keys at server ms {deleted_at}")
+        c.lift_hold()
         assert c.drive(run_id, timeout=90) == "succeeded"
         assert not of_kind(c.decisions, "data_lost") and not of_kind(c.decisions, "error")
         assert_made_again(c, run_id, "it is listed among the job's open runs")
@@ -173,7 +177,7 @@ def test_a_failover_that_missed_the_last_writes_is_told_and_the_run_finished(
     rollback goes untold, or the run is lost or paid twice.
     """
     provider = ProviderState(latency=0.1)
-    settings = {"items": 96, "shards": 2, "ttl": 1.5, "schedule": EVERY_MINUTE}
+    settings = {"items": 96, "shards": 2, "ttl": 1.5, "schedule": EVERY_MINUTE, "hold_after": 28}
     with SentinelCluster(tmp_path / "c", prefix, workers=2, provider=provider, **settings) as c:
         c.wait_ready()
         observe(c.store, c.job.name)  # the data set is marked before the cut
@@ -186,11 +190,13 @@ def test_a_failover_that_missed_the_last_writes_is_told_and_the_run_finished(
         if not run_id:
             run_id = c.start_run()
         at_cut = done_count(c, run_id)
-        c.drive(run_id, until=lambda: done_count(c, run_id) >= at_cut + 4)
+        c.hold_more(8)  # commits after the cut, the rest still held
+        c.drive(run_id, until=c.work_held(run_id, at_cut + 4))
         assert done_count(c, run_id) < c.config.items  # mid-run: work is left
         c.group.kill_primary()
         c.note("kill-primary", str(old))
         new = c.group.wait_for_new_primary(old)
+        c.lift_hold()
         with _admin(new) as promoted_server:
             promoted = server_ms(promoted_server)
         assert new == replica

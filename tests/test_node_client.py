@@ -40,7 +40,7 @@ from tests.faults import recorder
 from tests.faults.checker import check
 from tests.faults.evidence import collect
 from tests.faults.recorder import FAIL, OK, Op
-from tests.fleet_helpers import wait_for
+from tests.fleet_helpers import threads_stopped, wait_for
 from tests.helpers import wait_past
 
 pytestmark = pytest.mark.slow
@@ -311,6 +311,7 @@ def pause_past_leases(store: LeaseStore, pid: int, owner: str) -> list[ItemRecor
     while time.monotonic() < deadline:
         os.kill(pid, signal.SIGSTOP)
         try:
+            wait_for(functools.partial(threads_stopped, pid), 10, "the process to stop")
             held = held_by(store, owner)
             if held:
                 wait_past(store.client, max(r.expires_at_ms or 0 for r in held))

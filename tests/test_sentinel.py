@@ -39,7 +39,9 @@ from tests.redis_cluster import SentinelGroup, _admin
 pytestmark = pytest.mark.slow
 
 #: 96 items over 2 shards, 1.5 s leases, a provider taking 100 ms per call (a run of ~5 s).
-SETTINGS: dict[str, Any] = {"items": 96, "shards": 2, "ttl": 1.5}
+#: The passes past a quarter of the items and 4 wait at the hold (tests.effect_jobs.Hold)
+#: until the fault is in place, so that it comes mid-run however slow the machine.
+SETTINGS: dict[str, Any] = {"items": 96, "shards": 2, "ttl": 1.5, "hold_after": 96 // 4 + 4}
 LATENCY = 0.1
 #: Milliseconds past the sentinel's answer and one check interval in which a client may
 #: still finish a call it sent to the old primary.
@@ -155,7 +157,7 @@ def test_a_failover_during_a_run_loses_only_what_the_switch_window_holds(
     with SentinelCluster(tmp_path / "c", prefix, workers=2, provider=provider, **SETTINGS) as c:
         c.wait_ready()
         run_id = c.start_run()
-        c.drive(run_id, until=lambda: done_count(c, run_id) >= c.config.items // 4)
+        c.drive(run_id, until=c.work_held(run_id, c.config.items // 4))
         old = c.group.primary_port()
         with _admin(old) as primary:
             before = server_ms(primary)
@@ -163,6 +165,7 @@ def test_a_failover_during_a_run_loses_only_what_the_switch_window_holds(
         with _admin(new) as promoted:
             named = server_ms(promoted)  # the sentinel names the new primary by now
         c.note("failover", f"{old} -> {new}, named at server ms {named}")
+        c.lift_hold()
         assert role(new) == "master"
 
         def settled() -> bool:
@@ -214,12 +217,13 @@ def test_a_primary_crash_can_lose_acknowledged_writes_and_the_checker_shows_it(
     with SentinelCluster(tmp_path / "c", prefix, workers=2, provider=provider, **SETTINGS) as c:
         c.wait_ready()
         run_id = c.start_run()
-        c.drive(run_id, until=lambda: done_count(c, run_id) >= c.config.items // 4)
+        c.drive(run_id, until=c.work_held(run_id, c.config.items // 4))
         old, replica = c.group.primary_port(), c.group.replica.port
         cut = cut_replica(old, replica)
         c.note("cut", f"replica {replica} stops replicating at server ms {cut}")
         at_cut = done_count(c, run_id)
-        c.drive(run_id, until=lambda: done_count(c, run_id) >= at_cut + 4)
+        c.hold_more(8)  # commits after the cut, the rest still held
+        c.drive(run_id, until=c.work_held(run_id, at_cut + 4))
         killed = server_ms(c.store.client)
         c.group.kill_primary()
         c.note("kill-primary", str(old))
@@ -227,6 +231,7 @@ def test_a_primary_crash_can_lose_acknowledged_writes_and_the_checker_shows_it(
         with _admin(new) as promoted_server:
             promoted = server_ms(promoted_server)
         c.note("promoted", f"{new} at server ms {promoted}")
+        c.lift_hold()
         assert new == replica
         assert c.drive(run_id, timeout=60) == "succeeded"
         judge_on(c, new)

@@ -46,6 +46,7 @@ from tests.effect_jobs import (
     wait_until,
     worker_env,
 )
+from tests.fleet_helpers import stop_group
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -180,7 +181,7 @@ def test_paused_holder_resumes_after_takeover_and_is_fenced(harness: Harness, po
     h.drive(job, run_id, until=lambda: (h.hooks / f"{point}.at").exists())
     paused = wait_for_hook(h.hooks, point)
     index = h.workers.index_of(paused["pid"])
-    h.workers.signal(index, signal.SIGSTOP)
+    stop_group(h.workers.processes[index].pid)  # every thread stopped before the go
     release_hook(h.hooks, point)  # seen only once the process runs again
 
     assert h.drive(job, run_id, timeout=60) == "succeeded"

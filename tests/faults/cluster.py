@@ -57,6 +57,7 @@ from tests.faults.checker import Summary, Violation, check
 from tests.faults.evidence import Evidence, collect
 from tests.faults.proxy import Proxy
 from tests.faults.recorder import Op, read_lines, read_ops
+from tests.fleet_helpers import stop_group, threads_stopped, wait_for
 from tests.helpers import server_ms
 from tests.redis_cluster import HOST, ClusterServers
 from tests.redis_server import RedisServer
@@ -314,8 +315,10 @@ class Cluster:
             os.killpg(worker.process.pid, sig)
 
     def pause(self, index: int) -> None:
-        """SIGSTOPs worker ``index`` (its lease keeper stops too)."""
-        self._signal(index, signal.SIGSTOP)
+        """SIGSTOPs worker ``index`` (its lease keeper stops too); returns once every
+        thread of it is stopped."""
+        if self.workers[index].alive:
+            stop_group(self.workers[index].process.pid)
         self.note("pause", f"worker {index} pid {self.workers[index].process.pid}")
 
     def resume(self, index: int) -> None:
@@ -368,6 +371,40 @@ class Cluster:
     def release(self, point: str) -> None:
         """Lets the worker stopped at ``point`` go on."""
         effect_jobs.release_hook(self.hooks, point)
+
+    # -- the hold (settings hold_after=N: passes past the N-th wait; see effect_jobs.Hold) --
+
+    def hold_limit(self) -> int | None:
+        """The hold's cap on handler passes now (None: lifted or never set)."""
+        if self.config.hold_after <= 0:
+            return None
+        return effect_jobs.read_limit(self.hooks, self.config.hold_after)
+
+    def held(self) -> int:
+        """Handler passes waiting at the hold now."""
+        limit = self.hold_limit()
+        return 0 if limit is None else max(0, effect_jobs.passes(self.hooks) - limit)
+
+    def hold_at(self, limit: int) -> None:
+        """Caps the handler passes (since the start) at ``limit``: later ones wait."""
+        effect_jobs.write_limit(self.hooks, limit)
+        self.note("hold", f"at {limit} passes")
+
+    def hold_more(self, count: int) -> None:
+        """Lets ``count`` more handler passes go than the cap let so far."""
+        limit = self.hold_limit()
+        assert limit is not None, "no hold to let more through"
+        self.hold_at(limit + count)
+
+    def lift_hold(self) -> None:
+        """Lets every held handler pass go on, and every later one."""
+        effect_jobs.write_limit(self.hooks, None)
+        self.note("lift-hold")
+
+    def work_held(self, run_id: str, done: int) -> Callable[[], bool]:
+        """A check for :meth:`drive`: ``done`` items are done and a handler waits at the
+        hold, so the run cannot finish before the test lifts it."""
+        return lambda: self.store.status(run_id).counts["done"] >= done and self.held() >= 1
 
     def _respawn(self) -> None:
         """Restarts, as a supervisor would, each worker that quit without a fault asking."""
@@ -423,6 +460,9 @@ class Cluster:
         self._one_server(kind)
         assert self.server.process is not None
         os.kill(self.server.process.pid, sig)
+        if sig == signal.SIGSTOP:  # every thread stopped before the fault's time starts
+            pid = self.server.process.pid
+            wait_for(lambda: threads_stopped(pid), 10, "redis-server to stop")
         self.note(kind)
 
     def kill_redis(self) -> int:
