@@ -6,6 +6,7 @@ kept), the counts printed, the progress, a refused call stopping the rest."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -17,6 +18,8 @@ import pytest
 
 from redis_lease import Item, LeaseStore
 from redis_lease.adding import ADD_BATCH, ADD_PIPELINE, _Window, window_size
+from redis_lease.cli import item_parts
+from redis_lease.cli.item_files import ItemFile
 from redis_lease.scripts import Call, Command, Scripts
 from tests import test_cli as base
 from tests.test_cli import ENV_NAMES, Cli, assert_error
@@ -157,3 +160,97 @@ def test_a_window_holding_an_id_of_one_being_sent_waits_for_it(
     assert store.add_checked("r", pairs) == (size + 1, 1)
     assert events.index(("end", "dup")) < events.index(("start", second)), events
     assert store.item("r", "dup").payload == "first"
+
+
+def in_parts(monkeypatch: pytest.MonkeyPatch) -> list[list[item_parts.Part]]:
+    """Files of 1 KiB and more checked in parts by two workers from now on; the parts of
+    each file so checked."""
+    monkeypatch.setattr(item_parts, "PARALLEL_MIN_BYTES", 1024)
+    monkeypatch.setattr(item_parts, "PARALLEL_WORKERS", 2)
+    seen: list[list[item_parts.Part]] = []
+    original = item_parts.split
+
+    def spy(path: str, count: int) -> list[item_parts.Part]:
+        seen.append(original(path, count))
+        return seen[-1]
+
+    monkeypatch.setattr(item_parts, "split", spy)
+    return seen
+
+
+def checked_items(path: Path, default: Any = None) -> list[tuple[str, str]]:
+    """The file's checked items, read inside ``opened``."""
+    source = ItemFile(str(path), default_payload=default)
+    with source.opened():
+        items = list(source.items())
+    assert source.count == len(items)
+    return items
+
+
+def test_split_parts_begin_at_line_starts_and_cover_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "items.jsonl"
+    data = b"".join(b'{"id": "i%d"}' % n + (b"\r\n" if n % 3 else b"\n") for n in range(500))
+    path.write_bytes(data)
+    parts = item_parts.split(str(path), 7)
+    assert len(parts) == 7
+    assert parts[0].start == 0 and parts[-1].end == len(data)
+    for before, after in itertools.pairwise(parts):
+        assert before.end == after.start and data[after.start - 1 : after.start] == b"\n"
+        with after.reader() as reader:
+            assert reader.read() == data[after.start : after.end]
+    one_line = tmp_path / "one.jsonl"
+    one_line.write_bytes(b'{"id": "a", "payload": "' + b"x" * 5000 + b'"}\n')
+    assert len(item_parts.split(str(one_line), 4)) == 1
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    assert item_parts.split(str(empty), 4) == []
+
+
+def test_a_file_checked_in_parts_gives_the_items_of_one_pass_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = ["\ufeff" + json.dumps({"id": "first", "payload": [1, "\u00e9"]}) + "\r\n"]
+    for n in range(3000):
+        row: dict[str, Any] = {"id": f"acct_{n:05d}"}
+        if n % 7:
+            row["payload"] = {"n": n, "deep": {"list": [n, None, True]}, "s": "a\tb"}
+        lines.append(json.dumps(row) + ("\r\n" if n % 5 == 0 else "\n"))
+        if n % 11 == 0:
+            lines.append("   \n" if n % 2 else "\n")  # blank lines are skipped
+    path = tmp_path / "items.txt"  # no suffix: JSON lines by the first line, after the BOM
+    path.write_text("".join(lines), encoding="utf-8")
+    one_pass = checked_items(path, default={"d": 1})
+    parts = in_parts(monkeypatch)
+    checked = checked_items(path, default={"d": 1})
+    assert len(parts) == 1 and len(parts[0]) == 2 * item_parts.PARTS_PER_WORKER
+    assert checked == one_pass and len(checked) == 3001
+    assert checked[0] == ("first", '[1,"\u00e9"]') and checked[1] == ("acct_00000", '{"d":1}')
+
+
+def test_a_file_checked_in_parts_names_its_first_bad_line_and_writes_nothing(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    count = 4000
+    rows = [json.dumps({"id": f"i{n}", "payload": {"n": n}}) + "\n" for n in range(count)]
+    rows.insert(10, "\n")  # a blank line early on: line numbers still count it
+    late, early = count - 100, count // 3  # in the last part, in the second
+    rows[late] = '{"id": "bad id"}\n'
+    path = tmp_path / "items.jsonl"
+    parts = in_parts(monkeypatch)
+    path.write_text("".join(rows))
+    assert_error(cli("add", "r", "-f", str(path)), 2, f"line {late + 1}:", "item id")
+    rows[early] = "not json\n"
+    path.write_text("".join(rows))
+    assert_error(cli("add", "r", "-f", str(path)), 2, f"line {early + 1} is not a JSON object")
+    assert cli.keys() == []
+
+    def part_of(line: int, found: list[item_parts.Part]) -> int:
+        at = len("".join(rows[:line]).encode())
+        return next(n for n, part in enumerate(found) if part.start <= at < part.end)
+
+    assert len(parts) == 2  # each file was checked in parts; the bad lines in different ones
+    assert [part_of(late, found) for found in parts] == [3, 3]
+    assert part_of(early, parts[1]) == 1
+    rows[early] = rows[late] = "\n"
+    path.write_text("".join(rows))
+    assert cli.ok("add", "r", "-f", str(path))["added"] == count - 2

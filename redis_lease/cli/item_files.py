@@ -7,7 +7,9 @@ their texts (empty cells left out). ``-`` is stdin.
 
 The file is read once, checked line by line into a temporary file of checked items
 (an id and its payload's JSON text a line), so that nothing is written unless every
-line is good, nothing is checked twice, and the file is never held in memory.
+line is good, nothing is checked twice, and the file is never held in memory. A large
+JSON-lines file is checked in parts (:mod:`.item_parts`) by worker processes, each into
+a file of its own, read in file order; a bad line is named as a check in one pass would.
 """
 
 from __future__ import annotations
@@ -15,14 +17,21 @@ from __future__ import annotations
 import csv
 import io
 import json
+import multiprocessing
+import os
+import stat
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import ExitStack, contextmanager
 from typing import IO, Any
 
 from ..errors import InvalidInput
 from ..validation import check_id, encode_json, parse_json
+from . import item_parts
+from .item_parts import Part
 
 FORMATS = ("auto", "jsonl", "csv")
 _JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -46,25 +55,25 @@ class ItemFile:
         self.default_payload = default_payload
         self.count = 0
         self._default_text = "null"
-        self._checked: IO[str] | None = None
+        self._checked: list[IO[str]] | None = None
 
     @contextmanager
     def opened(self) -> Iterator[ItemFile]:
-        """Checks every line (raising InvalidInput at the first bad one) into a temporary
-        file of checked items, then yields."""
+        """Checks every line (raising InvalidInput at the first bad one) into temporary
+        files of checked items, then yields."""
         self._default_text = encode_json(self.default_payload, "payload")
-        with tempfile.TemporaryFile("w+", encoding="utf-8", newline="\n") as checked:
-            count, lines = 0, []
-            for item_id, text in self._items():
-                lines.append(f"{item_id}\t{text}\n")  # no id or JSON text holds a tab or newline
-                count += 1
-                if len(lines) == 4096:
-                    checked.writelines(lines)
-                    lines.clear()
-            checked.writelines(lines)
+        with ExitStack() as stack:
+            parts = self._parts()
+            done = self._checked_in_parts(parts, stack) if parts else None
+            if done is None:
+                checked = stack.enter_context(
+                    tempfile.TemporaryFile("w+", encoding="utf-8", newline="\n")
+                )
+                done = [checked], _write_checked(self._items(), checked)
+            files, count = done
             if count == 0:
                 raise InvalidInput(f"{self._name()} holds no items")
-            self.count, self._checked = count, checked
+            self.count, self._checked = count, files
             try:
                 yield self
             finally:
@@ -74,10 +83,84 @@ class ItemFile:
         """The checked items, (id, payload JSON text) pairs in file order (inside
         :meth:`opened`)."""
         assert self._checked is not None, "items() is read inside opened()"
-        self._checked.seek(0)
-        for line in self._checked:
-            item_id, _, text = line[:-1].partition("\t")
-            yield item_id, text
+        for checked in self._checked:
+            checked.seek(0)
+            for line in checked:
+                item_id, _, text = line[:-1].partition("\t")
+                yield item_id, text
+
+    # -- checking in parts ----------------------------------------------------
+
+    def _parts(self) -> list[Part]:
+        """The parts to check side by side: none unless the file is JSON lines, a regular
+        file of at least :data:`~.item_parts.PARALLEL_MIN_BYTES`, and there are workers."""
+        workers = item_parts.PARALLEL_WORKERS
+        if self.path == "-" or workers < 2 or self.form == "csv":
+            return []
+        try:
+            found = os.stat(self.path)
+        except OSError:
+            return []  # the one pass says why it cannot be read
+        if not stat.S_ISREG(found.st_mode) or found.st_size < item_parts.PARALLEL_MIN_BYTES:
+            return []
+        if self._form_of_file() != "jsonl":
+            return []
+        parts = item_parts.split(self.path, workers * item_parts.PARTS_PER_WORKER)
+        return parts if len(parts) > 1 else []
+
+    def _form_of_file(self) -> str | None:
+        """The file's form, read from its first line when need be (None: no line)."""
+        if self.form != "auto":
+            return self.form
+        with self._binary() as binary, io.TextIOWrapper(binary, "utf-8-sig", newline="") as text:
+            first = _peek(iter(_Lines(text, self._name())))
+        return None if first is None else self._form(first[1])
+
+    def _checked_in_parts(
+        self, parts: list[Part], stack: ExitStack
+    ) -> tuple[list[IO[str]], int] | None:
+        """Checks the parts in worker processes, each into a file of its own; returns the
+        files in file order and the item count. Raises InvalidInput for the first bad line
+        in file order; None when the workers could not run (then check in one pass)."""
+        folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="redis-lease-add-"))
+        outs = [os.path.join(folder, f"part-{n}") for n in range(len(parts))]
+        workers = min(item_parts.PARALLEL_WORKERS, len(parts))
+        lines = count = 0
+        try:
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(workers, mp_context=context) as pool:
+                futures = [
+                    pool.submit(_check_part, self, p, o) for p, o in zip(parts, outs, strict=True)
+                ]
+                for part, future in zip(parts, futures, strict=True):
+                    done = future.result()
+                    if done is None:  # a bad line: named with its number in the whole file
+                        pool.shutdown(wait=False, cancel_futures=True)
+                        self._recheck(part, lines + 1)
+                    else:
+                        lines, count = lines + done[0], count + done[1]
+        except BrokenProcessPool:
+            return None
+        files: list[IO[str]] = [
+            stack.enter_context(open(o, encoding="utf-8", newline="\n"))  # noqa: SIM115
+            for o in outs
+        ]
+        return files, count
+
+    @contextmanager
+    def _part_lines(self, part: Part, first: int) -> Iterator[_Lines]:
+        """The part's lines, numbered from ``first``."""
+        encoding = "utf-8-sig" if part.start == 0 else "utf-8"  # a BOM only begins the file
+        with part.reader() as binary, io.TextIOWrapper(binary, encoding, newline="") as text:
+            yield _Lines(text, self._name(), first)
+
+    def _recheck(self, part: Part, first: int) -> None:
+        """Checks a part holding a bad line again, its lines numbered from ``first``:
+        raises InvalidInput for the first bad line."""
+        with self._part_lines(part, first) as lines:
+            for _ in self._jsonl(iter(lines)):
+                pass
+        raise InvalidInput(f"{self._name()}: a line after line {first - 1} is not acceptable")
 
     # -- reading --------------------------------------------------------------
 
@@ -96,7 +179,7 @@ class ItemFile:
     def _items(self) -> Iterator[tuple[str, str]]:
         binary = self._binary()
         with binary, io.TextIOWrapper(binary, encoding="utf-8-sig", newline="") as text:
-            lines = _numbered(text, self._name())
+            lines = iter(_Lines(text, self._name()))
             first = _peek(lines)
             if first is None:
                 return
@@ -219,14 +302,48 @@ class _Unclosed(io.RawIOBase):
         return len(data)
 
 
-def _numbered(text: IO[str], name: str) -> Iterator[tuple[int, str]]:
-    """The lines with their numbers (from 1); a byte that is not UTF-8 is InvalidInput."""
-    number = 0
-    try:
-        for number, line in enumerate(text, start=1):
-            yield number, line
-    except UnicodeDecodeError:
-        raise InvalidInput(f"{name} is not UTF-8 (near line {number + 1})") from None
+class _Lines:
+    """The lines of ``text`` with their numbers, from ``first``; a byte that is not UTF-8
+    is InvalidInput. ``last`` is the number of the last line read."""
+
+    def __init__(self, text: IO[str], name: str, first: int = 1) -> None:
+        self._text, self._name, self.last = text, name, first - 1
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        try:
+            for number, line in enumerate(self._text, start=self.last + 1):
+                self.last = number
+                yield number, line
+        except UnicodeDecodeError:
+            raise InvalidInput(f"{self._name} is not UTF-8 (near line {self.last + 1})") from None
+
+
+def _write_checked(items: Iterable[tuple[str, str]], checked: IO[str]) -> int:
+    """Writes checked items to ``checked``, an id and its payload's JSON text a line;
+    returns how many."""
+    count, lines = 0, []
+    for item_id, text in items:
+        lines.append(f"{item_id}\t{text}\n")  # no id or JSON text holds a tab or newline
+        count += 1
+        if len(lines) == 4096:
+            checked.writelines(lines)
+            lines.clear()
+    checked.writelines(lines)
+    return count
+
+
+def _check_part(source: ItemFile, part: Part, out: str) -> tuple[int, int] | None:
+    """In a worker process: checks a part's lines into the file ``out``; returns (its
+    lines, its items), or None when it holds a bad line."""
+    with (
+        source._part_lines(part, 1) as lines,
+        open(out, "w", encoding="utf-8", newline="\n") as checked,
+    ):
+        try:
+            count = _write_checked(source._jsonl(iter(lines)), checked)
+        except InvalidInput:
+            return None
+    return lines.last, count
 
 
 def _peek(lines: Iterator[tuple[int, str]]) -> tuple[int, str] | None:
