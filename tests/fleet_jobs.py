@@ -8,7 +8,9 @@ test passes to the worker processes (options are fixed at import):
   ``FLEET_TTL`` lease seconds, ``FLEET_BATCH`` claim batch, ``FLEET_BUDGET``
   shard budget, ``FLEET_DELAY`` handler seconds per item;
 - ``FLEET_SLOW_ITEM`` and ``FLEET_SLOW_SECONDS``: one item whose handler takes
-  longer, so that a test can catch a worker inside it;
+  longer, so that a test can catch a worker inside it; with ``FLEET_SLOW_HOLD=1``
+  the first start of that item waits instead until the test releases it
+  (:func:`release_slow`), so the test catches it there whatever the machine's speed;
 - ``FLEET_SCHEDULE``, ``FLEET_GRACE``: the cron schedule and catch-up grace.
 
 The handler counts its effect per item in ``<prefix>:fleet:effects`` (a hash
@@ -35,6 +37,9 @@ ITEMS = int(os.environ.get("FLEET_ITEMS", "20"))
 DELAY = float(os.environ.get("FLEET_DELAY", "0"))
 SLOW_ITEM = os.environ.get("FLEET_SLOW_ITEM", "")
 SLOW_SECONDS = float(os.environ.get("FLEET_SLOW_SECONDS", "1"))
+SLOW_HOLD = os.environ.get("FLEET_SLOW_HOLD", "") == "1"
+#: How long a held start waits for the test at most (a test that failed never releases it).
+HOLD_LIMIT = 300
 
 fleet = Job(
     "fleet",
@@ -70,6 +75,16 @@ def started_key(prefix: str, item: str) -> str:
     return f"{prefix}:fleet:started:{item}"
 
 
+def go_key(prefix: str, item: str) -> str:
+    """The list that releases the held first start of ``item``."""
+    return f"{prefix}:fleet:go:{item}"
+
+
+def release_slow(client: Any, prefix: str, item: str) -> None:
+    """Lets the held first start of ``item`` go on (see ``FLEET_SLOW_HOLD``)."""
+    client.rpush(go_key(prefix, item), "go")
+
+
 @fleet.planner
 def plan_fleet(business_date: date) -> Iterator[Item]:
     """``FLEET_ITEMS`` items."""
@@ -84,11 +99,22 @@ def handle_fleet(item: Item, lease: ActiveLease) -> dict[str, Any]:
     prefix = lease.store.prefix
     client.hincrby(effects_key(prefix), item.id, 1)
     if item.id == SLOW_ITEM:
-        client.rpush(started_key(prefix, item.id), os.getpid())
-        time.sleep(SLOW_SECONDS)
+        starts = client.rpush(started_key(prefix, item.id), os.getpid())
+        if SLOW_HOLD and starts == 1:  # the first start waits for the test
+            _wait_for_release(client, go_key(prefix, item.id))
+        else:
+            time.sleep(SLOW_SECONDS)
     elif DELAY:
         time.sleep(DELAY)
     return {"pid": os.getpid(), "token": lease.token}
+
+
+def _wait_for_release(client: Any, key: str) -> None:
+    """Waits until ``key`` gets an entry, in short blocking reads (within the socket
+    timeout), ``HOLD_LIMIT`` seconds at most."""
+    ends = time.monotonic() + HOLD_LIMIT
+    while time.monotonic() < ends and client.blpop([key], timeout=5) is None:
+        pass
 
 
 class PlannerCrash(BaseException):

@@ -111,8 +111,8 @@ def test_worker_killed_midway_loses_nothing(
 ) -> None:
     items, slow = 240, fleet_jobs.item_id(37)
     env = fleet_env(
-        queue_name, items=items, shards=4, ttl=2, batch=10, delay=0.005,
-        slow_item=slow, slow_seconds=1.5,
+        queue_name, items=items, shards=4, ttl=4, batch=10, delay=0.005,
+        slow_item=slow, slow_seconds=0.2, slow_hold=1,
     )  # fmt: skip
     workers = [procs.worker(redis_url, queue_name, env, name=f"worker-{n}") for n in range(3)]
     configure(env)
@@ -127,19 +127,25 @@ def test_worker_killed_midway_loses_nothing(
         first = real_store.client.blmove(started, started, 1, "LEFT", "RIGHT")
         return int(first) if first else None
 
+    # The victim waits inside the slow item (its first start is held) until it is killed.
     pid = wait_for(victim, 60, "a worker to start the slow item", every=0)
-    # Frozen at once, the victim claims, renews and commits nothing more: its leases are
-    # read as they were when it stopped, before any of them can expire and change hands.
-    stop_group(pid)
+    assert pid in {w.pid for w in workers}
+    # Every worker frozen, no one can claim: the victim's leases are read as they were when
+    # it stopped; none can change hands first, however long the read takes (a lease that
+    # ran out is only taken over by a claim).
+    for worker in workers:
+        stop_group(worker.pid)
     held = leased_by(real_store, run_id)
     events = real_store.status(run_id).counters
-    assert events.get("takeovers", 0) == events.get("expired", 0) == 0, "read before expiry"
+    assert events.get("takeovers", 0) == events.get("expired", 0) == 0, "no lease lost before"
     assert held.get(slow) == pid, "stopped inside the slow item"
     os.killpg(pid, signal.SIGKILL)
+    for worker in workers:
+        if worker.pid != pid:
+            os.killpg(worker.pid, signal.SIGCONT)
     wait_for(lambda: not pid_alive(pid), 10, "the killed worker to end")
     killed_items = {item for item, holder in held.items() if holder == pid}
     state = drive(real_store, FLEET_PATH, run_id, timeout=90)
-    assert pid in {w.pid for w in workers}
     assert state == "succeeded", Runs(real_store).info(run_id)
     assert_all_done_once(real_store, run_id, items)
     records = {r.item_id: r for r in all_records(real_store, run_id)}
@@ -173,7 +179,7 @@ def test_paused_worker_late_commit_is_refused(
     items, slow = 200, fleet_jobs.item_id(11)
     env = fleet_env(
         queue_name, items=items, shards=4, ttl=2, batch=10, delay=0.005,
-        slow_item=slow, slow_seconds=1.0,
+        slow_item=slow, slow_seconds=0.2, slow_hold=1,
     )  # fmt: skip
     for n in range(3):
         procs.worker(redis_url, queue_name, env, name=f"worker-{n}")
@@ -185,6 +191,8 @@ def test_paused_worker_late_commit_is_refused(
         starts = _slow_starts(real_store, slow)
         return starts[0] if starts else None
 
+    # The first start waits inside the slow item until the test releases it, after the
+    # takeover: its commit comes late whatever the machine's speed.
     pid = wait_for(paused, 60, "a worker to start the slow item", every=0.1)
     stop_group(pid)
     try:
@@ -197,6 +205,7 @@ def test_paused_worker_late_commit_is_refused(
 
         wait_for(taken_over, 60, "another worker to take the slow item over", every=0.1)
     finally:
+        fleet_jobs.release_slow(real_store.client, real_store.prefix, slow)
         os.killpg(pid, signal.SIGCONT)
 
     def refused() -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from datetime import date
 from typing import Any
@@ -44,8 +45,11 @@ JOB_PATH = f"{__name__}:sigterm_job"
 TTL = 3.0
 ITEMS = 40
 SLOW = "item-002"
-#: The longest the slow item waits for the test's word (under the client's socket timeout).
-GATE_SECONDS = 20
+#: The longest the slow item waits for the test's word (more than the test's own waits
+#: before it gives the word), in blocking reads of :data:`GATE_READ` seconds each (under
+#: the client's socket timeout).
+GATE_SECONDS = 120
+GATE_READ = 10
 
 sigterm_job = Job(
     "sigterm",
@@ -92,8 +96,10 @@ def handle(item: Item, lease: ActiveLease) -> dict[str, Any]:
     client.hincrby(handled_key(prefix), item.id, 1)
     if item.id == SLOW:
         client.rpush(started_key(prefix), os.getpid())
-        if client.blpop([gate_key(prefix)], timeout=GATE_SECONDS) is None:
-            raise RuntimeError("the test never let the slow item go")
+        ends = time.monotonic() + GATE_SECONDS
+        while client.blpop([gate_key(prefix)], timeout=GATE_READ) is None:
+            if time.monotonic() > ends:
+                raise RuntimeError("the test never let the slow item go")
     return {"pid": os.getpid(), "token": lease.token}
 
 
