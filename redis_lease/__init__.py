@@ -67,11 +67,12 @@ from .version import __version__ as __version__
 if TYPE_CHECKING:
     from .bad_jobs import BadJob, BadJobGuard
     from .data_set import Loss, MarkState, Observation
-    from .dispatch import JsonJob, JsonQueue, json_cron_jobs, purge_queue
+    from .dispatch import LeaseWorker, SimpleLeaseWorker
     from .lost_records import LostRun
     from .metrics import LeaseCollector
     from .metrics_history import AttemptHistograms, LogStream
     from .remembered import Remembered
+    from .shard_jobs import JsonJob, JsonQueue, json_cron_jobs, purge_queue
     from .tick import tick_entry
     from .watch import FleetWatch
 
@@ -116,6 +117,7 @@ __all__ = [
     "LeaseKeeper",
     "LeaseLost",
     "LeaseStore",
+    "LeaseWorker",
     "LogStream",
     "Loss",
     "LostRun",
@@ -141,6 +143,7 @@ __all__ = [
     "Runs",
     "Scripts",
     "ShardReport",
+    "SimpleLeaseWorker",
     "SlotTimeout",
     "TLSFailed",
     "Tallies",
@@ -163,17 +166,19 @@ _LAZY = {
     "BadJob": "bad_jobs",
     "BadJobGuard": "bad_jobs",
     "FleetWatch": "watch",
-    "JsonJob": "dispatch",
-    "JsonQueue": "dispatch",
+    "JsonJob": "shard_jobs",
+    "JsonQueue": "shard_jobs",
+    "LeaseWorker": "dispatch",
     "Loss": "data_set",
     "LostRun": "lost_records",
     "MarkState": "data_set",
     "Observation": "data_set",
     "Remembered": "remembered",
-    "json_cron_jobs": "dispatch",
+    "SimpleLeaseWorker": "dispatch",
+    "json_cron_jobs": "shard_jobs",
     "LeaseCollector": "metrics",
     "LogStream": "metrics_history",
-    "purge_queue": "dispatch",
+    "purge_queue": "shard_jobs",
     "tick_entry": "tick",
 }
 

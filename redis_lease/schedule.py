@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 from croniter import croniter
 
 from .connection import as_text
-from .dispatch import JsonJob
 from .jobs import Job
 from .lease import from_ms
+from .shard_jobs import JsonJob
 from .store import LeaseStore
 from .validation import check_id
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from rq import get_current_job
 
-from . import age_history, capacity, data_set, dispatch, lost_runs
+from . import age_history, capacity, data_set, lost_runs, shard_jobs
 from .backoff import FAILURE_STREAK_LIMIT, hold_dispatch
 from .due_runs import NO_RECORD as NO_RECORD
 from .due_runs import create_due_runs
@@ -288,7 +288,7 @@ def _dispatch(
     """
     opts = job.options
     run_id = status.run_id
-    live = dispatch.live_jobs(store, run_id)  # counts the failed jobs it finds on the run
+    live = shard_jobs.live_jobs(store, run_id)  # counts the failed jobs it finds on the run
     status.info.update(runs.info(run_id))
     total_live = sum(len(ids) for ids in live.values())
     decisions: list[Decision] = []
@@ -306,7 +306,7 @@ def _dispatch(
             continue
         have = len(live.get(shard, []))
         while have < opts.workers_per_shard and total_live < cap:
-            dispatch.enqueue_shard(store, path, opts.queue, run_id, shard, opts.shard_budget)
+            shard_jobs.enqueue_shard(store, path, opts.queue, run_id, shard, opts.shard_budget)
             have, total_live, enqueued = have + 1, total_live + 1, enqueued + 1
     if enqueued:
         reason = f"enqueued {enqueued} shard jobs where no job was live"
@@ -371,7 +371,7 @@ def _burst(
     if not targets:
         return None
     for shard in targets:
-        dispatch.enqueue_shard(store, path, opts.queue, run_id, shard, opts.shard_budget)
+        shard_jobs.enqueue_shard(store, path, opts.queue, run_id, shard, opts.shard_budget)
     when = "never at this rate" if rate <= 0 else f"in {(projected_ms - now_ms) / 1000:.0f}s"
     return runs.record_decision(
         run_id,

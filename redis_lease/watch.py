@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 
-from . import dispatch, takeover
+from . import shard_jobs, takeover
 from .backoff import FAILURE_STREAK_LIMIT
 from .errors import NotFound, RedisLeaseError
 from .failures import REDIS_FAILURES
@@ -78,7 +78,7 @@ def redispatch(store: LeaseStore, done: takeover.Takeover) -> str | None:
         return None
     if info.get("state") != "running" or job_failures(info).streak >= FAILURE_STREAK_LIMIT:
         return None
-    return dispatch.enqueue_shard(
+    return shard_jobs.enqueue_shard(
         store, job.path, job.queue, job.run_id, job.shard, job.budget, at_front=True
     )
 
@@ -137,7 +137,7 @@ class FleetWatch(threading.Thread):
             self._sweep(store)
 
     def _sweep(self, store: LeaseStore) -> None:
-        for done in takeover.sweep(store, why=partial(dispatch.stopped_job_why, store)):
+        for done in takeover.sweep(store, why=partial(shard_jobs.stopped_job_why, store)):
             self.takeovers.append(done)
             replaced = redispatch(store, done)
             line = done.line() + (f"; shard job {replaced} enqueued first" if replaced else "")

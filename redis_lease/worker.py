@@ -21,7 +21,7 @@ from typing import Any
 
 from rq import get_current_job
 
-from . import capacity, dispatch, takeover
+from . import capacity, shard_jobs, takeover
 from .deprecation import renamed_attribute
 from .errors import InvalidInput, LeaseError, RedisLeaseError
 from .failures import REDIS_FAILURES, redis_errors
@@ -136,7 +136,7 @@ def _process(
         )
         _record_pass(store, run_id, report, time.monotonic() - started)
         if not report.drained and not report.closed:
-            dispatch.enqueue_shard(
+            shard_jobs.enqueue_shard(
                 store, job_path, job.options.queue, run_id, shard, job.options.shard_budget
             )
     finally:

@@ -149,7 +149,7 @@ def test_json_cron_jobs_makes_rq_cron_enqueue_json_and_refuses_an_rq_it_does_not
         json_cron_jobs()  # twice: the same
         assert cron.Queue is JsonQueue
         payload = assert_json_job(client, entry.enqueue(client).id)
-        assert payload[0] == "redis_lease.dispatch.json_cron_jobs"
+        assert payload[0] == f"{json_cron_jobs.__module__}.json_cron_jobs"
     finally:
         client.delete(f"rq:cron_job:{entry.name}:jobs")
         client.zrem("rq:cron_jobs", entry.name)

@@ -146,7 +146,8 @@ def worker(
     """
     from rq.serializers import JSONSerializer
 
-    from ..dispatch import JsonJob, LeaseWorker, SimpleLeaseWorker, check_worker_access, queue
+    from ..dispatch import LeaseWorker, SimpleLeaseWorker, check_worker_access
+    from ..shard_jobs import JsonJob, queue
     from ..watch import FleetWatch
 
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()

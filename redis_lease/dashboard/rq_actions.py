@@ -19,8 +19,8 @@ from rq.job import Job
 from rq.queue import Queue
 from werkzeug.wrappers import Response
 
-from ..dispatch import JsonJob
-from ..dispatch import queue as json_queue
+from ..shard_jobs import JsonJob
+from ..shard_jobs import queue as json_queue
 from . import rq_data
 from .ids import CONVERTER
 from .rq_source import RQ_PREFIX, known_job, known_queue, known_registry, reading

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..connection import as_text
-from ..dispatch import purge_queue
 from ..gate import ProviderGate
 from ..runs import FINAL_STATES, Runs
+from ..shard_jobs import purge_queue
 from ..store import LeaseStore
 from ..tick import tick
 from .backend import demo_backend
