@@ -55,11 +55,11 @@ from rq import Queue
 from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
 
-from redis_lease.dispatch import enqueue_shard
-from redis_lease.jobs import JobOptions
-from redis_lease.runs import Runs
-from redis_lease.store import LeaseStore
-from redis_lease.urls import safe_url
+from redis_lease.fleet.job import JobOptions
+from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.shard_jobs import enqueue_shard
+from redis_lease.protocol.connection.urls import safe_url
+from redis_lease.protocol.store.lease_store import LeaseStore
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "redis://127.0.0.1:6379/0"

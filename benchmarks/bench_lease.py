@@ -43,10 +43,10 @@ from redis.commands.core import Script
 from redis.utils import HIREDIS_AVAILABLE
 
 from redis_lease.errors import RedisUnavailable
-from redis_lease.keys import Keys
-from redis_lease.lease import Item
-from redis_lease.store import LeaseStore
-from redis_lease.urls import safe_url
+from redis_lease.protocol.connection.urls import safe_url
+from redis_lease.protocol.keys import Keys
+from redis_lease.protocol.store.lease_store import LeaseStore
+from redis_lease.protocol.values import Item
 
 PAYLOAD_BYTES = 100
 BATCH = 100

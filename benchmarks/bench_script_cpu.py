@@ -44,7 +44,7 @@ from pathlib import Path
 
 import redis
 
-from redis_lease.scripts import source
+from redis_lease.protocol.scripts import source
 
 KEY_NAMES = ("meta", "counts", "items", "due", "leases", "held", "dead")
 PAYLOAD = '{"account":42,"cursor":9}'

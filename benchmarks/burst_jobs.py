@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass
 from datetime import date
 from typing import TYPE_CHECKING
 
-from redis_lease.jobs import Job
-from redis_lease.lease import Item
+from redis_lease.fleet.job import Job
+from redis_lease.protocol.values import Item
 
 if TYPE_CHECKING:
-    from redis_lease.keeper import ActiveLease
+    from redis_lease.fleet.live_lease import ActiveLease
 
 SETTINGS_ENV = "BURST_SETTINGS"
 JOB_PATH = "benchmarks.burst_jobs:burst_job"

@@ -29,12 +29,13 @@ from benchmarks.burst_jobs import (
     make_job,
 )
 from benchmarks.burst_model import Scenario, Trial, arrivals
-from redis_lease import dispatch, snapshots
-from redis_lease.connection import as_text
-from redis_lease.jobs import Job
-from redis_lease.lease import Item
-from redis_lease.runs import Runs
-from redis_lease.store import LeaseStore
+from redis_lease.fleet import shard_jobs
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.runs import Runs
+from redis_lease.protocol.connection.clients import as_text
+from redis_lease.protocol.store import run_status
+from redis_lease.protocol.store.lease_store import LeaseStore
+from redis_lease.protocol.values import Item
 
 #: Seconds between two rounds of feeding and dispatching.
 LOOP_SECONDS = 0.1
@@ -119,8 +120,8 @@ class Bench:
             if trial.drained and trial.drained_at is None and elapsed >= scenario.window / 2:
                 consumers.drain_one()
                 trial.drained_at = round(elapsed, 3)
-            info, shards = snapshots.read(store, run_id)
-            status = snapshots.summary(run_id, info, shards)
+            info, shards = run_status.read(store, run_id)
+            status = run_status.summary(run_id, info, shards)
             age = status.oldest_eligible_age_seconds
             finished = fed == scenario.eligible and status.finished >= scenario.eligible
             if elapsed >= next_sample or finished:
@@ -153,7 +154,7 @@ class Bench:
         stranded = self.client.lrange(f"rq:queue:{queue}:intermediate", 0, -1)
         listed = self.client.hkeys(store.keys.run_jobs(run_id))
         extra = tuple(sorted({as_text(rq_id) for rq_id in [*stranded, *listed]}))
-        dispatch.purge_queue(self.client, queue, extra)
+        shard_jobs.purge_queue(self.client, queue, extra)
         keys = list(self.client.scan_iter(match=f"{self.prefix}:*", count=1000))
         for start in range(0, len(keys), 1000):
             self.client.delete(*keys[start : start + 1000])
@@ -182,7 +183,7 @@ def _feed(runs: Runs, run_id: str, numbers: range, eligible: int, deadline_ms: i
 
 def _check_no_failed_job(client: redis.Redis, queue_name: str) -> None:
     """Raises RuntimeError naming the error when a shard job failed (it never should)."""
-    failed = dispatch.queue(client, queue_name).failed_job_registry
+    failed = shard_jobs.queue(client, queue_name).failed_job_registry
     ids = failed.get_job_ids(0, 0, cleanup=False)
     if not ids:
         return
@@ -196,7 +197,7 @@ def _check_no_failed_job(client: redis.Redis, queue_name: str) -> None:
 
 
 def _dispatch(
-    store: LeaseStore, job: Job, run_id: str, shards: list[snapshots.ShardSnapshot]
+    store: LeaseStore, job: Job, run_id: str, shards: list[run_status.ShardSnapshot]
 ) -> tuple[int, float]:
     """Enqueues a shard job for each shard with due items (or leases) and no live job.
 
@@ -210,7 +211,7 @@ def _dispatch(
     ]
     if not wanted:
         return 0, 0.0
-    live = dispatch.live_jobs(store, run_id)  # also brings the run's missing jobs up to date
+    live = shard_jobs.live_jobs(store, run_id)  # also brings the run's missing jobs up to date
     pipe = store.client.pipeline(transaction=False)
     pipe.hgetall(store.keys.run_jobs_missing(run_id))
     pipe.hkeys(store.keys.run_jobs(run_id))
@@ -225,6 +226,6 @@ def _dispatch(
     for shard in wanted:
         if not live.get(shard):
             opts = job.options
-            dispatch.enqueue_shard(store, JOB_PATH, opts.queue, run_id, shard, opts.shard_budget)
+            shard_jobs.enqueue_shard(store, JOB_PATH, opts.queue, run_id, shard, opts.shard_budget)
             enqueued += 1
     return enqueued, max(0.0, stalled)

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from datetime import date
 from typing import TYPE_CHECKING
 
-from redis_lease.jobs import Job, JobOptions
-from redis_lease.lease import Item
+from redis_lease.fleet.job import Job, JobOptions
+from redis_lease.protocol.values import Item
 
 if TYPE_CHECKING:
-    from redis_lease.worker import ActiveLease
+    from redis_lease.fleet.worker.shard_job import ActiveLease
 
 QUEUE_ENV = "BENCH_FLEET_QUEUE"
 SHARDS_ENV = "BENCH_FLEET_SHARDS"

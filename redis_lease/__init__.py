@@ -8,10 +8,7 @@ need RQ or Prometheus's client (:data:`_LAZY`) import their module on first use,
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .capacity import CapacityPlan, Measured, RunNeed
-from .cluster import FollowingPool
-from .deprecation import renamed_attribute
-from .effects import not_sent, resolve_effect
+from .deprecation import find_moved_modules, renamed_attribute
 from .errors import (
     ClusterBusy,
     ConditionFailed,
@@ -35,13 +32,24 @@ from .errors import (
     Throttled,
     TLSFailed,
 )
-from .gate import ProviderGate
-from .guards import FieldEquals, KeyExists, KeyMissing, Write
-from .job_failures import JobFailures
-from .job_tallies import Tallies
-from .jobs import Job
-from .keeper import ActiveLease, LeaseKeeper
-from .lease import (
+from .fleet.capacity import CapacityPlan, Measured, RunNeed
+from .fleet.effects import not_sent, resolve_effect
+from .fleet.gate import ProviderGate
+from .fleet.job import Job
+from .fleet.job_tallies import Tallies
+from .fleet.live_lease import ActiveLease, LeaseKeeper
+from .fleet.runs import Decision, Runs
+from .fleet.shard_job_failures import JobFailures
+from .fleet.worker.shard_loop import HandlerResult, ShardReport
+from .limits import lua_dir
+from .protocol.connection.cluster import FollowingPool
+from .protocol.connection.server_checks import EvictionPolicyWarning
+from .protocol.connection.tls import InsecureTLSWarning
+from .protocol.guards import FieldEquals, KeyExists, KeyMissing, Write
+from .protocol.scripts import Call, Command, Observer, Scripts, observe, source
+from .protocol.store.lease_store import LeaseStore
+from .protocol.store.stamp import check_protocol
+from .protocol.values import (
     Attempt,
     CommitReply,
     CommitRequest,
@@ -54,27 +62,22 @@ from .lease import (
     ReleaseRequest,
     RunStatus,
 )
-from .limits import lua_dir
-from .protocol_version import check_protocol
-from .runs import Decision, Runs
-from .scripts import Call, Command, Observer, Scripts, observe, source
-from .server_checks import EvictionPolicyWarning
-from .shard_loop import HandlerResult, ShardReport
-from .store import LeaseStore
-from .tls import InsecureTLSWarning
 from .version import __version__ as __version__
 
+find_moved_modules()  # old module paths (redis_lease.keeper, ...) for one release
+
 if TYPE_CHECKING:
-    from .bad_jobs import BadJob, BadJobGuard
-    from .data_set import Loss, MarkState, Observation
-    from .dispatch import LeaseWorker, SimpleLeaseWorker
-    from .lost_records import LostRun
-    from .metrics import LeaseCollector
-    from .metrics_history import AttemptHistograms, LogStream
-    from .remembered import Remembered
-    from .shard_jobs import JsonJob, JsonQueue, json_cron_jobs, purge_queue
-    from .tick import tick_entry
-    from .watch import FleetWatch
+    from .fleet.data_set import Loss, MarkState, Observation
+    from .fleet.lost_records import LostRun
+    from .fleet.remembered import Remembered
+    from .fleet.shard_jobs import JsonJob, JsonQueue, json_cron_jobs, purge_queue
+    from .fleet.tick.scheduler_tick import TickResult, tick_entry
+    from .fleet.worker.bad_jobs import BadJob, BadJobGuard
+    from .fleet.worker.rq_worker import LeaseWorker, SimpleLeaseWorker
+    from .fleet.worker.shard_job import process_shard
+    from .fleet.worker.watch import FleetWatch
+    from .operate.metrics.collector import LeaseCollector
+    from .operate.metrics.history import AttemptHistograms, LogStream
 
 __all__ = [
     "ActiveLease",
@@ -148,12 +151,14 @@ __all__ = [
     "TLSFailed",
     "Tallies",
     "Throttled",
+    "TickResult",
     "Write",
     "check_protocol",
     "json_cron_jobs",
     "lua_dir",
     "not_sent",
     "observe",
+    "process_shard",
     "purge_queue",
     "resolve_effect",
     "source",
@@ -162,24 +167,26 @@ __all__ = [
 
 #: Names whose module is imported on first use (it needs RQ or Prometheus's client).
 _LAZY = {
-    "AttemptHistograms": "metrics_history",
-    "BadJob": "bad_jobs",
-    "BadJobGuard": "bad_jobs",
-    "FleetWatch": "watch",
-    "JsonJob": "shard_jobs",
-    "JsonQueue": "shard_jobs",
-    "LeaseWorker": "dispatch",
-    "Loss": "data_set",
-    "LostRun": "lost_records",
-    "MarkState": "data_set",
-    "Observation": "data_set",
-    "Remembered": "remembered",
-    "SimpleLeaseWorker": "dispatch",
-    "json_cron_jobs": "shard_jobs",
-    "LeaseCollector": "metrics",
-    "LogStream": "metrics_history",
-    "purge_queue": "shard_jobs",
-    "tick_entry": "tick",
+    "AttemptHistograms": "operate.metrics.history",
+    "BadJob": "fleet.worker.bad_jobs",
+    "BadJobGuard": "fleet.worker.bad_jobs",
+    "FleetWatch": "fleet.worker.watch",
+    "JsonJob": "fleet.shard_jobs",
+    "JsonQueue": "fleet.shard_jobs",
+    "LeaseWorker": "fleet.worker.rq_worker",
+    "Loss": "fleet.data_set",
+    "LostRun": "fleet.lost_records",
+    "MarkState": "fleet.data_set",
+    "Observation": "fleet.data_set",
+    "Remembered": "fleet.remembered",
+    "SimpleLeaseWorker": "fleet.worker.rq_worker",
+    "json_cron_jobs": "fleet.shard_jobs",
+    "LeaseCollector": "operate.metrics.collector",
+    "LogStream": "operate.metrics.history",
+    "process_shard": "fleet.worker.shard_job",
+    "purge_queue": "fleet.shard_jobs",
+    "TickResult": "fleet.tick.scheduler_tick",
+    "tick_entry": "fleet.tick.scheduler_tick",
 }
 
 #: Old names, importable with a DeprecationWarning for one release.

@@ -1,11 +1,87 @@
 """Old public names kept for one release: each use warns with a DeprecationWarning
-that names the new one, and then does what the new name does."""
+that names the new one, and then does what the new name does. Old module paths too:
+the modules that moved into layer folders (0.10.0) import under their old names."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from importlib.abc import Loader, MetaPathFinder
+from importlib.machinery import ModuleSpec
+from types import ModuleType
 from typing import Any
+
+#: Old module path -> where the module is now; each import of an old path warns.
+MOVED_MODULES = {
+    "redis_lease.adding": "redis_lease.protocol.store.add",
+    "redis_lease.age_history": "redis_lease.fleet.run_ages",
+    "redis_lease.attempt_log": "redis_lease.protocol.store.attempt_log",
+    "redis_lease.backfill": "redis_lease.fleet.tick.backfill",
+    "redis_lease.backoff": "redis_lease.fleet.dispatch_backoff",
+    "redis_lease.bad_job_counts": "redis_lease.fleet.worker.bad_job_counts",
+    "redis_lease.bad_jobs": "redis_lease.fleet.worker.bad_jobs",
+    "redis_lease.capacity": "redis_lease.fleet.capacity",
+    "redis_lease.cluster": "redis_lease.protocol.connection.cluster",
+    "redis_lease.connection": "redis_lease.protocol.connection.clients",
+    "redis_lease.dashboard": "redis_lease.operate.dashboard",
+    "redis_lease.dashboard.app": "redis_lease.operate.dashboard.app",
+    "redis_lease.dashboard.charts": "redis_lease.operate.dashboard.charts",
+    "redis_lease.dashboard.ids": "redis_lease.operate.dashboard.ids",
+    "redis_lease.dashboard.pages": "redis_lease.operate.dashboard.pages",
+    "redis_lease.dashboard.rq_actions": "redis_lease.operate.dashboard.rq_actions",
+    "redis_lease.dashboard.rq_data": "redis_lease.operate.dashboard.rq_data",
+    "redis_lease.dashboard.rq_jobs": "redis_lease.operate.dashboard.rq_jobs",
+    "redis_lease.dashboard.rq_source": "redis_lease.operate.dashboard.rq_source",
+    "redis_lease.dashboard.rq_views": "redis_lease.operate.dashboard.rq_views",
+    "redis_lease.dashboard.rq_workers": "redis_lease.operate.dashboard.rq_workers",
+    "redis_lease.dashboard.security": "redis_lease.operate.dashboard.security",
+    "redis_lease.dashboard.server": "redis_lease.operate.dashboard.server",
+    "redis_lease.dashboard.unreadable": "redis_lease.operate.dashboard.unreadable",
+    "redis_lease.data_set": "redis_lease.fleet.data_set",
+    "redis_lease.due_runs": "redis_lease.fleet.tick.due_runs",
+    "redis_lease.failures": "redis_lease.protocol.connection.translate",
+    "redis_lease.gate": "redis_lease.fleet.gate",
+    "redis_lease.guards": "redis_lease.protocol.guards",
+    "redis_lease.job_failures": "redis_lease.fleet.shard_job_failures",
+    "redis_lease.job_store": "redis_lease.fleet.shard_job_store",
+    "redis_lease.job_tallies": "redis_lease.fleet.job_tallies",
+    "redis_lease.jobs": "redis_lease.fleet.job",
+    "redis_lease.keeper": "redis_lease.fleet.live_lease",
+    "redis_lease.keys": "redis_lease.protocol.keys",
+    "redis_lease.lease": "redis_lease.protocol.values",
+    "redis_lease.locks": "redis_lease.fleet.locks",
+    "redis_lease.lost_records": "redis_lease.fleet.lost_records",
+    "redis_lease.lost_runs": "redis_lease.fleet.tick.lost_runs",
+    "redis_lease.metrics_history": "redis_lease.operate.metrics.history",
+    "redis_lease.metrics_jobs": "redis_lease.operate.metrics.per_job",
+    "redis_lease.missed_runs": "redis_lease.fleet.tick.missed_runs",
+    "redis_lease.output": "redis_lease.operate.output",
+    "redis_lease.pool": "redis_lease.fleet.worker.pool",
+    "redis_lease.protocol_version": "redis_lease.protocol.store.stamp",
+    "redis_lease.remembered": "redis_lease.fleet.remembered",
+    "redis_lease.replies": "redis_lease.protocol.replies",
+    "redis_lease.run_states": "redis_lease.fleet.run_states",
+    "redis_lease.run_views": "redis_lease.operate.run_views",
+    "redis_lease.runs": "redis_lease.fleet.runs",
+    "redis_lease.schedule": "redis_lease.fleet.tick.schedule",
+    "redis_lease.server_checks": "redis_lease.protocol.connection.server_checks",
+    "redis_lease.settlement": "redis_lease.protocol.store.settle",
+    "redis_lease.shard_jobs": "redis_lease.fleet.shard_jobs",
+    "redis_lease.shard_loop": "redis_lease.fleet.worker.shard_loop",
+    "redis_lease.snapshots": "redis_lease.protocol.store.run_status",
+    "redis_lease.store_base": "redis_lease.protocol.store.base",
+    "redis_lease.store_reads": "redis_lease.protocol.store.reads",
+    "redis_lease.takeover": "redis_lease.fleet.takeover",
+    "redis_lease.tls": "redis_lease.protocol.connection.tls",
+    "redis_lease.tracing": "redis_lease.protocol.tracing",
+    "redis_lease.urls": "redis_lease.protocol.connection.urls",
+    "redis_lease.validation": "redis_lease.protocol.validation",
+    "redis_lease.views": "redis_lease.operate.views",
+    "redis_lease.watch": "redis_lease.fleet.worker.watch",
+    "redis_lease.worker_views": "redis_lease.operate.worker_views",
+}
 
 
 def warn_renamed(old: str, new: str, *, stacklevel: int = 3) -> None:
@@ -27,3 +103,30 @@ def renamed_attribute(
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
     warn_renamed(f"{module}.{name}", f"{module}.{new}", stacklevel=4)
     return namespace[new]
+
+
+class MovedModules(MetaPathFinder, Loader):
+    """Imports a moved module under its old path (:data:`MOVED_MODULES`), with a warning: the
+    old name is bound to the moved module itself, so it is one module under two names."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        """A spec for an old path, else None (the usual finders go first)."""
+        return ModuleSpec(fullname, self) if fullname in MOVED_MODULES else None
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
+        """The moved module, after a warning that names its new path."""
+        new = MOVED_MODULES[spec.name]
+        warn_renamed(f"module {spec.name}", f"{new} (or import its names from redis_lease)")
+        return importlib.import_module(new)
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing: the moved module ran when it was imported under its new path."""
+
+
+def find_moved_modules() -> None:
+    """Lets old module paths import (once per process). First among the finders: an old
+    submodule path (``redis_lease.dashboard.app``) must not load the file a second time."""
+    if not any(isinstance(finder, MovedModules) for finder in sys.meta_path):
+        sys.meta_path.insert(0, MovedModules())

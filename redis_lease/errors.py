@@ -215,7 +215,7 @@ class ProtocolMismatch(LeaseError):
 
     Attributes:
         found: the stamp as read (``<prefix>:protocol``, see
-            :mod:`redis_lease.protocol_version`).
+            :mod:`redis_lease.protocol.store.stamp`).
         speaks: the protocol numbers this release speaks.
     """
 

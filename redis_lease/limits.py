@@ -62,7 +62,7 @@ DEFAULT_TTL: float = default("lease_ttl_ms") / 1000
 #: Seconds between a shard job's heartbeats (and a worker's).
 HEARTBEAT: float = default("heartbeat_ms") / 1000
 #: Milliseconds a heartbeat lives: a shard job silent this long is taken for dead, and
-#: its leases are taken over (:mod:`redis_lease.takeover`).
+#: its leases are taken over (:mod:`redis_lease.fleet.takeover`).
 DEAD_AFTER_MS: int = default("dead_after_ms")
 DEAD_AFTER: float = DEAD_AFTER_MS / 1000
 DEFAULT_MAX_ATTEMPTS: int = default("max_attempts")

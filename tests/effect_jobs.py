@@ -53,14 +53,14 @@ import redis
 
 from redis_lease.demo.provider import ProviderClient
 from redis_lease.errors import LeaseLost
-from redis_lease.gate import ProviderGate
-from redis_lease.guards import Write
-from redis_lease.jobs import Job
-from redis_lease.lease import Item
-from redis_lease.runs import FINAL_STATES, Runs
-from redis_lease.store import LeaseStore
-from redis_lease.tick import tick_job
-from redis_lease.worker import ActiveLease, HandlerResult
+from redis_lease.fleet.gate import ProviderGate
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.runs import FINAL_STATES, Runs
+from redis_lease.fleet.tick.scheduler_tick import tick_job
+from redis_lease.fleet.worker.shard_job import ActiveLease, HandlerResult
+from redis_lease.protocol.guards import Write
+from redis_lease.protocol.store.lease_store import LeaseStore
+from redis_lease.protocol.values import Item
 from tests.faults import recorder
 from tests.faults.evidence import marks_key
 

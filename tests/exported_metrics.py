@@ -16,11 +16,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redis_lease import LeaseStore
-from redis_lease.capacity import record_pass
 from redis_lease.errors import LeaseLost
-from redis_lease.job_failures import record_job_failure
-from redis_lease.metrics import LeaseCollector
-from redis_lease.tick import tick
+from redis_lease.fleet.capacity import record_pass
+from redis_lease.fleet.shard_job_failures import record_job_failure
+from redis_lease.fleet.tick.scheduler_tick import tick
+from redis_lease.operate.metrics.collector import LeaseCollector
 from tests.fleet_helpers import NIGHTLY_PATH
 from tests.helpers import wait_past
 

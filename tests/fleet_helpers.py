@@ -18,10 +18,11 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
-from redis_lease import LeaseStore, dispatch
-from redis_lease.jobs import Job
-from redis_lease.runs import FINAL_STATES, Runs
-from redis_lease.tick import tick
+from redis_lease import LeaseStore
+from redis_lease.fleet import shard_jobs
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.runs import FINAL_STATES, Runs
+from redis_lease.fleet.tick.scheduler_tick import tick
 
 REPO = Path(__file__).resolve().parent.parent
 FLEET_PATH = "tests.fleet_jobs:fleet"
@@ -256,7 +257,7 @@ def assert_json_job(client: redis.Redis, rq_id: str) -> Any:
 
 def purge_queue(client: redis.Redis, name: str, extra_job_ids: tuple[str, ...] = ()) -> None:
     """Deletes an RQ queue of this test: its jobs in every registry, its workers, its keys."""
-    dispatch.purge_queue(client, name, extra_job_ids)
+    shard_jobs.purge_queue(client, name, extra_job_ids)
 
 
 def configure_nightly(

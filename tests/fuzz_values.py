@@ -21,7 +21,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 
 from redis_lease import limits
-from redis_lease.scripts import KEY_COUNTS
+from redis_lease.protocol.scripts import KEY_COUNTS
 from tests.test_registry import ANNOTATION, header
 
 NAMES = sorted(KEY_COUNTS)

@@ -22,11 +22,12 @@ from urllib.parse import quote, urljoin, urlsplit
 
 import redis
 
-from redis_lease import LeaseStore, dispatch
-from redis_lease.job_failures import record_job_failure
-from redis_lease.lease import Item
-from redis_lease.runs import Runs
-from redis_lease.takeover import ShardJob
+from redis_lease import LeaseStore
+from redis_lease.fleet import shard_jobs
+from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.shard_job_failures import record_job_failure
+from redis_lease.fleet.takeover import ShardJob
+from redis_lease.protocol.values import Item
 from tests.rq_helpers import burst, pickled_call
 
 #: The valid runs the world makes.
@@ -153,7 +154,7 @@ def _bytes_run(store: LeaseStore, world: HostileWorld) -> None:
 def _rq_state(store: LeaseStore, sink: str, world: HostileWorld) -> None:
     """RQ's queues, jobs and workers with markup, bytes and long text in their fields."""
     client = store.rq
-    queue = dispatch.queue(client, QUEUE)
+    queue = shard_jobs.queue(client, QUEUE)
     queue.enqueue(
         "tests.rq_helpers.raise_error",
         _hostile(world, "rq exception", sink),

@@ -11,8 +11,9 @@ from contextlib import contextmanager
 import redis
 from rq.serializers import JSONSerializer
 
-from redis_lease import dispatch
-from redis_lease.dispatch import JsonJob, SimpleLeaseWorker
+from redis_lease.fleet import shard_jobs
+from redis_lease.fleet.shard_jobs import JsonJob
+from redis_lease.fleet.worker.rq_worker import SimpleLeaseWorker
 
 
 def raise_error(message: str) -> None:
@@ -23,7 +24,7 @@ def raise_error(message: str) -> None:
 def burst(client: redis.Redis, queue_name: str, name: str) -> None:
     """Works ``queue_name`` until it is empty with an RQ worker in this process (the
     project's, which leaves RQ's command channel without waiting for its listener)."""
-    queue = dispatch.queue(client, queue_name)
+    queue = shard_jobs.queue(client, queue_name)
     worker = SimpleLeaseWorker(
         [queue], connection=client, serializer=JSONSerializer, job_class=JsonJob, name=name
     )
@@ -32,7 +33,7 @@ def burst(client: redis.Redis, queue_name: str, name: str) -> None:
 
 def failed_job(client: redis.Redis, queue_name: str, message: str) -> str:
     """A job of ``queue_name`` that failed with ``message``, in its failed registry."""
-    job = dispatch.queue(client, queue_name).enqueue(f"{__name__}.raise_error", message)
+    job = shard_jobs.queue(client, queue_name).enqueue(f"{__name__}.raise_error", message)
     burst(client, queue_name, f"{queue_name}-burst")
     assert job.get_status(refresh=True) == "failed"
     return str(job.id)

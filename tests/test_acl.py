@@ -15,7 +15,7 @@ import redis
 from redis.exceptions import NoPermissionError
 
 from redis_lease import Item, LeaseStore
-from redis_lease.dashboard import create_app
+from redis_lease.operate.dashboard import create_app
 from tests.fleet_helpers import REPO, Processes
 from tests.redis_server import RedisServer
 from tests.security_helpers import FLEET, Cli, fleet_env, fleet_run

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from redis_lease import Item, LeaseStore
-from redis_lease.adding import ADD_BATCH, ADD_PIPELINE, _Window, window_size
 from redis_lease.cli import item_parts
 from redis_lease.cli.item_files import ItemFile
-from redis_lease.scripts import Call, Command, Scripts
+from redis_lease.protocol.scripts import Call, Command, Scripts
+from redis_lease.protocol.store.add import ADD_BATCH, ADD_PIPELINE, _Window, window_size
 from tests import test_cli as base
 from tests.test_cli import ENV_NAMES, Cli, assert_error
 

@@ -15,12 +15,19 @@ from typing import Any
 import pytest
 
 from redis_lease import InvalidInput, Item, LeaseLost, LeaseStore, NotFound
-from redis_lease.jobs import Job
-from redis_lease.keeper import ActiveLease
-from redis_lease.lease import Attempt, FailReply, FailRequest, Lease, ReleaseRequest, parse_record
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.live_lease import ActiveLease
+from redis_lease.fleet.worker.shard_job import LeaseKeeper, work_shard
 from redis_lease.limits import ATTEMPT_LOG_CAP, ERROR_HISTORY
-from redis_lease.tracing import current_trace_id, new_trace_id
-from redis_lease.worker import LeaseKeeper, work_shard
+from redis_lease.protocol.tracing import current_trace_id, new_trace_id
+from redis_lease.protocol.values import (
+    Attempt,
+    FailReply,
+    FailRequest,
+    Lease,
+    ReleaseRequest,
+    parse_record,
+)
 from tests.helpers import records, server_ms, snapshot, text, wait_past
 
 RUN = "log"

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.backfill import backfill, backfill_dates
 from redis_lease.errors import InvalidInput
-from redis_lease.runs import Runs, to_ms
-from redis_lease.schedule import pause, pause_state, pause_states, resume
-from redis_lease.tick import tick
+from redis_lease.fleet.runs import Runs, to_ms
+from redis_lease.fleet.tick.backfill import backfill, backfill_dates
+from redis_lease.fleet.tick.schedule import pause, pause_state, pause_states, resume
+from redis_lease.fleet.tick.scheduler_tick import tick
 from tests.fleet_helpers import NIGHTLY_PATH, Configure, configure_nightly
 from tests.helpers import snapshot
 from tests.test_fleet_frictions import cli, write_module

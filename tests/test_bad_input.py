@@ -11,15 +11,8 @@ from typing import Any
 import pytest
 import redis
 
-from redis_lease import (
-    InvalidInput,
-    Item,
-    Lease,
-    LeaseStore,
-    RedisUnavailable,
-    Write,
-)
-from redis_lease.validation import PAYLOAD_MAX_BYTES
+from redis_lease import InvalidInput, Item, Lease, LeaseStore, RedisUnavailable, Write
+from redis_lease.protocol.validation import PAYLOAD_MAX_BYTES
 from tests.helpers import keys_under, snapshot
 from tests.redis_server import RedisServer, free_port
 

@@ -24,9 +24,9 @@ from urllib.parse import quote
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from redis_lease import age_history
-from redis_lease.lease import Item
-from redis_lease.runs import Runs
+from redis_lease.fleet import run_ages
+from redis_lease.fleet.runs import Runs
+from redis_lease.protocol.values import Item
 from tests.browser import jobs
 from tests.browser.harness import (
     DOC_IMAGES,
@@ -240,7 +240,7 @@ def test_run_page_counts_shards_and_age_chart(
 
     chart = page.locator("svg#age-chart")
     assert chart.is_visible()
-    samples = age_history.read(world.store, run)
+    samples = run_ages.read(world.store, run)
     assert len(samples) >= 5, "the ticks sampled the run's ages"
     assert chart_points(chart) == len(samples)
 

@@ -16,7 +16,9 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from redis_lease import Item, LeaseStore
-from redis_lease.capacity import (
+from redis_lease.cli import app
+from redis_lease.errors import InvalidInput, NotFound
+from redis_lease.fleet.capacity import (
     capacity_key,
     measured,
     parse_rate,
@@ -27,11 +29,9 @@ from redis_lease.capacity import (
     run_need,
     workers_needed,
 )
-from redis_lease.cli import app
-from redis_lease.errors import InvalidInput, NotFound
-from redis_lease.jobs import JobOptions
+from redis_lease.fleet.job import JobOptions
+from redis_lease.fleet.runs import Runs
 from redis_lease.limits import DEFAULT_RETENTION_DAYS
-from redis_lease.runs import Runs
 
 runner = CliRunner()
 

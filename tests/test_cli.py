@@ -24,9 +24,9 @@ import pytest
 import redis
 from typer.testing import CliRunner, Result
 
-from redis_lease import connection
 from redis_lease.cli import app
-from redis_lease.store import LeaseStore
+from redis_lease.protocol.connection import clients
+from redis_lease.protocol.store.lease_store import LeaseStore
 from tests.helpers import server_ms, text, wait_past
 from tests.redis_server import RedisServer, free_port
 
@@ -82,12 +82,12 @@ def cli(request: pytest.FixtureRequest, prefix: str) -> Iterator[Cli]:
         url: str = request.getfixturevalue("redis_url")
     else:
         url = f"fakeredis://{prefix}"
-    client = connection.client_from_url(url)
+    client = clients.client_from_url(url)
     yield Cli(url, prefix, client)
     for key in client.scan_iter(match=f"{prefix}:*", count=1000):
         client.delete(key)
     client.close()
-    connection._fake_servers.pop(prefix, None)
+    clients._fake_servers.pop(prefix, None)
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from redis_lease import ConditionFailed, FieldEquals, Item, LeaseLost, LeaseStore
-from redis_lease.store import CommitRequest
+from redis_lease.protocol.store.lease_store import CommitRequest
 from tests.helpers import wait_past
 
 

@@ -29,9 +29,9 @@ from redis_lease import (
     RedisUnavailable,
     TLSFailed,
 )
-from redis_lease import tls as tls_module
 from redis_lease.cli import app
-from redis_lease.connection import (
+from redis_lease.protocol.connection import tls as tls_module
+from redis_lease.protocol.connection.clients import (
     CONNECT_TIMEOUT,
     RETRIES,
     TLSConnection,
@@ -40,8 +40,8 @@ from redis_lease.connection import (
     resilient,
     with_tls,
 )
-from redis_lease.store import CommitRequest
-from redis_lease.urls import safe_url
+from redis_lease.protocol.connection.urls import safe_url
+from redis_lease.protocol.store.lease_store import CommitRequest
 from tests.redis_server import RedisServer
 
 ENV_NAMES = (

@@ -21,18 +21,19 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from redis_lease import LeaseStore, age_history, dispatch
-from redis_lease.dashboard import create_app
-from redis_lease.dashboard import pages as pages_module
-from redis_lease.dashboard.security import loopback_hosts
-from redis_lease.dashboard.server import wsgi_app
+from redis_lease import LeaseStore
 from redis_lease.errors import NotClaimable
-from redis_lease.gate import ProviderGate
-from redis_lease.job_failures import record_job_failure
-from redis_lease.lease import Item, Lease
-from redis_lease.run_views import deadline_text, projected_finish_text
-from redis_lease.runs import Runs
-from redis_lease.views import run_ids_since
+from redis_lease.fleet import run_ages, shard_jobs
+from redis_lease.fleet.gate import ProviderGate
+from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.shard_job_failures import record_job_failure
+from redis_lease.operate.dashboard import create_app
+from redis_lease.operate.dashboard import pages as pages_module
+from redis_lease.operate.dashboard.security import loopback_hosts
+from redis_lease.operate.dashboard.server import wsgi_app
+from redis_lease.operate.run_views import deadline_text, projected_finish_text
+from redis_lease.operate.views import run_ids_since
+from redis_lease.protocol.values import Item, Lease
 from tests.dashboard_pages import csrf_of, link, page, parse, rows_with
 from tests.fleet_helpers import wait_for
 
@@ -171,7 +172,7 @@ def test_run_page_shows_shards_chart_decisions_failures_dead_items_and_providers
     status = store.status(run)
     now = server_ms(store)
     for step in range(3):
-        age_history.record(store, status, now + step * age_history.MIN_INTERVAL_MS)
+        run_ages.record(store, status, now + step * run_ages.MIN_INTERVAL_MS)
     gate = ProviderGate(store, "bank", max_concurrency=4)
     before = store.status(run).oldest_eligible_age_seconds
     with gate.slot():
@@ -538,7 +539,7 @@ def test_no_page_shows_the_redis_password(
     assert secrets_in_url
     real_store.add("r:1", [Item("a")])
     dead_item(real_store, "r:1", "a", "boom")
-    dispatch.queue(real_store.client, queue_name).enqueue("builtins.len", "abc")
+    shard_jobs.queue(real_store.client, queue_name).enqueue("builtins.len", "abc")
     store = LeaseStore(real_store.client, prefix=real_store.prefix, url=url)
     client = create_app(store).test_client()
     down = redis.Redis(port=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
@@ -608,7 +609,7 @@ def test_every_response_carries_the_security_headers(
     real_store: LeaseStore, client: FlaskClient, queue_name: str
 ) -> None:
     real_store.add("r", [Item("a")])
-    job = dispatch.queue(real_store.client, queue_name).enqueue("builtins.len", "abc")
+    job = shard_jobs.queue(real_store.client, queue_name).enqueue("builtins.len", "abc")
     pages = ("/", "/runs/r", "/runs/r/items/a", "/runs/nope", "/metrics", "/healthz")
     rq_pages = ("/rq/", "/rq/0/view/workers", f"/rq/0/view/jobs/{queue_name}/queued")
     rq_data = ("/rq/0/data/queues.json", f"/rq/0/view/job/{job.id}", "/rq/0/data/job/x.json")

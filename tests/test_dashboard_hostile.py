@@ -19,7 +19,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from redis_lease import LeaseStore
-from redis_lease.dashboard import create_app
+from redis_lease.operate.dashboard import create_app
 from tests.dashboard_pages import Node, page, parse
 from tests.hostile_world import (
     BYTES_RUN,

@@ -19,10 +19,11 @@ from flask.testing import FlaskClient
 from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 
-from redis_lease import LeaseStore, dispatch
-from redis_lease.dashboard import create_app
-from redis_lease.dashboard.rq_jobs import INFLATED_MAX
-from redis_lease.dispatch import JsonJob
+from redis_lease import LeaseStore
+from redis_lease.fleet import shard_jobs
+from redis_lease.fleet.shard_jobs import JsonJob
+from redis_lease.operate.dashboard import create_app
+from redis_lease.operate.dashboard.rq_jobs import INFLATED_MAX
 from tests.dashboard_pages import link, page, parse, rows_with
 from tests.fleet_helpers import Processes, assert_json_job, wait_for
 from tests.rq_helpers import burst, failed_job, pickled_call, plant_job, planted
@@ -38,7 +39,7 @@ def client(real_store: LeaseStore) -> FlaskClient:
 
 def rq_counts(client: redis.Redis, name: str) -> dict[str, int]:
     """The queue's jobs by registry, as RQ counts them (no cleanup: a read)."""
-    queue = dispatch.queue(client, name)
+    queue = shard_jobs.queue(client, name)
     counts = {"queued": queue.count}
     for registry in REGISTRIES[1:]:
         counts[registry] = getattr(queue, f"{registry}_job_registry").get_job_count(cleanup=False)
@@ -49,7 +50,7 @@ def test_queues_page_and_json_count_every_registry_as_rq_does(
     real_store: LeaseStore, client: FlaskClient, queue_name: str
 ) -> None:
     rq_client = real_store.client
-    queue = dispatch.queue(rq_client, queue_name)
+    queue = shard_jobs.queue(rq_client, queue_name)
     queue.enqueue("builtins.len", "done")
     failed_job(rq_client, queue_name, "boom")
     first = queue.enqueue("builtins.len", "waits")
@@ -81,7 +82,7 @@ def test_queues_page_and_json_count_every_registry_as_rq_does(
 def test_a_jobs_page_pages_through_a_queue_both_ways(
     real_store: LeaseStore, client: FlaskClient, queue_name: str
 ) -> None:
-    queue = dispatch.queue(real_store.client, queue_name)
+    queue = shard_jobs.queue(real_store.client, queue_name)
     for n in range(25):
         queue.enqueue("builtins.len", f"job {n}")
     order = queue.job_ids
@@ -233,7 +234,7 @@ def test_workers_view_works_while_a_worker_runs_a_json_job(
 ) -> None:
     client = real_store.client
     release = f"{real_store.prefix}:release"
-    job = dispatch.queue(client, queue_name).enqueue(
+    job = shard_jobs.queue(client, queue_name).enqueue(
         f"{__name__}.block_until_released", redis_url, release, job_timeout=HOLD_SECONDS + 60
     )
     assert_json_job(client, job.id)
@@ -279,7 +280,7 @@ def test_workers_view_works_while_a_worker_runs_a_json_job(
 def test_a_burst_workers_finished_job_is_listed_with_its_result(
     real_store: LeaseStore, client: FlaskClient, queue_name: str
 ) -> None:
-    job = dispatch.queue(real_store.client, queue_name).enqueue("builtins.len", "four")
+    job = shard_jobs.queue(real_store.client, queue_name).enqueue("builtins.len", "four")
     burst(real_store.client, queue_name, f"{queue_name}-w")
     row = page(client, f"/rq/0/view/jobs/{queue_name}/finished").one("tr", data_job=job.id)
     assert row.field("status") == "finished"

@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 from flask.testing import FlaskClient
 
-from redis_lease import LeaseStore, dispatch
-from redis_lease.dashboard import create_app
-from redis_lease.dispatch import JsonJob
+from redis_lease import LeaseStore
+from redis_lease.fleet import shard_jobs
+from redis_lease.fleet.shard_jobs import JsonJob
+from redis_lease.operate.dashboard import create_app
 from tests.dashboard_pages import Node, csrf_of, page
 from tests.rq_helpers import failed_job, pickled_call, plant_job, planted
 
@@ -39,7 +40,7 @@ def submit(client: FlaskClient, view: Node, action: str, status: int = 303) -> s
 
 
 def failed_and_queued(store: LeaseStore, queue_name: str) -> tuple[list[str], list[str]]:
-    queue = dispatch.queue(store.client, queue_name)
+    queue = shard_jobs.queue(store.client, queue_name)
     return queue.failed_job_registry.get_job_ids(cleanup=False), queue.job_ids
 
 
@@ -119,7 +120,7 @@ def test_requeue_all_and_empty_leave_a_job_rq_cannot_read_and_say_so(
 def test_empty_and_compact_a_queue(
     real_store: LeaseStore, client: FlaskClient, queue_name: str
 ) -> None:
-    queue = dispatch.queue(real_store.client, queue_name)
+    queue = shard_jobs.queue(real_store.client, queue_name)
     jobs = [queue.enqueue("builtins.len", f"job {n}").id for n in range(5)]
     real_store.client.delete(f"rq:job:{jobs[1]}", f"rq:job:{jobs[3]}")  # expired meanwhile
     view = page(client, f"/rq/0/view/jobs/{queue_name}/queued")

@@ -25,12 +25,14 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from redis_lease import LeaseStore, dispatch, snapshots
-from redis_lease.jobs import Job
-from redis_lease.lease import Item
-from redis_lease.metrics import LeaseCollector
-from redis_lease.runs import Runs
-from redis_lease.worker import ActiveLease
+from redis_lease import LeaseStore
+from redis_lease.fleet import shard_jobs
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.worker.shard_job import ActiveLease
+from redis_lease.operate.metrics.collector import LeaseCollector
+from redis_lease.protocol.store import run_status
+from redis_lease.protocol.values import Item
 from tests.fleet_helpers import Processes, all_records, leased_by, wait_for
 
 pytestmark = pytest.mark.slow
@@ -92,7 +94,7 @@ def handle(item: Item, lease: ActiveLease) -> int:
 def dispatch_due(store: LeaseStore, run_id: str, queue: str) -> None:
     """Enqueues a shard job on ``queue`` for each shard with due or leased items and no
     live job."""
-    _, shards = snapshots.read(store, run_id)
+    _, shards = run_status.read(store, run_id)
     wanted = [
         shard
         for shard, snap in enumerate(shards)
@@ -100,11 +102,11 @@ def dispatch_due(store: LeaseStore, run_id: str, queue: str) -> None:
     ]
     if not wanted:
         return
-    live = dispatch.live_jobs(store, run_id)
+    live = shard_jobs.live_jobs(store, run_id)
     budget = drain_job.options.shard_budget
     for shard in wanted:
         if not live.get(shard):
-            dispatch.enqueue_shard(store, DRAIN_PATH, queue, run_id, shard, budget)
+            shard_jobs.enqueue_shard(store, DRAIN_PATH, queue, run_id, shard, budget)
 
 
 def metrics_of(store: LeaseStore, run_id: str) -> dict[str, float]:

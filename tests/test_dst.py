@@ -18,13 +18,20 @@ from typing import Any
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.backfill import backfill
-from redis_lease.jobs import Job
-from redis_lease.lease import Item
-from redis_lease.runs import Runs
-from redis_lease.schedule import arm_next, entries, install, installed, remove, scheduler_for
-from redis_lease.tick import tick
-from redis_lease.worker import ActiveLease
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.tick.backfill import backfill
+from redis_lease.fleet.tick.schedule import (
+    arm_next,
+    entries,
+    install,
+    installed,
+    remove,
+    scheduler_for,
+)
+from redis_lease.fleet.tick.scheduler_tick import tick
+from redis_lease.fleet.worker.shard_job import ActiveLease
+from redis_lease.protocol.values import Item
 from tests.fleet_helpers import purge_queue, text
 
 #: What each job's planner was given, in order.

@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from redis_lease import LeaseStore, limits
-from redis_lease.scripts import KEY_COUNTS
+from redis_lease.protocol.scripts import KEY_COUNTS
 from tests.fuzz_values import Kind, argv_kinds
 from tests.test_hostile_protocol import GUARDS, RUN, TRACE, WRITES, Scene, _reset, call
 from tests.test_registry import header

@@ -29,7 +29,7 @@ from redis_lease import (
     RunClosed,
     SlotTimeout,
 )
-from redis_lease.effects import (
+from redis_lease.fleet.effects import (
     KEY_MAX_LENGTH,
     EffectFailed,
     EffectUnknown,
@@ -40,9 +40,9 @@ from redis_lease.effects import (
     not_sent,
     resolve_effect,
 )
-from redis_lease.jobs import Job
-from redis_lease.lease import Lease
-from redis_lease.worker import ActiveLease, LeaseKeeper, ShardReport, work_shard
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.worker.shard_job import ActiveLease, LeaseKeeper, ShardReport, work_shard
+from redis_lease.protocol.values import Lease
 from tests.helpers import server_ms, snapshot, wait_past
 
 RUN = "payouts:2026-12-02"

@@ -3,7 +3,7 @@
 Every error class the library defines is a :class:`RedisLeaseError`, reachable
 from ``redis_lease`` and from its old import path; a lost lease says what
 happened to the item; a run error names the run; everything Redis answers is
-translated at one place (:func:`redis_lease.failures.translate`).
+translated at one place (:func:`redis_lease.protocol.connection.translate.translate`).
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from redis_lease import (
     errors,
 )
 from redis_lease.cli import report
-from redis_lease.effects import apply_effect
 from redis_lease.errors import from_reply
-from redis_lease.failures import translate
+from redis_lease.fleet.effects import apply_effect
+from redis_lease.fleet.runs import Runs
 from redis_lease.limits import DELAY_MAX_MS
-from redis_lease.runs import Runs
+from redis_lease.protocol.connection.translate import translate
 from tests.helpers import wait_past
 
 
@@ -85,11 +85,11 @@ def test_every_error_is_exported_from_the_package() -> None:
 
 
 def test_old_import_paths_still_work() -> None:
-    from redis_lease.effects import EffectUnknown as OldUnknown
-    from redis_lease.effects import NeedsReconciliation as OldReconciliation
-    from redis_lease.effects import Throttled as OldThrottled
-    from redis_lease.gate import SlotTimeout as OldSlotTimeout
-    from redis_lease.jobs import PermanentError as OldPermanent
+    from redis_lease.fleet.effects import EffectUnknown as OldUnknown
+    from redis_lease.fleet.effects import NeedsReconciliation as OldReconciliation
+    from redis_lease.fleet.effects import Throttled as OldThrottled
+    from redis_lease.fleet.gate import SlotTimeout as OldSlotTimeout
+    from redis_lease.fleet.job import PermanentError as OldPermanent
 
     assert OldThrottled is Throttled and OldPermanent is PermanentError
     assert OldSlotTimeout is SlotTimeout and OldReconciliation is NeedsReconciliation

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from redis_lease import Item, Lease, LeaseLost, LeaseStore, RunStatus, Write
-from redis_lease.guards import FieldEquals
+from redis_lease.protocol.guards import FieldEquals
 from tests.helpers import snapshot, wait_past
 
 RUN = "fence:2026-12-02"

@@ -13,7 +13,7 @@ from datetime import date
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.runs import Runs
+from redis_lease.fleet.runs import Runs
 from tests import fleet_jobs
 from tests.fleet_helpers import (
     FLEET_PATH,
@@ -164,7 +164,7 @@ def test_worker_killed_midway_loses_nothing(
 
 def drive_once(store: LeaseStore, run_id: str) -> None:
     """One tick of the fleet job (plans, dispatches and re-dispatches abandoned shards)."""
-    from redis_lease.tick import tick
+    from redis_lease.fleet.tick.scheduler_tick import tick
 
     tick(store, [FLEET_PATH])
 

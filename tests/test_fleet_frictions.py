@@ -32,12 +32,12 @@ from pathlib import Path
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.backoff import BACKOFF_BASE, FAILURE_STREAK_LIMIT
-from redis_lease.dispatch import live_jobs
-from redis_lease.job_failures import job_failures
-from redis_lease.lease import Item
-from redis_lease.runs import Runs
-from redis_lease.tick import RATE_WINDOW, tick
+from redis_lease.fleet.dispatch_backoff import BACKOFF_BASE, FAILURE_STREAK_LIMIT
+from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.shard_job_failures import job_failures
+from redis_lease.fleet.shard_jobs import live_jobs
+from redis_lease.fleet.tick.scheduler_tick import RATE_WINDOW, tick
+from redis_lease.protocol.values import Item
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, Processes, fleet_env, wait_for
 from tests.redis_server import RedisServer
@@ -49,8 +49,8 @@ CLI = str(Path(sys.executable).parent / "redis-lease")
 #: A job module written to the test's directory; {name}, {queue}, {handler} filled in.
 MODULE = """
 import time
-from redis_lease.jobs import Job
-from redis_lease.lease import Item
+from redis_lease.fleet.job import Job
+from redis_lease.protocol.values import Item
 
 job = Job("{name}", shards=2, queue="{queue}", schedule="0 0 29 2 *", deadline="10m",
           lease_ttl=5, max_workers=8, backoff_base=0.1)

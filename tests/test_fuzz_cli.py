@@ -40,8 +40,9 @@ import redis
 from hypothesis import event, given
 from typer.testing import CliRunner
 
-from redis_lease import LeaseStore, connection
+from redis_lease import LeaseStore
 from redis_lease.cli import app
+from redis_lease.protocol.connection import clients
 from tests.fuzz_values import (
     JSON_VALUES,
     NEAR_JSON,
@@ -66,7 +67,7 @@ DATES = [
 #: Job paths that cannot import (relative, empty parts, missing modules, not a Job).
 BAD_JOBS = [
     "", ":", "x", ".x:y", "..:a", ":fleet", "tests.fleet_jobs:", "a..b:c", "nosuch_fz_mod:job",
-    "tests.fleet_jobs:nope", "redis_lease.jobs:Job", "tests.fleet_jobs:fleet:x", "x\x00:y",
+    "tests.fleet_jobs:nope", "redis_lease.fleet.job:Job", "tests.fleet_jobs:fleet:x", "x\x00:y",
 ]  # fmt: skip
 REAL_JOB = "tests.fleet_jobs:fleet"
 
@@ -289,13 +290,13 @@ def fuzz_cli(backend: Backend, data: st.DataObject) -> None:
 def embedded(prefix: str) -> Iterator[Backend]:
     """The CLI on an embedded server of this test's own (``fakeredis://<prefix>``)."""
     url = f"fakeredis://{prefix}"
-    client = connection.client_from_url(url)
-    names = set(connection._fake_servers)
+    client = clients.client_from_url(url)
+    names = set(clients._fake_servers)
     yield Backend(url, prefix, client, embedded=True)
     client.close()
-    for name in set(connection._fake_servers) - names:
-        connection._fake_servers.pop(name, None)
-    connection._fake_servers.pop(prefix, None)
+    for name in set(clients._fake_servers) - names:
+        clients._fake_servers.pop(name, None)
+    clients._fake_servers.pop(prefix, None)
 
 
 @pytest.fixture
@@ -306,7 +307,7 @@ def shared(redis_url: str, prefix: str) -> Iterator[Backend]:
     yield backend
     backend.reset()
     client.close()
-    connection._fake_servers.pop("other-fz", None)
+    clients._fake_servers.pop("other-fz", None)
 
 
 @fuzz_settings(100)

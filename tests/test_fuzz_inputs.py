@@ -283,7 +283,7 @@ def test_generated_store_calls_on_fakeredis(fake_store: LeaseStore, data: st.Dat
 
 def test_payload_sizes_straddle_the_stored_bound() -> None:
     """The sized payloads reach both sides of the bound as stored (so the fuzz tests it)."""
-    from redis_lease.validation import stored_size
+    from redis_lease.protocol.validation import stored_size
 
     for char, per in [("x", 1), ("/", 2), ('"', 2), ("\u00e9", 2), ("\x7f", 6)]:
         small = json.dumps(char * (JSON_MAX // (per * 2) - 2), ensure_ascii=False)

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from redis_lease import Item, LeaseStore
-from redis_lease.capacity import record_pass
-from redis_lease.jobs import Job
-from redis_lease.metrics import WORKERS_NEEDED
-from redis_lease.runs import Runs
-from redis_lease.tick import tick_job
-from redis_lease.worker import ActiveLease
+from redis_lease.fleet.capacity import record_pass
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.tick.scheduler_tick import tick_job
+from redis_lease.fleet.worker.shard_job import ActiveLease
+from redis_lease.operate.metrics.collector import WORKERS_NEEDED
 from tests.fleet_helpers import purge_queue
 from tests.helpers import scrape
 

@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from redis_lease import LeaseStore
-from redis_lease.scripts import KEY_COUNTS, lua_dir
+from redis_lease.protocol.scripts import KEY_COUNTS, lua_dir
 from tests.test_hostile_protocol import Scene, call, check_consistent
 from tests.test_registry import header
 

@@ -9,6 +9,7 @@ since an import deferred into a function still ties the two modules together.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import redis_lease
@@ -93,13 +94,69 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+#: The layers, lowest first: a module imports modules of its own room or of a lower layer,
+#: never of a higher one nor of another room of its own layer (docs/architecture.md).
+LAYERS: list[dict[str, tuple[str, ...]]] = [
+    {"floor": ("errors", "limits", "version", "deprecation")},
+    {"protocol": ("protocol",)},
+    {"protocol/connection": ("protocol.connection",)},
+    {"protocol/store": ("protocol.store",)},
+    {"fleet": ("fleet",)},
+    {"fleet/worker": ("fleet.worker",), "fleet/tick": ("fleet.tick",)},
+    {"operate": ("operate",)},
+    {"operate/metrics": ("operate.metrics",)},
+    {"operate/dashboard": ("operate.dashboard",)},
+    {"demo": ("demo",)},
+    {"cli": ("cli",)},
+]
+#: Above every layer: the package's face, ``python -m``, and the old modules kept for
+#: names stored outside the code (each hands on the names of the module that moved).
+FACES = {
+    f"redis_lease.{name}"
+    for name in ("__main__", "worker", "tick", "dispatch", "effects", "metrics", "scripts", "store")
+} | {"redis_lease"}
+
+
+def room_of(module: str) -> tuple[int, str]:
+    """The layer (its rank, lowest 0) and room of a module: the room of the longest prefix."""
+    found: tuple[int, str, int] | None = None
+    for rank, rooms in enumerate(LAYERS):
+        for room, prefixes in rooms.items():
+            for prefix in prefixes:
+                full = f"redis_lease.{prefix}"
+                inside = module == full or module.startswith(full + ".")
+                if inside and (found is None or len(full) > found[2]):
+                    found = (rank, room, len(full))
+    if found is None:
+        return len(LAYERS), "face"
+    return found[0], found[1]
+
+
+def wrong_way(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that points up a layer, or across to another room of the same layer."""
+    found = []
+    for importer, targets in sorted(graph.items()):
+        rank, room = room_of(importer)
+        for target in sorted(targets):
+            target_rank, target_room = room_of(target)
+            if target_rank > rank or (target_rank == rank and target_room != room):
+                found.append(f"{importer} ({room}) -> {target} ({target_room})")
+    return found
+
+
+def test_every_module_has_a_room() -> None:
+    faces = {name for name in MODULES if room_of(name)[1] == "face"}
+    assert faces == FACES, "a module outside every layer: give it a room in LAYERS"
+
+
 def test_the_graph_sees_the_package() -> None:
     graph = import_graph()
     assert {"redis_lease.worker", "redis_lease.errors", "redis_lease.demo.runner"} <= set(graph)
-    assert "redis_lease.errors" in graph["redis_lease.worker"]
-    assert "redis_lease.store" in graph["redis_lease.demo.runner"]  # from ..store import
-    assert "redis_lease.keeper" in graph["redis_lease.jobs"], "under TYPE_CHECKING"
-    assert "redis_lease.dispatch" in graph["redis_lease.cli.fleet"], "inside a function"
+    shard_job = "redis_lease.fleet.worker.shard_job"
+    assert "redis_lease.errors" in graph[shard_job]
+    assert "redis_lease.protocol.store.lease_store" in graph["redis_lease.demo.runner"]
+    assert "redis_lease.fleet.live_lease" in graph["redis_lease.fleet.job"], "under TYPE_CHECKING"
+    assert "redis_lease.fleet.worker.rq_worker" in graph["redis_lease.cli.fleet"], "in a function"
 
 
 def test_the_checker_finds_a_circle() -> None:
@@ -108,17 +165,33 @@ def test_the_checker_finds_a_circle() -> None:
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_the_checker_finds_a_wrong_way_import() -> None:
+    up = {"redis_lease.protocol.keys": {"redis_lease.fleet.runs"}}
+    across = {"redis_lease.fleet.tick.due_runs": {"redis_lease.fleet.worker.pool"}}
+    down = {"redis_lease.cli.app": {"redis_lease.errors", "redis_lease.fleet.runs"}}
+    assert wrong_way(up) == [
+        "redis_lease.protocol.keys (protocol) -> redis_lease.fleet.runs (fleet)"
+    ]
+    assert len(wrong_way(across)) == 1
+    assert wrong_way(down) == []
+
+
 def test_no_import_circles() -> None:
     assert cycles(import_graph()) == []
 
 
-def test_worker_effects_gate_and_jobs_import_one_way() -> None:
-    """They shared their error types in a circle; the types now live in errors.py."""
-    graph = import_graph()
-    fleet = ["jobs", "effects", "gate", "worker"]
-    for number, low in enumerate(fleet):
-        above = {f"redis_lease.{high}" for high in fleet[number + 1 :]}
-        assert not graph[f"redis_lease.{low}"] & above, f"{low} imports a module above it"
-    assert graph["redis_lease.errors"] <= {"redis_lease.limits"}
-    assert "redis_lease.jobs" not in graph["redis_lease.effects"], "for PermanentError"
-    assert "redis_lease.effects" not in graph["redis_lease.gate"], "for Throttled"
+def test_every_import_points_down() -> None:
+    assert wrong_way(import_graph()) == []
+
+
+def test_the_architecture_page_shows_these_layers() -> None:
+    """docs/architecture.md's table lists the rooms of LAYERS, in order, with their ranks."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| `([a-z/]+)` \|", page, re.MULTILINE)
+    expected = [(str(rank), room) for rank, rooms in enumerate(LAYERS) for room in rooms]
+    assert rows == expected
+    for rooms in LAYERS:
+        for room, prefixes in rooms.items():
+            if room != "floor":
+                folder = PACKAGE.joinpath(*prefixes[0].split("."))
+                assert (folder / "__init__.py").is_file(), f"{room} is a folder"

@@ -4,7 +4,7 @@ item of the date is done in the end with no effect applied twice.
 Each test runs the effects job of :mod:`tests.effect_jobs` on ``redis-lease worker``
 processes (:mod:`tests.faults.cluster`), with a provider that honours idempotency keys,
 and ticks from the test's process, whose store remembers the data set it ticked
-(:mod:`redis_lease.remembered`). The job fires every minute, so its date is covered by its
+(:mod:`redis_lease.fleet.remembered`). The job fires every minute, so its date is covered by its
 schedule and catch-up policy. The losses:
 
 - (a) everything: ``redis-server`` restarts with no data;
@@ -28,10 +28,10 @@ from typing import Any
 
 import pytest
 
-from redis_lease.data_set import observe, read_mark
 from redis_lease.demo.provider import ProviderState
-from redis_lease.job_tallies import read as read_tallies
-from redis_lease.runs import Decision, Runs
+from redis_lease.fleet.data_set import observe, read_mark
+from redis_lease.fleet.job_tallies import read as read_tallies
+from redis_lease.fleet.runs import Decision, Runs
 from tests.faults.cluster import Cluster
 from tests.helpers import server_ms
 from tests.redis_cluster import _admin

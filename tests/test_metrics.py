@@ -14,18 +14,23 @@ import redis
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from redis_lease import Item, LeaseStore, age_history, job_tallies
-from redis_lease.attempt_log import latest
-from redis_lease.effects import Throttled
-from redis_lease.gate import ProviderGate
-from redis_lease.job_failures import end_failure_streak
-from redis_lease.jobs import Job
-from redis_lease.metrics import WORKERS_NEEDED, WORKERS_NEEDED_UNKNOWN, LeaseCollector
-from redis_lease.metrics_history import HOLDER_EVENTS, AttemptHistograms, LogStream
-from redis_lease.run_states import DAY_MS
-from redis_lease.runs import FINAL_STATES, Runs, to_ms
-from redis_lease.server_checks import EvictionPolicyWarning
-from redis_lease.tick import tick
+from redis_lease import Item, LeaseStore
+from redis_lease.fleet import job_tallies, run_ages
+from redis_lease.fleet.effects import Throttled
+from redis_lease.fleet.gate import ProviderGate
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.run_states import DAY_MS
+from redis_lease.fleet.runs import FINAL_STATES, Runs, to_ms
+from redis_lease.fleet.shard_job_failures import end_failure_streak
+from redis_lease.fleet.tick.scheduler_tick import tick
+from redis_lease.operate.metrics.collector import (
+    WORKERS_NEEDED,
+    WORKERS_NEEDED_UNKNOWN,
+    LeaseCollector,
+)
+from redis_lease.operate.metrics.history import HOLDER_EVENTS, AttemptHistograms, LogStream
+from redis_lease.protocol.connection.server_checks import EvictionPolicyWarning
+from redis_lease.protocol.store.attempt_log import latest
 from tests.exported_metrics import RUN, T0, exercise
 from tests.fleet_helpers import NIGHTLY_PATH, configure_nightly
 from tests.helpers import scrape, server_ms, text, wait_past
@@ -417,7 +422,7 @@ def test_a_scrape_only_reads_redis(private_redis: Callable[..., RedisServer]) ->
         samples = collect(collector)
         assert samples[("redis_lease_items", (("job", ""), ("run", "r"), ("state", "done")))] == 2
         assert _processed(samples) == 1
-        assert not admin.client.exists(age_history.key(admin, "r"))  # nothing sampled
+        assert not admin.client.exists(run_ages.key(admin, "r"))  # nothing sampled
     finally:
         admin.client.close()
         if reader is not None:

@@ -13,18 +13,11 @@ import redis
 from redis.client import Pipeline
 from typer.testing import CliRunner
 
-from redis_lease import (
-    FieldEquals,
-    InvalidInput,
-    Item,
-    LeaseStore,
-    RunClosed,
-    Write,
-)
+from redis_lease import FieldEquals, InvalidInput, Item, LeaseStore, RunClosed, Write
 from redis_lease.cli import app
 from redis_lease.limits import JSON_MAX_DEPTH, bound
-from redis_lease.scripts import Call
-from redis_lease.validation import parse_json, stored_size
+from redis_lease.protocol.scripts import Call
+from redis_lease.protocol.validation import parse_json, stored_size
 from tests.helpers import records, server_ms, text, wait_past
 
 

@@ -143,7 +143,7 @@ def test_every_name_of_all_imports_and_the_light_ones_need_no_rq() -> None:
 
 def test_eviction_policy_warning_is_the_one_the_store_warns_with() -> None:
     from redis_lease import EvictionPolicyWarning
-    from redis_lease.server_checks import warn_unless_noeviction
+    from redis_lease.protocol.connection.server_checks import warn_unless_noeviction
 
     assert issubclass(EvictionPolicyWarning, UserWarning)
     assert "EvictionPolicyWarning" in inspect.getsource(warn_unless_noeviction)

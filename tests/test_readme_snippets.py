@@ -26,9 +26,9 @@ import pytest
 
 import redis_lease
 from redis_lease import Item, Job, LeaseStore, Runs
-from redis_lease.keeper import LeaseKeeper
-from redis_lease.runs import FINAL_STATES
-from redis_lease.shard_loop import work_shard
+from redis_lease.fleet.live_lease import LeaseKeeper
+from redis_lease.fleet.runs import FINAL_STATES
+from redis_lease.fleet.worker.shard_loop import work_shard
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -188,7 +188,17 @@ def test_every_import_path_in_the_readme_resolves(dotted: str) -> None:
 
 def public_classes() -> dict[str, str]:
     """Classes of the library's public modules, by name: the module that defines each."""
-    modules = ["errors", "gate", "guards", "jobs", "keeper", "lease", "runs", "shard_loop", "store"]
+    modules = [
+        "errors",
+        "fleet.gate",
+        "protocol.guards",
+        "fleet.job",
+        "fleet.live_lease",
+        "protocol.values",
+        "fleet.runs",
+        "fleet.worker.shard_loop",
+        "protocol.store.lease_store",
+    ]
     found: dict[str, str] = {}
     for name in modules:
         module = importlib.import_module(f"redis_lease.{name}")

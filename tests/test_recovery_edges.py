@@ -13,11 +13,11 @@ import pytest
 import redis
 
 from redis_lease import InvalidInput, Item, LeaseStore, RedisUnavailable
-from redis_lease.effects import apply_effect, idempotency_key
-from redis_lease.jobs import Job
+from redis_lease.fleet.effects import apply_effect, idempotency_key
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.runs import PLAN_BATCH, PLANNER_LOCK_MS, Runs
+from redis_lease.fleet.worker.shard_job import LeaseKeeper, work_shard
 from redis_lease.limits import ID_MAX_LENGTH
-from redis_lease.runs import PLAN_BATCH, PLANNER_LOCK_MS, Runs
-from redis_lease.worker import LeaseKeeper, work_shard
 from tests.faults.proxy import CuttingProxy
 from tests.fleet_helpers import wait_for
 from tests.redis_server import RedisServer

@@ -24,12 +24,12 @@ from redis_lease import (
     RunClosed,
     Write,
     limits,
-    validation,
 )
 from redis_lease.errors import from_reply
-from redis_lease.guards import KeyMissing
-from redis_lease.replies import DECODERS
-from redis_lease.scripts import KEY_COUNTS, Call, Scripts, lua_dir, source
+from redis_lease.protocol import validation
+from redis_lease.protocol.guards import KeyMissing
+from redis_lease.protocol.replies import DECODERS
+from redis_lease.protocol.scripts import KEY_COUNTS, Call, Scripts, lua_dir, source
 from tests.helpers import text
 from tests.redis_server import RedisServer
 

@@ -20,9 +20,9 @@ import pytest
 
 from redis_lease import LeaseStore
 from redis_lease.errors import NotFound
-from redis_lease.runs import Runs
-from redis_lease.schedule import entries, install, remove, scheduler_for
-from redis_lease.tick import NO_RECORD
+from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.tick.schedule import entries, install, remove, scheduler_for
+from redis_lease.fleet.tick.scheduler_tick import NO_RECORD
 from tests import fleet_jobs
 from tests.fleet_helpers import (
     FLEET_PATH,

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from redis_lease import LeaseStore
-from redis_lease.scripts import KEY_COUNTS
+from redis_lease.protocol.scripts import KEY_COUNTS
 from tests.helpers import dump_key, records, server_ms, snapshot, text, wait_past
 
 RUN = "run-1"

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from redis_lease import LeaseStore
-from redis_lease.dashboard import create_app
+from redis_lease.operate.dashboard import create_app
 from tests.fleet_helpers import Processes
 from tests.redis_server import RedisServer
 from tests.security_helpers import FLEET, Cli, fleet_env, fleet_run

@@ -25,10 +25,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from redis_lease import LeaseStore
-from redis_lease.cluster import PRIMARY_CHECK
 from redis_lease.demo.provider import ProviderState
 from redis_lease.errors import RedisLeaseError
-from redis_lease.runs import FINAL_STATES, Runs
+from redis_lease.fleet.runs import FINAL_STATES, Runs
+from redis_lease.protocol.connection.cluster import PRIMARY_CHECK
 from tests.effect_jobs import wait_until
 from tests.faults.checker import Violation
 from tests.faults.cluster import Cluster
@@ -147,7 +147,8 @@ def test_a_failover_during_a_run_loses_only_what_the_switch_window_holds(
 
     Sentinel promotes the replica and leaves the old primary writable until it
     demotes it, seconds later. Clients ask the sentinels which server is the
-    primary every ``PRIMARY_CHECK`` seconds (``redis_lease.cluster.FollowingPool``),
+    primary every ``PRIMARY_CHECK`` seconds
+    (``redis_lease.protocol.connection.cluster.FollowingPool``),
     so they leave the old one within that of the switch; what it accepted meanwhile
     is lost when it resyncs. Breaks if anything outside that window is lost or
     violated (the checker, with the window as its loss window), or if the run does

@@ -23,11 +23,11 @@ import pytest
 import redis
 
 from redis_lease import LeaseStore
-from redis_lease.dispatch import enqueue_shard
-from redis_lease.jobs import Job
-from redis_lease.lease import Item, Lease
-from redis_lease.runs import Runs
-from redis_lease.worker import ActiveLease
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.shard_jobs import enqueue_shard
+from redis_lease.fleet.worker.shard_job import ActiveLease
+from redis_lease.protocol.values import Item, Lease
 from tests.fleet_helpers import (
     Processes,
     all_records,

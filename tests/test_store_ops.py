@@ -6,15 +6,8 @@ import zlib
 
 import pytest
 
-from redis_lease import (
-    InvalidInput,
-    Item,
-    LeaseStore,
-    NotClaimable,
-    NotFound,
-    RunClosed,
-)
-from redis_lease.keys import shard_of
+from redis_lease import InvalidInput, Item, LeaseStore, NotClaimable, NotFound, RunClosed
+from redis_lease.protocol.keys import shard_of
 from tests.helpers import records, server_ms, snapshot, wait_past
 
 RUN = "ops:2026-12-02"

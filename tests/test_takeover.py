@@ -1,4 +1,4 @@
-"""A stopped shard job's leases end and its items go back to work (redis_lease.takeover).
+"""A stopped shard job's leases end and its items go back to work (redis_lease.fleet.takeover).
 
 The parts on one store (every backend): ``cut_leases`` ends one owner's leases and no
 one else's, the next claim takes them over with new tokens; a sweep takes over a
@@ -15,14 +15,14 @@ import json
 import pytest
 
 from redis_lease import Item, LeaseStore
-from redis_lease.dashboard import create_app
-from redis_lease.dispatch import enqueue_shard, live_jobs, queue
 from redis_lease.errors import LeaseLost
+from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.shard_jobs import enqueue_shard, live_jobs, queue
+from redis_lease.fleet.takeover import ShardJob, registered, sweep, takeovers
+from redis_lease.fleet.worker.watch import beat_worker
 from redis_lease.limits import DEAD_AFTER_MS
-from redis_lease.runs import Runs
-from redis_lease.takeover import ShardJob, registered, sweep, takeovers
-from redis_lease.watch import beat_worker
-from redis_lease.worker_views import worker_rows
+from redis_lease.operate.dashboard import create_app
+from redis_lease.operate.worker_views import worker_rows
 
 RUN = "takeover-run"
 OWNER_A, OWNER_B, OWNER_C = "host-a:101:aaaaaaaa", "host-b:202:bbbbbbbb", "host-c:303:cccccccc"

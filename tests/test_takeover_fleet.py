@@ -25,10 +25,10 @@ from typer.testing import CliRunner
 
 from redis_lease.cli import app
 from redis_lease.demo.provider import ProviderState
-from redis_lease.effects import idempotency_key
-from redis_lease.jobs import JobOptions
+from redis_lease.fleet.effects import idempotency_key
+from redis_lease.fleet.job import JobOptions
+from redis_lease.fleet.takeover import takeovers
 from redis_lease.limits import DEAD_AFTER
-from redis_lease.takeover import takeovers
 from tests.effect_jobs import notes
 from tests.faults.cluster import Cluster
 from tests.fleet_helpers import wait_for

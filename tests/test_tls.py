@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from redis_lease import Item, LeaseLost, LeaseStore
-from redis_lease.connection import with_tls
+from redis_lease.protocol.connection.clients import with_tls
 from tests.fleet_helpers import Processes, wait_for
 from tests.helpers import wait_past
 from tests.redis_server import RedisServer, TlsFiles, free_port, make_certificates

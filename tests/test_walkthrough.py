@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.jobs import Job
-from redis_lease.keeper import LeaseKeeper
-from redis_lease.lease import Item
-from redis_lease.runs import Runs, to_ms
-from redis_lease.shard_loop import work_shard
-from redis_lease.worker import ActiveLease
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.live_lease import LeaseKeeper
+from redis_lease.fleet.runs import Runs, to_ms
+from redis_lease.fleet.worker.shard_job import ActiveLease
+from redis_lease.fleet.worker.shard_loop import work_shard
+from redis_lease.protocol.values import Item
 from tests.helpers import wait_past
 from tests.test_cli import ENV_NAMES
 

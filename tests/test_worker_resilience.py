@@ -24,13 +24,19 @@ import pytest
 import redis
 
 from redis_lease import Item, LeaseStore, ProviderGate, Throttled
-from redis_lease.dispatch import enqueue_shard, purge_queue
-from redis_lease.jobs import Job
-from redis_lease.lease import CommitReply
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.shard_jobs import enqueue_shard, purge_queue
+from redis_lease.fleet.worker.shard_job import (
+    ActiveLease,
+    LeaseKeeper,
+    ShardReport,
+    _log_danger,
+    work_shard,
+)
 from redis_lease.limits import DELAY_MAX_MS
-from redis_lease.runs import Runs
-from redis_lease.store import CommitRequest
-from redis_lease.worker import ActiveLease, LeaseKeeper, ShardReport, _log_danger, work_shard
+from redis_lease.protocol.store.lease_store import CommitRequest
+from redis_lease.protocol.values import CommitReply
 from tests.faults.proxy import CuttingProxy
 from tests.fleet_helpers import Processes, all_records, drive
 from tests.helpers import server_ms

@@ -20,7 +20,7 @@ const NOSCRIPT_RETRIES = 3;
 /** This client's release (package.json), named when a protocol stamp refuses it. */
 export const VERSION = JSON.parse(readFileSync(new URL('./package.json', import.meta.url), 'utf8'))
   .version;
-/** The protocol this client stamps where none is stamped yet (redis_lease/protocol_version.py). */
+/** The protocol this client stamps where none is stamped yet (redis_lease/protocol/store/stamp.py). */
 export const PROTOCOL = 1;
 /** Every protocol this client speaks (docs/upgrading.md). */
 export const PROTOCOLS = Object.freeze([PROTOCOL]);

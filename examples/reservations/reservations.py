@@ -23,9 +23,7 @@ from typing import Any
 
 import redis
 
-from redis_lease import FieldEquals, Item, Write
-from redis_lease.jobs import Job
-from redis_lease.worker import ActiveLease, HandlerResult
+from redis_lease import ActiveLease, FieldEquals, HandlerResult, Item, Job, Write
 
 PREFIX = os.environ.get("RESERVATIONS_PREFIX", "seats")
 

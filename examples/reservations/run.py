@@ -133,9 +133,8 @@ def main() -> int:
     import redis
     import reservations
 
-    from redis_lease import LeaseStore
-    from redis_lease.dispatch import purge_queue
-    from redis_lease.runs import FINAL_STATES, Runs
+    from redis_lease import LeaseStore, Runs, purge_queue
+    from redis_lease.fleet.runs import FINAL_STATES
     from redis_lease.tick import tick
 
     client = redis.Redis.from_url(args.url)

@@ -16,8 +16,7 @@ import os
 
 from rq import cron
 
-from redis_lease.dispatch import json_cron_jobs
-from redis_lease.tick import tick_entry
+from redis_lease import json_cron_jobs, tick_entry
 
 JOBS = os.environ.get("REDIS_LEASE_JOBS", "redis_lease.demo.payments:reconcile").split()
 QUEUE = os.environ.get("REDIS_LEASE_QUEUE", "redis-lease")

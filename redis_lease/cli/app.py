@@ -23,17 +23,12 @@ import typer
 from typer.core import TyperGroup
 
 from ..errors import InvalidInput, RedisLeaseError
-from ..failures import REDIS_FAILURES, translate
-from ..limits import (
-    DEFAULT_PREFIX,
-)
-from ..output import (
-    error_line,
-    warning_line,
-)
-from ..tls import INSECURE_ENV, allow_insecure, check_tls_params, with_tls
-from ..urls import is_cluster_url
-from ..validation import check_id
+from ..limits import DEFAULT_PREFIX
+from ..operate.output import error_line, warning_line
+from ..protocol.connection.tls import INSECURE_ENV, allow_insecure, check_tls_params, with_tls
+from ..protocol.connection.translate import REDIS_FAILURES, translate
+from ..protocol.connection.urls import is_cluster_url
+from ..protocol.validation import check_id
 from ..version import __version__
 from .shared import DEFAULT_URL, Settings
 

@@ -11,12 +11,12 @@ from typing import Annotated, Any
 
 import typer
 
-from ..capacity import CapacityPlan, Measured, measured, parse_rate, plan
 from ..errors import InvalidInput, NotFound
-from ..jobs import parse_duration
-from ..output import print_json, print_table
-from ..runs import Runs
-from ..validation import check_id
+from ..fleet.capacity import CapacityPlan, Measured, measured, parse_rate, plan
+from ..fleet.job import parse_duration
+from ..fleet.runs import Runs
+from ..operate.output import print_json, print_table
+from ..protocol.validation import check_id
 from .app import app
 from .shared import open_store
 

@@ -58,8 +58,8 @@ def dashboard(
 ) -> None:
     """Serve the web dashboard: runs, their items, requeue and resume; RQ's under /rq."""
     # Flask and waitress load only for this command, not for every other one.
-    from ..dashboard import create_app, serve
-    from ..dashboard.server import allowed_hosts, check_exposure
+    from ..operate.dashboard import create_app, serve
+    from ..operate.dashboard.server import allowed_hosts, check_exposure
 
     if (user is None) != (password is None) or user == "" or password == "":
         raise InvalidInput(

@@ -13,16 +13,16 @@ from typing import Annotated
 
 import typer
 
-from ..connection import as_text
 from ..errors import InvalidInput
-from ..job_store import use_lease_url
-from ..jobs import check_concurrency, load_job, parse_duration, with_cwd_on_path
-from ..output import error_line, print_json, print_table, same_times
-from ..runs import Runs
-from ..tick import tick as run_tick
-from ..urls import safe_url
-from ..validation import check_id
-from ..worker import CONCURRENCY_ENV
+from ..fleet.job import check_concurrency, load_job, parse_duration, with_cwd_on_path
+from ..fleet.runs import Runs
+from ..fleet.shard_job_store import use_lease_url
+from ..fleet.tick.scheduler_tick import tick as run_tick
+from ..fleet.worker.shard_job import CONCURRENCY_ENV
+from ..operate.output import error_line, print_json, print_table, same_times
+from ..protocol.connection.clients import as_text
+from ..protocol.connection.urls import safe_url
+from ..protocol.validation import check_id
 from .app import app
 from .shared import (
     JOBS_FAILED_EXIT,
@@ -146,9 +146,9 @@ def worker(
     """
     from rq.serializers import JSONSerializer
 
-    from ..dispatch import LeaseWorker, SimpleLeaseWorker, check_worker_access
-    from ..shard_jobs import JsonJob, queue
-    from ..watch import FleetWatch
+    from ..fleet.shard_jobs import JsonJob, queue
+    from ..fleet.worker.rq_worker import LeaseWorker, SimpleLeaseWorker, check_worker_access
+    from ..fleet.worker.watch import FleetWatch
 
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     names = queues or ["redis-lease"]
@@ -332,7 +332,7 @@ def metrics(
     """
     from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
-    from ..metrics import LeaseCollector
+    from ..operate.metrics.collector import LeaseCollector
 
     if serve is not None and not 1 <= serve <= 65535:
         raise InvalidInput(f"--serve {serve} is not a port: use a number from 1 to 65535")

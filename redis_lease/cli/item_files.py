@@ -29,7 +29,7 @@ from contextlib import ExitStack, contextmanager
 from typing import IO, Any
 
 from ..errors import InvalidInput
-from ..validation import check_id, encode_json, parse_json
+from ..protocol.validation import check_id, encode_json, parse_json
 from . import item_parts
 from .item_parts import Part
 

@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from ..errors import InvalidInput, NotFound
-from ..lease import Item, Lease
 from ..limits import (
     ATTEMPTS_MAX,
     DEFAULT_MAX_ATTEMPTS,
@@ -17,10 +16,11 @@ from ..limits import (
     SHARD_COUNT_MAX,
     SWEEP_MAX,
 )
-from ..output import compact_json, iso_time, print_json, progress_bar, warning_line
-from ..store import LeaseStore
-from ..validation import check_id, check_positive, ttl_to_ms
-from ..views import unknown_items
+from ..operate.output import compact_json, iso_time, print_json, progress_bar, warning_line
+from ..operate.views import unknown_items
+from ..protocol.store.lease_store import LeaseStore
+from ..protocol.validation import check_id, check_positive, ttl_to_ms
+from ..protocol.values import Item, Lease
 from .app import app
 from .item_files import ItemFile
 from .shared import (

@@ -12,11 +12,13 @@ from typing import Annotated, Any
 
 import typer
 
-from ..effects import resolve_effect
 from ..errors import InvalidInput
-from ..job_failures import job_failures
-from ..lease import ItemRecord, RunStatus
-from ..output import (
+from ..fleet.effects import resolve_effect
+from ..fleet.run_states import LOST_STATE
+from ..fleet.runs import FINAL_STATES, OPEN_STATES
+from ..fleet.shard_job_failures import job_failures
+from ..fleet.tick.schedule import pause_states
+from ..operate.output import (
     iso_time,
     print_fields,
     print_json,
@@ -24,13 +26,8 @@ from ..output import (
     progress_bar,
     same_times,
 )
-from ..run_states import LOST_STATE
-from ..run_views import attempt_rows, deadline_text, effect_row, loss_text, record_dict
-from ..runs import FINAL_STATES, OPEN_STATES
-from ..schedule import pause_states
-from ..store import LeaseStore
-from ..validation import check_id
-from ..views import (
+from ..operate.run_views import attempt_rows, deadline_text, effect_row, loss_text, record_dict
+from ..operate.views import (
     SCORE_MEANING,
     Page,
     check_state,
@@ -39,6 +36,9 @@ from ..views import (
     run_ids_since,
     run_statuses,
 )
+from ..protocol.store.lease_store import LeaseStore
+from ..protocol.validation import check_id
+from ..protocol.values import ItemRecord, RunStatus
 from .app import app
 from .shared import ItemArg, JsonOpt, RunArg, json_option, open_store, parse_since
 

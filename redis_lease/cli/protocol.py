@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from ..output import print_fields, print_json
-from ..protocol_version import PROTOCOL, SPOKEN, protocol_number, read_stamp
+from ..operate.output import print_fields, print_json
+from ..protocol.store.stamp import PROTOCOL, SPOKEN, protocol_number, read_stamp
 from ..version import __version__
 from .app import app
 from .shared import JsonOpt, open_store

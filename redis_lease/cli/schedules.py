@@ -7,13 +7,10 @@ from typing import Annotated
 
 import typer
 
-from ..backfill import BACKFILL_POLICIES, backfill
-from ..connection import as_text
 from ..errors import InvalidInput, NotFound
-from ..jobs import load_job
-from ..lease import from_ms
-from ..output import print_json, print_table, same_times
-from ..schedule import (
+from ..fleet.job import load_job
+from ..fleet.tick.backfill import BACKFILL_POLICIES, backfill
+from ..fleet.tick.schedule import (
     Pause,
     default_user,
     entries,
@@ -24,8 +21,11 @@ from ..schedule import (
     pause_state,
     remove,
 )
-from ..schedule import resume as resume_schedule
-from ..validation import check_id
+from ..fleet.tick.schedule import resume as resume_schedule
+from ..operate.output import print_json, print_table, same_times
+from ..protocol.connection.clients import as_text
+from ..protocol.validation import check_id
+from ..protocol.values import from_ms
 from .app import app
 from .shared import JsonOpt, exit_if_failed, open_store, parse_date, planning_progress
 
@@ -191,7 +191,7 @@ def backfill_command(
     job = load_job(job_path)
     store = open_store(ctx, needs_rq=True)
     created = backfill(store, job, start, end, policy)
-    from ..tick import tick
+    from ..fleet.tick.scheduler_tick import tick
 
     with planning_progress() as progress:
         decisions = tick(store, [job_path], progress=progress)

@@ -19,16 +19,16 @@ from typing import Annotated, Any
 
 import typer
 
-from ..connection import client_from_url
 from ..errors import InvalidInput
+from ..fleet.runs import to_ms
+from ..fleet.tick.scheduler_tick import TickProgress, TickResult
 from ..limits import DEFAULT_PREFIX, JSON_MAX_BYTES
-from ..output import danger_line, error_line, warning_line
-from ..protocol_version import check_protocol
-from ..runs import to_ms
-from ..server_checks import EvictionPolicyWarning, check_server
-from ..store import LeaseStore
-from ..tick import TickProgress, TickResult
-from ..validation import parse_json
+from ..operate.output import danger_line, error_line, warning_line
+from ..protocol.connection.clients import client_from_url
+from ..protocol.connection.server_checks import EvictionPolicyWarning, check_server
+from ..protocol.store.lease_store import LeaseStore
+from ..protocol.store.stamp import check_protocol
+from ..protocol.validation import parse_json
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")

@@ -3,7 +3,7 @@
 A run's status: counts, accounting (lost items, late commits), deadline and projected
 finish, failed shard jobs, effects by outcome, the providers' caps, its decisions and
 the dangers to the promise (an evicting Redis). Every run: a lost run in the state
-``lost``, and the data set's last loss (:mod:`redis_lease.data_set`).
+``lost``, and the data set's last loss (:mod:`redis_lease.fleet.data_set`).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import Annotated, Any
 
 import typer
 
-from ..connection import as_text
-from ..data_set import read_mark
 from ..errors import NotFound
-from ..job_failures import job_failures
-from ..lease import RunStatus
-from ..output import (
+from ..fleet.data_set import read_mark
+from ..fleet.run_states import LOST_STATE
+from ..fleet.runs import LOST_HINT, Runs
+from ..fleet.shard_job_failures import job_failures
+from ..operate.output import (
     iso_time,
     print_fields,
     print_json,
@@ -26,20 +26,20 @@ from ..output import (
     progress_bar,
     same_times,
 )
-from ..run_states import LOST_STATE
-from ..run_views import (
+from ..operate.run_views import (
     deadline_text,
     decision_rows,
     loss_text,
     projected_finish_text,
     provider_rows,
 )
-from ..runs import LOST_HINT, Runs
-from ..server_checks import eviction_danger
-from ..store import LeaseStore
-from ..validation import check_id
-from ..views import providers, run_statuses
-from ..worker_views import WorkerRow, worker_rows
+from ..operate.views import providers, run_statuses
+from ..operate.worker_views import WorkerRow, worker_rows
+from ..protocol.connection.clients import as_text
+from ..protocol.connection.server_checks import eviction_danger
+from ..protocol.store.lease_store import LeaseStore
+from ..protocol.validation import check_id
+from ..protocol.values import RunStatus
 from .app import app
 from .shared import JsonOpt, open_store
 

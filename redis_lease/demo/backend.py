@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from ..errors import InvalidInput
-from ..urls import safe_url
+from ..protocol.connection.urls import safe_url
 
 
 @dataclass(frozen=True)

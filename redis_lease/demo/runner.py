@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ..connection import as_text
-from ..gate import ProviderGate
-from ..runs import FINAL_STATES, Runs
-from ..shard_jobs import purge_queue
-from ..store import LeaseStore
-from ..tick import tick
+from ..fleet.gate import ProviderGate
+from ..fleet.runs import FINAL_STATES, Runs
+from ..fleet.shard_jobs import purge_queue
+from ..fleet.tick.scheduler_tick import tick
+from ..protocol.connection.clients import as_text
+from ..protocol.store.lease_store import LeaseStore
 from .backend import demo_backend
 from .provider import ProviderClient, ProviderServer, ProviderState
 

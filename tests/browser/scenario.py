@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from redis_lease import LeaseStore, age_history
-from redis_lease.runs import Runs
-from redis_lease.tick import tick
+from redis_lease import LeaseStore
+from redis_lease.fleet import run_ages
+from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.tick.scheduler_tick import tick
 from tests.browser import jobs
 from tests.fleet_helpers import Processes, drive, wait_for
 from tests.redis_server import RedisServer
@@ -62,7 +63,7 @@ def settle(store: LeaseStore, redis_url: str, procs: Processes) -> str:
     run_id, created = runs.ensure(jobs.settlement, runs.server_now().date(), runs.server_now())
     assert created, run_id
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(age_history, "MIN_INTERVAL_MS", SAMPLE_INTERVAL_MS)
+        patch.setattr(run_ages, "MIN_INTERVAL_MS", SAMPLE_INTERVAL_MS)
 
         def queued() -> bool:  # ticks plan and dispatch; the items wait with no worker yet
             tick(store, [jobs.SETTLEMENT_PATH])

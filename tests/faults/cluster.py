@@ -48,9 +48,9 @@ from redis.retry import Retry
 from redis_lease import LeaseStore
 from redis_lease.demo.provider import ProviderServer, ProviderState
 from redis_lease.errors import RedisLeaseError
-from redis_lease.jobs import Job
-from redis_lease.runs import FINAL_STATES, Decision, Runs
-from redis_lease.tick import tick_job
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.runs import FINAL_STATES, Decision, Runs
+from redis_lease.fleet.tick.scheduler_tick import tick_job
 from tests import effect_jobs
 from tests.effect_jobs import EffectConfig
 from tests.faults.checker import Summary, Violation, check

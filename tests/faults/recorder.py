@@ -35,8 +35,8 @@ from typing import Any
 
 import redis
 
-from redis_lease import scripts
-from redis_lease.replies import Committed, EffectRecorded, Failed, Grant, Released, Renewed
+from redis_lease.protocol import scripts
+from redis_lease.protocol.replies import Committed, EffectRecorded, Failed, Grant, Released, Renewed
 
 INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
 #: Scripts that take an item, a token and a lease id as ARGV[1..3].

@@ -1,0 +1,122 @@
+"""Counters kept in Redis per job, for the exporter: runs finished by final state,
+scheduled runs that were never created (missed), and runs lost.
+
+One hash per job, ``<prefix>:job:{<job>}:tallies``, with the fields ``finished:<state>``,
+``missed`` and ``lost``; ad-hoc runs (no job) count under ``<prefix>:adhoc:{adhoc}:tallies``.
+Each count is one script on the job's slot, so it is counted once:
+
+- a run is counted each time it becomes final, once per end: the job's ``finished_runs``
+  sorted set holds ``<run>@<state_at>`` (the end's time, set by the state change) with
+  the time the entry may go as its score; a run that is resumed and ends again is
+  counted again (a new ``state_at``), a repeated call for the same end is not. Entries
+  leave once their own expiry passed (the run's retention and a day), when the run's
+  keys are gone and that end cannot be counted again;
+- a missed date is counted when the tick marks it skipped in the job's dates
+  (``ZADD NX``): a date marked before (or made by a backfill) is not counted again;
+- a lost run is counted with its record (:func:`redis_lease.fleet.lost_records.record`), once per
+  loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ..protocol.connection.clients import as_text
+from ..protocol.store.lease_store import LeaseStore
+from .run_states import DAY_MS, FINAL_STATES
+
+#: KEYS[1] the tallies hash, KEYS[2] the counted ends (zset: member -> ms it may go);
+#: ARGV[1] the end (``<run>@<state_at>``), ARGV[2] final state, ARGV[3] ms the entry is
+#: kept. Returns 1 when counted now, 0 when counted before.
+_COUNT_FINISHED = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if redis.call('ZADD', KEYS[2], 'NX', now + tonumber(ARGV[3]), ARGV[1]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'finished:' .. ARGV[2], 1)
+return 1
+"""
+#: KEYS[1] the tallies hash, KEYS[2] the job's dates (zset); ARGV the dates to mark
+#: skipped (score 0). Returns the dates marked now (those with no entry before).
+_COUNT_MISSED = """
+local marked = {}
+for _, day in ipairs(ARGV) do
+  if redis.call('ZADD', KEYS[2], 'NX', 0, day) == 1 then marked[#marked + 1] = day end
+end
+if #marked > 0 then redis.call('HINCRBY', KEYS[1], 'missed', #marked) end
+return marked
+"""
+
+
+@dataclass(frozen=True)
+class Tallies:
+    """A job's counters: runs finished by final state, missed scheduled runs, lost runs."""
+
+    finished: dict[str, int] = field(default_factory=dict)
+    missed: int = 0
+    lost: int = 0
+
+
+def _base(store: LeaseStore, job: str) -> str:
+    return store.keys.job(job) if job else f"{store.prefix}:adhoc:{{adhoc}}"
+
+
+def tallies_key(store: LeaseStore, job: str) -> str:
+    """The job's counters (hash); ``job`` "" for ad-hoc runs."""
+    return f"{_base(store, job)}:tallies"
+
+
+def counted_runs_key(store: LeaseStore, job: str) -> str:
+    """The job's counted ends (sorted set: ``<run>@<state_at>`` -> ms the entry may go)."""
+    return f"{_base(store, job)}:finished_runs"
+
+
+def count_finished(
+    store: LeaseStore, job: str, run_id: str, state: str, ended_ms: int, retention_days: int
+) -> bool:
+    """Counts the end of a run in ``state`` at ``ended_ms`` (its ``state_at``), once per
+    end; True when counted now."""
+    script = store.client.register_script(_COUNT_FINISHED)
+    keep_ms = (retention_days + 1) * DAY_MS
+    keys = [tallies_key(store, job), counted_runs_key(store, job)]
+    with store.translating_errors(run_id):
+        return bool(script(keys=keys, args=[f"{run_id}@{ended_ms}", state, keep_ms]))
+
+
+def count_missed(store: LeaseStore, job: str, days: Sequence[str]) -> list[str]:
+    """Marks the job's ``days`` (ISO dates) skipped and counts those not marked or made
+    before as missed; returns them."""
+    if not days:
+        return []
+    script = store.client.register_script(_COUNT_MISSED)
+    keys = [tallies_key(store, job), store.keys.job_dates(job)]
+    with store.translating_errors():
+        marked = script(keys=keys, args=list(days))
+    return [as_text(day) for day in marked or []]
+
+
+def read(store: LeaseStore, jobs: Iterable[str]) -> dict[str, Tallies]:
+    """The counters of ``jobs`` (one round trip); a job with none has zeros."""
+    names = list(jobs)
+    with store.translating_errors():
+        pipe = store.client.pipeline(transaction=False)
+        for job in names:
+            pipe.hgetall(tallies_key(store, job))
+        replies = pipe.execute() if names else []
+    found = {}
+    for job, raw in zip(names, replies, strict=True):
+        fields = {as_text(k): int(v) for k, v in (raw or {}).items()}
+        finished = {s: fields.get(f"finished:{s}", 0) for s in FINAL_STATES}
+        found[job] = Tallies(finished, fields.get("missed", 0), fields.get("lost", 0))
+    return found
+
+
+__all__ = [
+    "Tallies",
+    "count_finished",
+    "count_missed",
+    "counted_runs_key",
+    "read",
+    "tallies_key",
+]

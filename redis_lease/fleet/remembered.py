@@ -1,0 +1,191 @@
+"""What the tick side remembers of the data set it wrote to, kept where a loss of the lease
+store's Redis cannot reach it.
+
+A tick remembers the data set's mark (:mod:`redis_lease.fleet.data_set`: its id, its epoch and the
+sequence number the tick's own last write got) and the runs it knew of (each job's open runs,
+the newest ad-hoc runs), so that after a loss it can tell that the server's data set is not
+the one it wrote to, and which runs went with it. Three places keep it, none of them the
+lease store's data set:
+
+- the process: each store object remembers what its ticks saw (a long-lived ticking
+  process, a worker running ``tick_entry`` in-process, a test);
+- a file, when ``REDIS_LEASE_MARK_FILE`` names one (for ticks from system cron, each a new
+  process): one entry per server and prefix, replaced whole on each write;
+- RQ's Redis, when it is apart from the lease store's (``--queue-url``):
+  ``<prefix>:dataset:remembered`` there.
+
+:func:`recall` returns the first of them that has an entry (in that order); :func:`keep`
+writes all of them. Losing the memory itself loses nothing but the power to tell a wiped
+server from a new one (see docs/durability.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from weakref import WeakKeyDictionary
+
+import redis
+
+from ..errors import InvalidInput
+from ..protocol.connection.clients import as_text
+from ..protocol.connection.urls import safe_url
+from ..protocol.store.lease_store import LeaseStore
+
+log = logging.getLogger("redis_lease.fleet.remembered")
+
+#: The environment variable naming the memory file of ticks that run as new processes.
+MARK_FILE_ENV = "REDIS_LEASE_MARK_FILE"
+#: The most runs remembered per server and prefix (the newest are kept).
+RUNS_REMEMBERED = 500
+
+_by_store: WeakKeyDictionary[LeaseStore, Remembered] = WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """A data set's mark as the tick side last saw it, and the runs it knew of.
+
+    ``runs`` maps a run id to its job (``""`` for an ad-hoc run) and when it was created
+    (ms, 0 when not known).
+    """
+
+    id: str
+    epoch: int
+    seq: int
+    runs: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def with_runs(self, job: str, runs: dict[str, int]) -> Remembered:
+        """This memory with ``job``'s runs replaced by ``runs`` (run id -> created ms)."""
+        kept = {run: known for run, known in self.runs.items() if known[0] != job}
+        kept.update({run: (job, created) for run, created in runs.items()})
+        newest = sorted(kept.items(), key=lambda pair: -pair[1][1])[:RUNS_REMEMBERED]
+        return Remembered(self.id, self.epoch, self.seq, dict(newest))
+
+    def runs_of(self, job: str) -> dict[str, int]:
+        """The remembered runs of ``job`` (run id -> created ms)."""
+        return {run: created for run, (owner, created) in self.runs.items() if owner == job}
+
+    def to_json(self) -> dict[str, Any]:
+        """As JSON-ready data."""
+        runs = {run: [job, created] for run, (job, created) in self.runs.items()}
+        return {"id": self.id, "epoch": self.epoch, "seq": self.seq, "runs": runs}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Remembered | None:
+        """From :meth:`to_json`'s data; None when it is not such data."""
+        try:
+            runs = {
+                str(run): (str(job), int(created)) for run, (job, created) in data["runs"].items()
+            }
+            return cls(str(data["id"]), int(data["epoch"]), int(data["seq"]), runs)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+
+def recall(store: LeaseStore) -> Remembered | None:
+    """What the tick side remembers of the store's data set: the process's memory, else the
+    file's, else RQ's Redis's (when apart); None when none has an entry."""
+    found = _by_store.get(store)
+    if found is None:
+        found = _from_file(store)
+    if found is None:
+        found = _from_queue_redis(store)
+    return found
+
+
+def keep(store: LeaseStore, memory: Remembered) -> None:
+    """Remembers ``memory`` in every place: the process, the file (when named), RQ's Redis
+    (when apart). A place that cannot be written is logged and left out."""
+    _by_store[store] = memory
+    _to_file(store, memory)
+    _to_queue_redis(store, memory)
+
+
+def _entry(store: LeaseStore) -> str:
+    return f"{safe_url(store.url)}|{store.prefix}"
+
+
+def _mark_file() -> Path | None:
+    named = os.environ.get(MARK_FILE_ENV, "")
+    return Path(named) if named else None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as error:
+        log.warning("cannot read %s (%s): %s", path, MARK_FILE_ENV, error)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _from_file(store: LeaseStore) -> Remembered | None:
+    path = _mark_file()
+    return None if path is None else Remembered.from_json(_read_file(path).get(_entry(store)))
+
+
+def _to_file(store: LeaseStore, memory: Remembered) -> None:
+    path = _mark_file()
+    if path is None:
+        return
+    data = {**_read_file(path), _entry(store): memory.to_json()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(handle, "w") as out:
+                json.dump(data, out)
+            os.replace(temporary, path)  # whole or not at all
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+    except OSError as error:
+        log.warning("cannot write %s (%s): %s", path, MARK_FILE_ENV, error)
+
+
+def _queue_redis(store: LeaseStore) -> redis.Redis | None:
+    """RQ's Redis when it is not the lease store's, else None."""
+    try:
+        client = store.rq
+    except InvalidInput:  # a cluster without a queue URL: no Redis apart
+        return None
+    return None if client is store.client else client
+
+
+def _queue_key(store: LeaseStore) -> str:
+    return f"{store.keys.data_set}:remembered"
+
+
+def _from_queue_redis(store: LeaseStore) -> Remembered | None:
+    client = _queue_redis(store)
+    if client is None:
+        return None
+    try:
+        raw = client.get(_queue_key(store))
+        return Remembered.from_json(json.loads(as_text(raw))) if raw else None
+    except (redis.RedisError, ValueError) as error:
+        log.warning("cannot read the remembered data set from RQ's Redis: %s", error)
+        return None
+
+
+def _to_queue_redis(store: LeaseStore, memory: Remembered) -> None:
+    client = _queue_redis(store)
+    if client is None:
+        return
+    try:
+        client.set(_queue_key(store), json.dumps(memory.to_json()))
+    except redis.RedisError as error:
+        log.warning("cannot remember the data set in RQ's Redis: %s", error)
+
+
+__all__ = ["MARK_FILE_ENV", "RUNS_REMEMBERED", "Remembered", "keep", "recall"]

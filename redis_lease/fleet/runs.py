@@ -1,0 +1,448 @@
+"""Runs of a job: creation, planning, state changes, the decision log, finalizing."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any
+
+from ..deprecation import warn_renamed
+from ..errors import InvalidInput, NotFound
+from ..limits import TEXT_MAX_BYTES
+from ..protocol.connection.clients import as_text, queue_time
+from ..protocol.replies import Transition
+from ..protocol.store.lease_store import LeaseStore
+from ..protocol.validation import clip
+from ..protocol.values import Item, RunStatus, from_ms
+from . import job_tallies, lost_records, run_ages
+from .capacity import capacity_key
+from .job import Job, Planner
+from .locks import lock
+from .run_states import DAY_MS, FINAL_STATES, OPEN_STATES, retention_days
+
+PLAN_BATCH = 500
+PLANNER_LOCK_MS = 120_000
+LOST_HINT = "records vanished: check maxmemory-policy and persistence"
+#: Told the items planned so far, each batch (see :meth:`Runs.plan`).
+PlanProgress = Callable[[int], None]
+
+
+def to_ms(moment: datetime) -> int:
+    """An aware datetime as epoch milliseconds."""
+    return int(moment.timestamp() * 1000)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Something a tick or an operator decided, with its reason."""
+
+    kind: str
+    run_id: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.run_id}: {self.reason}"
+
+
+class Runs:
+    """Run-level operations on one store."""
+
+    def __init__(self, store: LeaseStore) -> None:
+        self.store = store
+        self.keys = store.keys
+        self.client = store.client
+
+    def server_now(self) -> datetime:
+        """The Redis server's clock."""
+        with self.store.translating_errors():
+            seconds, micros = self.client.time()
+        return from_ms(seconds * 1000 + micros // 1000)
+
+    def info(self, run_id: str) -> dict[str, str]:
+        """The run's record; raises NotFound."""
+        with self.store.translating_errors(run_id):
+            raw = self.client.hgetall(self.keys.run(run_id))
+        if not raw:
+            raise NotFound(f"run {run_id!r} not found", run_id=run_id)
+        return {as_text(k): as_text(v) for k, v in raw.items()}
+
+    def record_decision(self, run_id: str, kind: str, reason: str, **fields: Any) -> Decision:
+        """Appends a decision to the run's decision log (its ``events`` stream)."""
+        entry = {"kind": kind, "reason": reason, **{k: str(v) for k, v in fields.items()}}
+        with self.store.translating_errors(run_id):
+            self.client.xadd(self.keys.run_events(run_id), entry, maxlen=1000, approximate=True)  # type: ignore[arg-type]
+        return Decision(kind, run_id, reason)
+
+    def decisions(self, run_id: str, count: int = 20) -> list[dict[str, str]]:
+        """The newest decisions of a run, oldest first."""
+        with self.store.translating_errors(run_id):
+            rows = self.client.xrevrange(self.keys.run_events(run_id), count=count) or []
+        events = []
+        for entry_id, fields in reversed(rows):
+            event = {as_text(k): as_text(v) for k, v in (fields or {}).items()}
+            event.setdefault("at", as_text(entry_id).split("-")[0])
+            events.append(event)
+        return events
+
+    def event(self, run_id: str, kind: str, reason: str, **fields: Any) -> Decision:
+        """Deprecated: :meth:`record_decision`."""
+        warn_renamed("Runs.event()", "Runs.record_decision()")
+        return self.record_decision(run_id, kind, reason, **fields)
+
+    def events(self, run_id: str, count: int = 20) -> list[dict[str, str]]:
+        """Deprecated: :meth:`decisions`."""
+        warn_renamed("Runs.events()", "Runs.decisions()")
+        return self.decisions(run_id, count)
+
+    def transition(
+        self, run_id: str, expected: tuple[str, ...] | str, to: str, reason: str, **fields: Any
+    ) -> bool:
+        """Moves the run to ``to`` if it is in an expected state; True when it changed."""
+        return self._transition(run_id, expected, to, reason, **fields).changed
+
+    def _transition(
+        self, run_id: str, expected: tuple[str, ...] | str, to: str, reason: str, **fields: Any
+    ) -> Transition:
+        """:meth:`transition`, with the script's reply (its ``now_ms`` is the new ``state_at``)."""
+        allowed = expected if isinstance(expected, str) else ",".join(expected)
+        extra = [clip(str(part), TEXT_MAX_BYTES) for pair in fields.items() for part in pair]
+        keys = [self.keys.run(run_id), self.keys.run_events(run_id)]
+        with self.store.translating_errors(run_id):
+            transition: Transition = self.store.scripts.call(
+                "run_transition", keys, [allowed, to, clip(reason, TEXT_MAX_BYTES), *extra]
+            )
+        return transition
+
+    # -- job runs -------------------------------------------------------------
+
+    def ensure(
+        self,
+        job: Job,
+        business_date: date,
+        started: datetime,
+        deadline: datetime | None = None,
+        fields: dict[str, str] | None = None,
+    ) -> tuple[str, bool]:
+        """Creates the job's run for a business date once; returns (run id, created now).
+
+        ``deadline`` defaults to the job's deadline for the date; ``fields`` are stored
+        with a run created now (a re-run's ``after_loss``). Repeating the call after a
+        crash midway completes the bookkeeping of an open run. A run recorded lost and
+        created again is noted so (:func:`redis_lease.fleet.lost_records.mark_rerun`).
+        """
+        run_id = job.run_id(business_date)
+        deadline = deadline or job.deadline_for(business_date, started)
+        created, _ = self.store.create_run(
+            run_id,
+            job.options.shards,
+            state="planning",
+            fields={
+                "job": job.name,
+                "business_date": business_date.isoformat(),
+                "deadline_at": str(to_ms(deadline)),
+                "planned": "0",
+                "retention_days": str(job.options.retention_days),
+                **(fields or {}),
+            },
+        )
+        still_open = created or self.info(run_id)["state"] in OPEN_STATES
+        with self.store.translating_errors(run_id):
+            pipe = self.client.pipeline(transaction=False)
+            dates = self.keys.job_dates(job.name)
+            pipe.zadd(dates, {business_date.isoformat(): to_ms(started)}, nx=True)
+            if still_open:
+                pipe.sadd(self.keys.job_open_runs(job.name), run_id)
+            pipe.execute()
+        if created:
+            lost_records.mark_rerun(self.store, job.name, run_id, to_ms(started))
+            self.record_decision(
+                run_id, "created", f"run for {business_date} due {deadline.isoformat()}"
+            )
+        return run_id, created
+
+    def plan(self, job: Job, run_id: str, progress: PlanProgress | None = None) -> int | None:
+        """Streams the planner's items into the run in bounded batches.
+
+        Safe to repeat after a crash midway: existing items are left alone. Returns
+        the number of items planned, or None when another planner holds the run.
+        A re-run after a loss (``after_loss`` in its record) counts the items it
+        added in ``replanned_items``. An error of the planner (or an item it yields
+        that is not valid) fails the run with the error as its reason; a Redis
+        failure leaves the run planning, for the next tick to plan again.
+        ``progress`` is told the items streamed so far after each batch.
+        """
+        planner = job.plan_items
+        if planner is None:
+            raise InvalidInput(f"job {job.name!r} has no planner; decorate one with @job.planner")
+        key = self.keys.run_planner(run_id)
+        with lock(self.store, key, PLANNER_LOCK_MS, run_id) as taken:
+            if not taken:
+                return None
+            info = self.info(run_id)
+            business_date = date.fromisoformat(info["business_date"])
+            items = _Planned(
+                planner, business_date, int(info.get("deadline_at", "0")), "after_loss" in info
+            )
+            self._add_planned(job, run_id, items, key, progress)
+        # Exact for distinct ids, and safe when planning repeats after a crash.
+        planned = sum(counts.get("added", 0) for counts in self.store.shard_counts(run_id))
+        self.transition(
+            run_id,
+            "planning",
+            "running",
+            f"planned {planned} items",
+            planned="1",
+            planned_items=planned,
+        )
+        return planned
+
+    def _add_planned(
+        self, job: Job, run_id: str, plan: _Planned, lock: str, progress: PlanProgress | None
+    ) -> None:
+        """Streams the planner's items into the run; a planner error fails the run."""
+        streamed = 0
+        try:
+            items = iter(plan.planner(plan.business_date))
+        except Exception as error:  # the planner is user code: any failure fails the run
+            self._fail_planning(job, run_id, error)
+            raise
+        while True:
+            try:
+                batch = list(itertools.islice(items, PLAN_BATCH))
+            except Exception as error:
+                self._fail_planning(job, run_id, error)
+                raise
+            if not batch:
+                return
+            try:
+                added, _ = self.store.add(
+                    run_id,
+                    batch,
+                    max_attempts=job.options.max_attempts,
+                    backoff_base=job.options.backoff_base,
+                    backoff_cap=job.options.backoff_cap,
+                    deadline_ms=plan.deadline_ms,
+                )
+            except InvalidInput as error:  # the planner yielded a bad item
+                self._fail_planning(job, run_id, error)
+                raise
+            with self.store.translating_errors(run_id):
+                pipe = self.client.pipeline(transaction=False)
+                pipe.pexpire(lock, PLANNER_LOCK_MS)
+                if plan.rerun:
+                    pipe.hincrby(self.keys.run(run_id), "replanned_items", len(added))
+                pipe.execute()
+            streamed += len(batch)
+            if progress is not None:
+                progress(streamed)
+
+    def _fail_planning(self, job: Job, run_id: str, error: Exception) -> None:
+        ended = self._transition(run_id, OPEN_STATES, "failed", f"planning error: {error!r}")
+        if ended.changed:
+            self._count_finished(
+                job.name, run_id, "failed", ended.now_ms, job.options.retention_days
+            )
+        self._retire(job.name, run_id, job.options.retention_days)
+
+    # -- closing and reopening ------------------------------------------------
+
+    def finalize(self, run_id: str, trigger: str) -> Decision | None:
+        """Closes the run and records succeeded, partial or failed from its accounting.
+
+        succeeded: exactly the planned items, each done by a commit before the
+        deadline (a run planned with no items too); partial: some done; failed:
+        none done. The reason names the trigger and the counts. The end is counted
+        once in its job's ``runs_finished`` tally (:mod:`redis_lease.fleet.job_tallies`): a run
+        resumed and finalized again is counted again.
+        """
+        self.store.set_closed(run_id, True)
+        status = self.store.status(run_id)
+        state = final_state(status)
+        reason = f"{trigger}: {accounting(status)}"
+        final = json.dumps(
+            {**status.counts, "planned": status.planned, "lost": status.lost, "late": status.late}
+        )
+        ended = self._transition(run_id, OPEN_STATES, state, reason, final_counts=final)
+        if not ended.changed:
+            return None
+        info = self.info(run_id)
+        # Counted even when resumed in the meantime: the run did end.
+        self._count_finished(info.get("job", ""), run_id, state, ended.now_ms, retention_days(info))
+        if info["state"] != state:  # resumed in the meantime: keep it open
+            return None
+        self._retire(info.get("job", ""), run_id, retention_days(info))
+        return self.record_decision(run_id, "finalize", f"{state}: {reason}")
+
+    def retire_if_final(self, run_id: str, info: dict[str, str]) -> bool:
+        """Repairs a finished run still listed as open (a crash after its last change):
+        counts its end (once: the end is known by its ``state_at``) and retires it."""
+        if info.get("state") not in FINAL_STATES:
+            return False
+        ended_ms = int(info["state_at"]) if info.get("state_at", "").isdigit() else 0
+        job, days = info.get("job", ""), retention_days(info)
+        self._count_finished(job, run_id, info["state"], ended_ms, days)
+        self._retire(job, run_id, days)
+        return True
+
+    def _count_finished(
+        self, job_name: str, run_id: str, state: str, ended_ms: int, retention: int
+    ) -> None:
+        """Counts the run's end in its job's finished tally; before it is retired, so that
+        a crash between the two is repaired by the next tick (:meth:`retire_if_final`)."""
+        job_tallies.count_finished(self.store, job_name, run_id, state, ended_ms, retention)
+
+    def gone(self, run_id: str) -> NotFound | None:
+        """The error for a run with no record when something shows it existed, else None.
+
+        A run the tick found lost (:mod:`redis_lease.fleet.lost_records`) and did not make again
+        is named lost, with what to do. Other evidence: the run index, the job's open
+        runs, or the run's event log.
+        """
+        lost = lost_records.read(self.store, run_id)
+        if lost is not None and not lost.rerun_at_ms:
+            return NotFound(f"run {run_id!r} was lost: {lost.describe()}", run_id=run_id)
+        job = run_id.split(":", 1)[0]
+        with self.store.translating_errors(run_id):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zscore(self.keys.runs, run_id)
+            pipe.sismember(self.keys.job_open_runs(job), run_id)
+            pipe.exists(self.keys.run_events(run_id))
+            pipe.hget(self.keys.job(job), "retention_days")
+            queue_time(pipe)
+            created, listed_open, logged, retention, (seconds, _micros) = pipe.execute()
+        if created is None and not listed_open and not logged:
+            return None
+        days = retention_days({"retention_days": as_text(retention) if retention else ""})
+        kept_until = (created or 0) + days * DAY_MS
+        if not listed_open and not logged and kept_until < int(seconds) * 1000:
+            return NotFound(
+                f"run {run_id!r} is gone: its retention has ended; nothing to do", run_id=run_id
+            )
+        return NotFound(
+            f"run {run_id!r} is gone: the server may have lost its data: check persistence "
+            "(docs/durability.md)",
+            run_id=run_id,
+        )
+
+    def _retire(self, job_name: str, run_id: str, retention_days: int) -> None:
+        """Drops the run from its job's open runs and lets its keys expire."""
+        ttl_ms = retention_days * DAY_MS
+        with self.store.translating_errors(run_id):
+            pipe = self.client.pipeline(transaction=False)
+            if job_name:
+                pipe.srem(self.keys.job_open_runs(job_name), run_id)
+            for key in self._run_keys(run_id):
+                pipe.pexpire(key, ttl_ms)
+            pipe.execute()
+
+    def _run_keys(self, run_id: str) -> list[str]:
+        """Every key of a run: its record, log, RQ jobs and measured capacity, and each
+        shard's keys, attempt log and ledger."""
+        keys = [self.keys.run(run_id), self.keys.run_events(run_id), self.keys.run_jobs(run_id)]
+        keys += [self.keys.run_jobs_missing(run_id), capacity_key(self.store, run_id)]
+        keys.append(run_ages.key(self.store, run_id))
+        for shard in range(self.store.shard_count(run_id)):
+            keys += self.keys.logged(run_id, shard) + self.keys.effects(run_id, shard)
+        return keys
+
+    def resume(self, run_id: str, deadline: datetime | None = None) -> Decision:
+        """Reopens a partial, failed or canceled run (optionally with a new deadline).
+
+        An operator's explicit act: it lifts the deadline bar on every shard, so
+        claims are granted again until the (new) deadline, and records that it did.
+        """
+        info = self.info(run_id)
+        if info["state"] not in ("partial", "failed", "canceled"):
+            raise InvalidInput(
+                f"run {run_id!r} is {info['state']}; only partial, failed or canceled runs resume"
+            )
+        until_ms = to_ms(deadline) if deadline is not None else int(info.get("deadline_at", "0"))
+        if until_ms <= to_ms(self.server_now()):
+            if deadline is not None:
+                raise InvalidInput(
+                    f"deadline {deadline.isoformat()} is in the past; pass a later one"
+                )
+            raise InvalidInput(f"run {run_id!r} is past its deadline; pass --deadline")
+        reason = (
+            "resumed by an operator; deadline bar lifted: claims allowed until "
+            f"{from_ms(until_ms).isoformat(timespec='seconds')}"
+        )
+        # A run whose plan never completed goes back to planning (re-planning adds what is missing).
+        state = "running" if info.get("planned", "1") == "1" else "planning"
+        # The shards first, the run's state last: a failure midway leaves the run as it
+        # was (partial, failed or canceled), so resuming again finishes the job.
+        self.store.set_deadline(run_id, until_ms)
+        self.store.set_closed(run_id, False)
+        with self.store.translating_errors(run_id):
+            pipe = self.client.pipeline(transaction=False)
+            if info.get("job"):
+                pipe.sadd(self.keys.job_open_runs(info["job"]), run_id)
+            for key in self._run_keys(run_id):
+                pipe.persist(key)
+            pipe.execute()
+        self.transition(
+            run_id, ("partial", "failed", "canceled"), state, reason, deadline_at=until_ms
+        )
+        return self.record_decision(run_id, "resume", reason)
+
+    def cancel(self, run_id: str, reason: str = "canceled by an operator") -> bool:
+        """Closes an open run as canceled."""
+        self.store.set_closed(run_id, True)
+        info = self.info(run_id)
+        ended = self._transition(run_id, OPEN_STATES, "canceled", reason)
+        if ended.changed:
+            job, days = info.get("job", ""), retention_days(info)
+            self._count_finished(job, run_id, "canceled", ended.now_ms, days)
+            self._retire(job, run_id, days)
+            self.record_decision(run_id, "cancel", reason)
+        return ended.changed
+
+    def open_runs(self, job_name: str) -> list[str]:
+        """The job's runs that are planning or running."""
+        with self.store.translating_errors():
+            return sorted(
+                as_text(r) for r in self.client.smembers(self.keys.job_open_runs(job_name))
+            )
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """What planning streams: the planner, its business date, the run's deadline (ms), and
+    whether the run is a re-run after a loss (its added items are counted)."""
+
+    planner: Planner
+    business_date: date
+    deadline_ms: int
+    rerun: bool = False
+
+
+def final_state(status: RunStatus) -> str:
+    """succeeded when the run is complete, else partial (some done) or failed (none)."""
+    if status.complete:
+        return "succeeded"
+    return "partial" if status.counts["done"] > 0 else "failed"
+
+
+def accounting(status: RunStatus) -> str:
+    """The run's counts in words, e.g. ``90 done of 100 planned, 5 pending, 5 lost (...)``."""
+    parts = [f"{status.counts['done']} done of {status.planned} planned"]
+    parts += [f"{status.counts[s]} {s}" for s in ("pending", "leased", "dead") if status.counts[s]]
+    if status.lost:
+        parts.append(f"{status.lost} lost ({LOST_HINT})")
+    if status.late:
+        parts.append(f"{status.late} committed after the deadline")
+    return ", ".join(parts)
+
+
+__all__ = [
+    "FINAL_STATES",
+    "OPEN_STATES",
+    "Decision",
+    "Item",
+    "Runs",
+    "accounting",
+    "final_state",
+]

@@ -1,0 +1,459 @@
+"""The shard loop: claim in batches, run handlers under kept leases, settle in batches.
+
+:func:`work_shard` works one shard of a run until it is drained, stopped or out of
+budget, running up to ``concurrency`` handlers at once (:mod:`redis_lease.fleet.worker.pool`);
+finished items are committed, failed or released together, one round trip per
+batch. It needs no RQ: :func:`redis_lease.worker.process_shard` is the RQ job
+around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...deprecation import renamed_attribute
+from ...errors import (
+    ClusterBusy,
+    ConditionFailed,
+    InvalidInput,
+    LeaseError,
+    LeaseLost,
+    PermanentError,
+    RedisLeaseError,
+    RunClosed,
+    SlotTimeout,
+    Throttled,
+)
+from ...protocol.guards import Condition, Write
+from ...protocol.store.lease_store import LeaseStore
+from ...protocol.values import CommitRequest, FailRequest, ReleaseRequest, SettleRequest
+from ..job import Job, check_concurrency
+from ..live_lease import ActiveLease, LeaseKeeper
+from .pool import Finished, Pool, make_pool
+
+log = logging.getLogger("redis_lease.worker")
+
+__all__ = ["SLOT_RETRY_DELAY", "HandlerResult", "ShardReport", "work_shard"]
+
+#: Seconds before an item released for want of a provider slot is due again.
+SLOT_RETRY_DELAY = 1.0
+#: Seconds before claiming again after a cluster refused a claim while moving slots.
+CLUSTER_RETRY_DELAY = 0.2
+#: The longest the shard loop waits for a handler before it looks at the stop request again.
+_STOP_POLL = 0.05
+#: Seconds of handler work a claim covers, by the recent mean handler time (within the
+#: job's batch_size): fast handlers claim many items at once, so the fixed cost
+#: of a script call is shared by many; slow ones claim few, so that no claimed item waits
+#: long under its lease and other workers of the shard get theirs.
+CLAIM_SPAN = 0.2
+#: The most items the first claim of a pass takes, before any handler time is known.
+FIRST_CLAIM = 20
+#: The weight of the newest handler time in the recent mean the claims are sized by: a
+#: slowdown after many fast items shrinks the claims within a few dozen items.
+RECENT_WEIGHT = 0.1
+#: A settlement to send and the report's counter its success adds to; None: nothing to send.
+_Settlement = tuple[SettleRequest, str] | None
+#: Old names, importable with a DeprecationWarning for one release.
+_RENAMED = {"Outcome": "HandlerResult"}
+
+
+def __getattr__(name: str) -> Any:
+    """``Outcome``, the old name of :class:`HandlerResult`, with a DeprecationWarning."""
+    return renamed_attribute(__name__, name, _RENAMED, globals())
+
+
+@dataclass(frozen=True)
+class HandlerResult:
+    """A handler's answer with a label (counted as ``outcome_<label>``) or guarded writes."""
+
+    result: Any = None
+    conditions: tuple[Condition, ...] = ()
+    writes: tuple[Write, ...] = ()
+    label: str = ""
+
+
+@dataclass
+class ShardReport:
+    """What one pass over a shard did."""
+
+    committed: int = 0
+    failed: int = 0
+    #: Leases lost to another holder (refused, or found lost before the handler started).
+    stale: int = 0
+    released: int = 0
+    throttled: int = 0
+    stopped: bool = False
+    drained: bool = False
+    closed: bool = False
+    errors: list[str] = field(default_factory=list)
+    #: Items left to their lease expiry after an error while settling them.
+    abandoned: int = 0
+    #: Handlers run (ended, whatever their outcome).
+    handled: int = 0
+    #: The summed wall time of those handlers, in seconds.
+    handler_seconds: float = 0.0
+
+
+def work_shard(
+    store: LeaseStore,
+    job: Job,
+    run_id: str,
+    shard: int,
+    *,
+    worker: str,
+    budget: float,
+    stop: threading.Event,
+    keeper: LeaseKeeper,
+    concurrency: int | None = None,
+) -> ShardReport:
+    """Claims and handles the shard's due items until drained, stopped or out of budget.
+
+    Up to ``concurrency`` handlers (default: the job's option) run at once:
+    plain handlers on threads, ``async def`` handlers on one event loop. On
+    those, the next batch is claimed while a few claimed items still wait for a
+    slot (at most ``batch_size`` wait), and a slot whose handler ends starts
+    the next waiting item itself, so no slot waits on a claim or settle round
+    trip. One plain handler at a time runs inline and claims only when it is
+    idle. Commits are sent together, in one
+    round trip, when nothing is left to start or once the oldest waits
+    ``commit_interval`` seconds; until then their leases are kept renewed. On a
+    stop request the running handlers are finished, the waiting commits sent,
+    and the claimed items not yet started released, so that they are
+    claimable at once.
+    """
+    if job.handle_item is None:
+        raise LeaseError(f"job {job.name!r} has no handler; decorate one with @job.handler")
+    size = job.options.concurrency if concurrency is None else check_concurrency(concurrency)
+    report = ShardReport()
+    ends = time.monotonic() + budget
+    pool = make_pool(job.handle_item, size, lambda: not stop.is_set() and time.monotonic() < ends)
+    shard_loop = _ShardLoop(store, job, run_id, shard, worker, keeper, pool, size, report)
+    try:
+        shard_loop.run(stop, ends)
+    finally:
+        pool.close()
+        shard_loop.settle_finished()  # handlers that ended while the loop was leaving
+        shard_loop.pending.flush()
+    return report
+
+
+class _ShardLoop:
+    """The claim, start, settle loop of one pass over a shard."""
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        job: Job,
+        run_id: str,
+        shard: int,
+        worker: str,
+        keeper: LeaseKeeper,
+        pool: Pool,
+        size: int,
+        report: ShardReport,
+    ) -> None:
+        self.store, self.job, self.run_id, self.shard = store, job, run_id, shard
+        self.worker, self.keeper, self.pool, self.size = worker, keeper, pool, size
+        self.report = report
+        self.pending = _PendingCommits(store, keeper, report, job.options.commit_interval)
+        #: The recent mean handler time (seconds) of the items that did their work (not
+        #: throttled), weighted by RECENT_WEIGHT; None until one has.
+        self.recent_seconds: float | None = None
+        #: Claimed items not yet handed to the pool (the inline pool takes one at a time).
+        self.waiting: deque[ActiveLease] = deque()
+        #: Items handed to the pool whose handler has not ended: running or waiting for a slot.
+        self.in_pool = 0
+
+    def run(self, stop: threading.Event, ends: float) -> None:
+        """Works until drained, closed, stopped or ``ends`` (monotonic).
+
+        However it leaves (an error included), the claimed items not started are
+        given back and the running handlers finished.
+        """
+        try:
+            self._work(stop, ends)
+        finally:
+            self.report.stopped = stop.is_set()
+            self._release_waiting()
+            while self.in_pool:  # finish what has started
+                self._settle_next(min(self.pending.due_in(), _STOP_POLL))
+                self.pending.flush_due()
+
+    def _work(self, stop: threading.Event, ends: float) -> None:
+        report, pending, waiting = self.report, self.pending, self.waiting
+        exhausted = False  # the last claim found nothing due
+        while not stop.is_set() and time.monotonic() < ends:
+            claim_below = self.size + self._low_water()  # claimed items held, before a claim
+            if not exhausted and self.in_pool + len(waiting) < claim_below:
+                try:
+                    exhausted = not self._claim()
+                except RunClosed:
+                    report.closed = True
+                    return
+                except ClusterBusy as error:  # refused before running: claim again soon
+                    log.info("claim on run %r shard %s: %s", self.run_id, self.shard, error)
+                    stop.wait(CLUSTER_RETRY_DELAY)
+            while waiting and (self.pool.queues or self.in_pool < self.size):
+                if stop.is_set() or time.monotonic() >= ends:
+                    break
+                pending.flush_due()  # a finished item's commit does not wait on a slow handler
+                self._start(waiting.popleft())
+            if not self.in_pool and not waiting:
+                pending.flush()
+                if exhausted:
+                    report.drained = True
+                    return
+                continue
+            if self.in_pool >= claim_below or exhausted:
+                # Wait for a handler to end, waking to send due commits and to see a stop.
+                timeout = min(pending.due_in(), _STOP_POLL, max(0.0, ends - time.monotonic()))
+                if self._settle_next(timeout):
+                    exhausted = False
+            self.settle_finished()
+            pending.flush_due()
+
+    def _claim_size(self) -> int:
+        """The items one claim takes: about CLAIM_SPAN seconds of handler work for the
+        slots, by the recent mean handler time (FIRST_CLAIM before one is known), from 1
+        to the job's batch_size."""
+        most = self.job.options.batch_size
+        if self.recent_seconds is None:
+            return min(most, FIRST_CLAIM)
+        mean = max(self.recent_seconds, 1e-6)
+        return max(1, min(most, math.ceil(self.size * CLAIM_SPAN / mean)))
+
+    def _time_handler(self, finished: Finished) -> None:
+        """Counts a handler's time in the report and, unless it gave its item back for
+        want of capacity (it did no work), in the recent mean."""
+        self.report.handled += 1
+        self.report.handler_seconds += finished.seconds
+        if isinstance(finished.error, (Throttled, SlotTimeout)):
+            return
+        if self.recent_seconds is None:
+            self.recent_seconds = finished.seconds
+        else:
+            self.recent_seconds += RECENT_WEIGHT * (finished.seconds - self.recent_seconds)
+
+    def _low_water(self) -> int:
+        """How few claimed items waiting for a slot trigger the next claim (a quarter of a
+        claim, at least one). Inline, nothing waits: the next claim comes when the handler
+        is idle. With claims of under 8 (slow handlers) the next claim goes out once no
+        claimed item is left waiting, so a slot may wait a round trip, small beside its
+        handler."""
+        return max(1, self._claim_size() // 4) if self.pool.queues else 0
+
+    def _claim(self) -> bool:
+        """Claims a claim's size of items (:meth:`_claim_size`), no more than fill the
+        slots with that many waiting; True when some were due."""
+        ttl = self.job.options.lease_ttl
+        held = self.in_pool + len(self.waiting)
+        size = self._claim_size()
+        limit = min(size, self.size + size - held)
+        sent_at = time.monotonic()
+        leases = self.store.claim_next(
+            self.run_id, self.worker, shard=self.shard, limit=limit, ttl=ttl
+        )
+        for lease in leases:
+            active = ActiveLease(self.store, lease, ttl, sent_at, self.keeper.heartbeat)
+            self.keeper.hold(active)
+            self.waiting.append(active)
+        return bool(leases)
+
+    def _start(self, active: ActiveLease) -> None:
+        if active.lost:  # lost while waiting to start
+            self.keeper.drop(active)
+            self.report.stale += 1
+            return
+        self.in_pool += 1
+        self.pool.start(active)
+        if self.size == 1:  # an inline handler has ended by now: settle it before going on
+            self.settle_finished()
+
+    def _settle_next(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds for a handler to end and settles it."""
+        try:
+            finished = (
+                self.pool.done.get(timeout=timeout) if timeout > 0 else self.pool.done.get_nowait()
+            )
+        except queue.Empty:
+            return False
+        self._settle(finished)
+        return True
+
+    def settle_finished(self) -> None:
+        """Settles every handler that has ended."""
+        while True:
+            try:
+                finished = self.pool.done.get_nowait()
+            except queue.Empty:
+                return
+            self._settle(finished)
+
+    def _settle(self, finished: Finished) -> None:
+        self.in_pool -= 1
+        if not finished.started:  # lost while waiting for a slot
+            self.keeper.drop(finished.active)
+            self.report.stale += 1
+            return
+        self._time_handler(finished)
+        active = finished.active
+        settlement = _settlement_of(active, finished.answer, finished.error)
+        if settlement is None:  # the lease was lost: the item is another holder's
+            self.keeper.drop(active)
+            assert isinstance(finished.error, LeaseLost)
+            _stale(active, self.report, finished.error)
+        else:
+            self.pending.add(active, *settlement)
+
+    def _release_waiting(self) -> None:
+        """Gives back claimed items that were not started (claimable at once), with the
+        waiting settlements in one round trip."""
+        taken_back = self.pool.take_back()  # first: no slot starts one of them from now on
+        self.in_pool -= len(taken_back)
+        waiting, self.waiting = [*taken_back, *self.waiting], deque()
+        for active in waiting:
+            self.pending.waiting.append((active, ReleaseRequest(active.lease), "released"))
+        self.pending.flush()
+
+
+class _PendingCommits:
+    """Settlements (commits, fails, releases) waiting to be sent together in one round trip;
+    their leases stay with the keeper meanwhile."""
+
+    def __init__(
+        self, store: LeaseStore, keeper: LeaseKeeper, report: ShardReport, interval: float
+    ) -> None:
+        self.store, self.keeper, self.report, self.interval = store, keeper, report, interval
+        #: (lease, request, the report's counter its success adds to)
+        self.waiting: list[tuple[ActiveLease, SettleRequest, str]] = []
+        self.oldest = 0.0
+
+    def add(self, active: ActiveLease, request: SettleRequest, counter: str) -> None:
+        """Queues a settlement; sends the queue when its oldest has waited long enough."""
+        if not self.waiting:
+            self.oldest = time.monotonic()
+        self.waiting.append((active, request, counter))
+        self.flush_due()
+
+    def due_in(self) -> float:
+        """Seconds until the waiting settlements are due (infinite when none wait)."""
+        if not self.waiting:
+            return math.inf
+        return max(0.0, self.oldest + self.interval - time.monotonic())
+
+    def flush_due(self) -> None:
+        """Sends the waiting settlements once the oldest has waited ``interval`` seconds."""
+        if self.waiting and time.monotonic() - self.oldest >= self.interval:
+            self.flush()
+
+    def flush(self) -> None:
+        """Sends every waiting settlement in one round trip and settles each answer.
+
+        When the round trip fails (Redis gone past the retries) the items are
+        left to their lease expiry; the job goes on.
+        """
+        if not self.waiting:
+            return
+        waiting, self.waiting = self.waiting, []
+        try:
+            answers = self.store.settle_many([request for _, request, _ in waiting])
+        except LeaseError as error:
+            answers = [error] * len(waiting)
+        for (active, request, counter), answer in zip(waiting, answers, strict=True):
+            self.keeper.drop(active)
+            self._settle_answer(active, request, counter, answer)
+
+    def _settle_answer(
+        self, active: ActiveLease, request: SettleRequest, counter: str, answer: Any
+    ) -> None:
+        report = self.report
+        commit = isinstance(request, CommitRequest)
+        if isinstance(answer, LeaseLost):
+            _stale(active, report, answer)
+        elif commit and isinstance(answer, InvalidInput):  # e.g. a result that is not JSON
+            if _settle(self.store.fail, active, report, f"permanent: {answer}", permanent=True):
+                report.failed += 1
+        elif commit and isinstance(answer, ConditionFailed):
+            # What the handler read changed before the commit: back at once, read again.
+            if _settle(self.store.release, active, report):
+                report.released += 1
+        elif isinstance(answer, LeaseError):
+            action = type(request).__name__.removesuffix("Request").lower()
+            _abandon(active, report, action, answer)
+        else:
+            setattr(report, counter, getattr(report, counter) + 1)
+
+
+def _settlement_of(active: ActiveLease, answer: Any, error: BaseException | None) -> _Settlement:
+    """What a handler's answer or error asks for: a settlement and its counter, or None
+    when the lease was lost (the item is another holder's: nothing to write)."""
+    if error is None:
+        if isinstance(answer, HandlerResult):
+            request = CommitRequest(
+                active.lease, answer.result, answer.conditions, answer.writes, answer.label
+            )
+            return request, "committed"
+        return CommitRequest(active.lease, answer), "committed"
+    if not isinstance(error, (Exception, asyncio.CancelledError)):
+        raise error  # KeyboardInterrupt, SystemExit: not the item's doing
+    if isinstance(error, LeaseLost):
+        return None
+    if isinstance(error, PermanentError):
+        return FailRequest(active.lease, f"permanent: {error}", permanent=True), "failed"
+    if isinstance(error, Throttled):  # not the item's fault: back later, attempt not counted
+        return ReleaseRequest(active.lease, error.delay_ms / 1000), "throttled"
+    if isinstance(error, SlotTimeout):
+        return ReleaseRequest(active.lease, SLOT_RETRY_DELAY), "throttled"
+    # The handler is user code: any other failure is a failed attempt.
+    return FailRequest(active.lease, f"{type(error).__name__}: {error}"), "failed"
+
+
+def _settle(
+    call: Callable[..., Any], active: ActiveLease, report: ShardReport, *args: Any, **kw: Any
+) -> bool:
+    """Fails or releases the item; True when that was done.
+
+    A lease lost meanwhile is counted as stale. Any other error (Redis gone
+    past the retries, a refusal) is logged and the item left to its lease
+    expiry: the job goes on with the next item.
+    """
+    try:
+        call(active.lease, *args, **kw)
+    except LeaseLost as error:
+        _stale(active, report, error)
+        return False
+    except RedisLeaseError as error:
+        _abandon(active, report, getattr(call, "__name__", "settle"), error)
+        return False
+    return True
+
+
+def _stale(active: ActiveLease, report: ShardReport, error: LeaseLost) -> None:
+    """Counts a lease lost meanwhile: the item is another holder's now."""
+    active.mark_lost()
+    report.stale += 1
+    log.info("stale: %s", error)
+
+
+def _abandon(active: ActiveLease, report: ShardReport, action: str, error: Exception) -> None:
+    """Leaves an item to its lease expiry after ``action`` failed; logs it with the item."""
+    report.abandoned += 1
+    report.errors.append(f"{action} of item {active.item_id!r} failed: {error}")
+    log.warning(
+        "%s of item %r of run %r (token %s) failed, so it is left to its lease expiry: %s: %s",
+        action,
+        active.item_id,
+        active.run_id,
+        active.token,
+        type(error).__name__,
+        error,
+    )

@@ -1,0 +1,2 @@
+"""The Prometheus exporter: the collector (:mod:`.collector`), the attempt histograms
+(:mod:`.history`) and the per-job counters (:mod:`.per_job`)."""

@@ -1,0 +1,175 @@
+"""The exporter's series that are not a run's: by job (workers needed, runs finished,
+missed runs, lost runs), the data set's losses, the server's eviction policy and the
+provider gates.
+
+See :mod:`redis_lease.metrics` for the whole list; :class:`~redis_lease.metrics.LeaseCollector`
+yields these beside the run series.
+"""
+
+from __future__ import annotations
+
+import redis
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ...fleet import job_tallies
+from ...fleet.data_set import LOSS_KINDS, read_mark
+from ...fleet.gate import ProviderGate
+from ...protocol.connection.clients import as_text
+from ...protocol.store.lease_store import LeaseStore
+
+#: The gauge an autoscaler scales on: workers needed by job, summed over its running runs.
+WORKERS_NEEDED = "redis_lease_workers_needed"
+WORKERS_NEEDED_UNKNOWN = "redis_lease_workers_needed_unknown_runs"
+RUNS_FINISHED = "redis_lease_runs_finished"
+MISSED_RUNS = "redis_lease_missed_runs"
+LOST_RUNS = "redis_lease_lost_runs"
+DATA_SET_LOSSES = "redis_lease_data_set_losses"
+EVICTION_DANGER = "redis_lease_redis_eviction_danger"
+
+
+def job_names(store: LeaseStore) -> list[str]:
+    """Every job a tick has seen, sorted."""
+    with store.translating_errors():
+        return sorted(as_text(j) for j in store.client.smembers(store.keys.jobs))
+
+
+def needs(store: LeaseStore, jobs: list[str]) -> list[Metric]:
+    """Workers needed by job: the sum over its running runs whose need is known.
+
+    A job with no running run needs 0. A job whose running runs are all
+    unknown has no ``workers_needed`` series: nothing is invented.
+    """
+    needed = GaugeMetricFamily(
+        WORKERS_NEEDED,
+        "Workers that finish the job's running runs before their deadlines, spares included.",
+        labels=["job"],
+    )
+    unknown = GaugeMetricFamily(
+        WORKERS_NEEDED_UNKNOWN,
+        "Running runs of the job whose need is unknown (no worker pass recorded yet).",
+        labels=["job"],
+    )
+    keys = store.keys
+    with store.translating_errors():
+        for job in jobs:
+            runs = sorted(as_text(r) for r in store.client.smembers(keys.job_open_runs(job)))
+            pipe = store.client.pipeline(transaction=False)
+            for run_id in runs:
+                pipe.hmget(keys.run(run_id), ["state", "workers_needed"])
+            total, missing, known = 0, 0, False
+            for state, value in pipe.execute() if runs else []:
+                if state is None or as_text(state) != "running":
+                    continue
+                text = as_text(value) if value is not None else ""
+                if text.isdigit():
+                    total, known = total + int(text), True
+                else:
+                    missing += 1
+            if known or not missing:
+                needed.add_metric([job], total)
+            unknown.add_metric([job], missing)
+    return [needed, unknown]
+
+
+def tallies(store: LeaseStore, jobs: list[str]) -> list[Metric]:
+    """Runs finished by job and final state, missed scheduled runs and lost runs by job
+    (kept in Redis, :mod:`redis_lease.fleet.job_tallies`): every job, and ad-hoc runs (job ""),
+    has every series from 0, so ``increase()`` sees the first end or loss."""
+    finished = CounterMetricFamily(
+        RUNS_FINISHED,
+        "Ends of runs, by job and final state (job '' for ad-hoc runs): each time a run "
+        "becomes final, once per end; a run resumed and ended again counts again.",
+        labels=["job", "state"],
+    )
+    missed = CounterMetricFamily(
+        MISSED_RUNS,
+        "Scheduled runs never created: dates the tick's catch-up policy skipped, and dates "
+        "older than the catch-up window that no tick handled (at most 366 a tick).",
+        labels=["job"],
+    )
+    lost = CounterMetricFamily(
+        LOST_RUNS,
+        "Runs whose record vanished before its time (eviction, deletion, a server restarted "
+        "empty or from an older copy), by job (job '' for ad-hoc runs): each loss once; the "
+        "tick makes again those the job's schedule and catch-up policy cover.",
+        labels=["job"],
+    )
+    for job, counts in job_tallies.read(store, [*jobs, ""]).items():
+        for state, value in counts.finished.items():
+            finished.add_metric([job, state], value)
+        if job:
+            missed.add_metric([job], counts.missed)
+        lost.add_metric([job], counts.lost)
+    return [finished, missed, lost]
+
+
+def data_set_losses(store: LeaseStore) -> Metric:
+    """Losses of the data set the ticks noticed, by kind (:mod:`redis_lease.fleet.data_set`):
+    every kind from 0. Kept in the data set's mark, so a wipe starts them over (a counter
+    reset, which ``increase()`` reads as such) with the wipe itself counted."""
+    counter = CounterMetricFamily(
+        DATA_SET_LOSSES,
+        "Losses of the Redis data set noticed by the tick: replaced (restarted empty, flushed, "
+        "another server's data), rolled_back (an older snapshot, a failover that missed the "
+        "last writes), mark_lost (keys dropped: eviction or deletion).",
+        labels=["kind"],
+    )
+    mark = read_mark(store)
+    for kind in LOSS_KINDS:
+        counter.add_metric([kind], mark.losses.get(kind, 0) if mark else 0)
+    return counter
+
+
+def eviction(store: LeaseStore) -> Metric:
+    """1 when the server's ``maxmemory-policy`` may evict keys (anything but noeviction),
+    with the policy as a label; ``unknown`` and 0 when CONFIG is refused (see
+    :func:`redis_lease.protocol.connection.server_checks.eviction_danger`)."""
+    gauge = GaugeMetricFamily(
+        EVICTION_DANGER,
+        "1 when Redis may evict keys (maxmemory-policy other than noeviction): items would "
+        "be lost; see docs/durability.md.",
+        labels=["policy"],
+    )
+    try:
+        reply = store.client.config_get("maxmemory-policy")
+        policy = as_text(reply.get("maxmemory-policy", "")) or "unknown"
+    except redis.ResponseError:  # CONFIG disabled (managed Redis): nothing to tell
+        policy = "unknown"
+    gauge.add_metric([policy], 0 if policy in ("noeviction", "unknown") else 1)
+    return gauge
+
+
+def providers(store: LeaseStore) -> list[Metric]:
+    """Each provider gate's cap, slots in use and throttle answers."""
+    cap = GaugeMetricFamily("redis_lease_provider_cap", "Current cap.", labels=["provider"])
+    used = GaugeMetricFamily(
+        "redis_lease_provider_slots_in_use", "Slots held now.", labels=["provider"]
+    )
+    throttles = CounterMetricFamily(
+        "redis_lease_provider_throttles", "Throttle answers seen.", labels=["provider"]
+    )
+    pattern = f"{store.prefix}:provider:{{*}}:state"
+    for key in store.client.scan_iter(match=pattern, count=500):
+        name = as_text(key).split("{", 1)[1].split("}")[0]
+        state = ProviderGate(store, name, max_concurrency=1).state()
+        cap.add_metric([name], state.cap)
+        used.add_metric([name], state.in_use)
+        throttles.add_metric([name], state.throttles)
+    return [cap, used, throttles]
+
+
+__all__ = [
+    "DATA_SET_LOSSES",
+    "EVICTION_DANGER",
+    "LOST_RUNS",
+    "MISSED_RUNS",
+    "RUNS_FINISHED",
+    "WORKERS_NEEDED",
+    "WORKERS_NEEDED_UNKNOWN",
+    "data_set_losses",
+    "eviction",
+    "job_names",
+    "needs",
+    "providers",
+    "tallies",
+]

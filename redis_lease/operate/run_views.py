@@ -1,0 +1,163 @@
+"""The rows the CLI's views and the dashboard make of a run and its items.
+
+One definition of each: a run's deadline and projected finish (server clock, ms, and as
+text), its health, its row in a listing, its decisions and the providers' gates; an
+item's record, effect records and attempts as JSON-ready rows (times ISO 8601 UTC).
+The reads that page through a run are in :mod:`redis_lease.operate.views`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..fleet.gate import GateState
+from ..fleet.run_states import LOST_STATE
+from ..fleet.runs import FINAL_STATES, Runs
+from ..protocol.store.lease_store import LeaseStore
+from ..protocol.values import ItemRecord, RunStatus
+from .output import iso_time, same_times
+
+# -- runs ------------------------------------------------------------------------------
+
+#: A run's health, as the dashboard colours it (see :func:`run_health`).
+HEALTHS = ("ok", "at-risk", "late", "failed")
+
+
+def deadline_ms(status: RunStatus) -> int | None:
+    """The run's deadline (server clock, ms), or None when it has none."""
+    text = status.info.get("deadline_at", "")
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def projected_finish_ms(status: RunStatus) -> int | None:
+    """When the run should finish at its recent rate; None once it is final (or unknown)."""
+    text = status.info.get("projected_finish_at", "")
+    if status.state in FINAL_STATES or not text.isdigit():
+        return None
+    return int(text)
+
+
+def deadline_text(status: RunStatus) -> str | None:
+    """The run's deadline as ISO 8601 UTC (ms), or None when it has none."""
+    return iso_time(deadline_ms(status))
+
+
+def projected_finish_text(status: RunStatus) -> str | None:
+    """The projected finish as ISO 8601 UTC (ms), or None (see :func:`projected_finish_ms`)."""
+    return iso_time(projected_finish_ms(status))
+
+
+def run_health(status: RunStatus) -> str:
+    """``failed`` (partial, failed or lost), ``late`` (past its deadline and not succeeded),
+    ``at-risk`` (projected to finish after its deadline) or ``ok``.
+
+    A canceled run is an operator's decision, not a delay: never late.
+    """
+    if status.state in ("partial", "failed", LOST_STATE):
+        return "failed"
+    deadline = deadline_ms(status)
+    if deadline is None or status.state in ("succeeded", "canceled"):
+        return "ok"
+    if status.now_ms > deadline:
+        return "late"
+    projected = projected_finish_ms(status)
+    return "at-risk" if projected is not None and projected > deadline else "ok"
+
+
+def run_row(status: RunStatus) -> dict[str, Any]:
+    """The run's row in a listing: job, state, deadline, projected finish, counts, health,
+    and for a run lost or made again after a loss, why (``loss``)."""
+    counts = status.counts
+    return {
+        "run": status.run_id,
+        "job": status.info.get("job") or "",
+        "state": status.state,
+        "deadline": deadline_text(status),
+        "projected_finish": projected_finish_text(status),
+        "done": counts["done"],
+        "planned": status.planned,
+        "lost": status.lost,
+        "dead": counts["dead"],
+        "pending": counts["pending"],
+        "leased": counts["leased"],
+        "health": run_health(status),
+        "loss": loss_text(status),
+    }
+
+
+def loss_text(status: RunStatus) -> str | None:
+    """What a loss did to the run: lost (with what to do), or made again or worked on after
+    one (why, and the items planned again); None when no loss touched it."""
+    info = status.info
+    if status.state == LOST_STATE:
+        return info.get("reason")
+    if not info.get("after_loss"):
+        return None
+    text = f"after a loss: {info['after_loss']}"
+    if info.get("replanned_items", "").isdigit():
+        text += f"; re-run, {info['replanned_items']} items planned again"
+    return text
+
+
+def decision_rows(store: LeaseStore, run_id: str) -> list[dict[str, str | None]]:
+    """The run's recorded decisions, times in one form (ISO 8601 UTC, ms)."""
+    rows: list[dict[str, str | None]] = []
+    for decision in Runs(store).decisions(run_id):
+        at = decision.get("at", "")
+        rows.append(
+            {
+                **decision,
+                "at": iso_time(int(at)) if at.isdigit() else at,
+                "reason": same_times(decision.get("reason", "")),
+            }
+        )
+    return rows
+
+
+def provider_rows(gates: Sequence[GateState]) -> list[dict[str, Any]]:
+    """The providers' gates as JSON-ready rows (``paused_until`` in ISO 8601 UTC)."""
+    return [
+        {
+            "provider": gate.name,
+            "cap": gate.cap,
+            "in_use": gate.in_use,
+            "min_cap": gate.min_cap,
+            "max_cap": gate.max_cap,
+            "throttles": gate.throttles,
+            "paused_until": iso_time(gate.paused_until_ms),
+        }
+        for gate in gates
+    ]
+
+
+# -- one item ---------------------------------------------------------------------------
+
+
+def record_dict(record: ItemRecord) -> dict[str, Any]:
+    """An item record as JSON-ready data (times in ISO 8601 UTC)."""
+    return {
+        "run": record.run_id,
+        "item": record.item_id,
+        "shard": record.shard,
+        "state": record.state,
+        "token": record.token,
+        "attempts": record.attempts,
+        "owner": record.owner,
+        "lease_id": record.lease_id,
+        "expires_at": iso_time(record.expires_at_ms),
+        "payload": record.payload,
+        "result": record.result,
+        "error": record.error,
+    }
+
+
+def effect_row(record: dict[str, Any]) -> dict[str, Any]:
+    """An effect record with its time in ISO 8601 UTC."""
+    updated = record.get("updated_at")
+    return {**record, "updated_at": iso_time(int(updated)) if isinstance(updated, int) else None}
+
+
+def attempt_rows(store: LeaseStore, run_id: str, item_id: str, limit: int) -> list[dict[str, Any]]:
+    """The item's attempts from the attempt log, newest first, as JSON-ready rows."""
+    return [attempt.to_dict() for attempt in store.attempts(run_id, item_id, limit=limit)]

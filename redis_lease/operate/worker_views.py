@@ -1,0 +1,137 @@
+"""What operators see of the worker processes: ``redis-lease workers`` and the dashboard.
+
+One row per worker, from three records: the workers' own beats and records
+(:mod:`redis_lease.fleet.worker.watch`), the shard jobs at work with their heartbeats
+(:mod:`redis_lease.fleet.takeover`), and the fleet's takeover log. A worker is ``alive`` while
+its beat is younger than :data:`~redis_lease.limits.DEAD_AFTER` seconds, ``stopped`` once
+it said so on its way out, and ``dead`` otherwise; a worker known only from its shard
+jobs or the takeovers of the last day (a plain ``rq worker`` beats no record of its own)
+is ``unknown`` while a shard job of it beats, else ``dead``. Every name is shown as it
+was stored: it may be anything anyone wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..fleet import takeover
+from ..limits import DEAD_AFTER_MS
+from ..protocol.connection.clients import queue_time
+from ..protocol.store.lease_store import LeaseStore
+
+
+@dataclass
+class WorkerRow:
+    """One worker process as operators see it.
+
+    Attributes:
+        name: its RQ name.
+        state: ``alive``, ``dead``, ``stopped`` or ``unknown`` (see the module).
+        host: its machine's name ('' when unknown).
+        pid: its process id (None when unknown).
+        queues: the queues it works.
+        beat_age_s: seconds since its last beat, server clock (None: it never beat).
+        shard_jobs: its shard jobs at work: run, shard, RQ id, leases held, beating.
+        leases_held: the leases its shard jobs hold now.
+        taken_over: takeovers from it, newest first: run, shard, RQ id, leases, when (ms).
+        leases_taken_over: the leases those takeovers ended.
+    """
+
+    name: str
+    state: str = "unknown"
+    host: str = ""
+    pid: int | None = None
+    queues: list[str] = field(default_factory=list)
+    beat_age_s: float | None = None
+    shard_jobs: list[dict[str, Any]] = field(default_factory=list)
+    leases_held: int = 0
+    taken_over: list[dict[str, Any]] = field(default_factory=list)
+    leases_taken_over: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as JSON-ready data."""
+        return asdict(self)
+
+
+def _text(raw: Any) -> str:
+    """Bytes from Redis as text, undecodable bytes replaced (names may hold anything)."""
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
+def _record(raw: Any) -> dict[str, Any]:
+    try:
+        data = json.loads(_text(raw))
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def worker_rows(store: LeaseStore) -> list[WorkerRow]:
+    """Every worker known to the fleet's records: alive ones first, then by name."""
+    records_key, seen_key = store.keys.workers
+    with store.translating_errors():
+        pipe = store.client.pipeline(transaction=False)
+        pipe.hgetall(records_key)
+        pipe.zrange(seen_key, 0, -1, withscores=True)
+        queue_time(pipe)
+        records, seen, (seconds, micros) = pipe.execute()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    rows: dict[str, WorkerRow] = {}
+
+    def row(name: str) -> WorkerRow:
+        return rows.setdefault(name, WorkerRow(name))
+
+    for raw_name, score in seen:
+        found = row(_text(raw_name))
+        found.beat_age_s = max(0.0, (now_ms - score) / 1000)
+        found.state = "alive" if now_ms - score < DEAD_AFTER_MS else "dead"
+    for raw_name, raw in records.items():
+        found, record = row(_text(raw_name)), _record(raw)
+        found.host = _text(record.get("host", ""))
+        found.pid = record["pid"] if isinstance(record.get("pid"), int) else None
+        queues = record.get("queues")
+        found.queues = [_text(q) for q in queues] if isinstance(queues, list) else []
+        if record.get("stopped_at") and found.state != "alive":
+            found.state = "stopped"
+    for entry in takeover.registered(store):
+        job = entry.job
+        if job is None:
+            continue
+        found = row(job.worker)
+        held = int((entry.beat or {}).get("held", 0) or 0)
+        found.shard_jobs.append(
+            {
+                "run": job.run_id,
+                "shard": job.shard,
+                "rq_id": job.rq_id,
+                "leases_held": held,
+                "beating": entry.beat is not None,
+            }
+        )
+        found.leases_held += held
+        found.host = found.host or job.host
+        found.pid = found.pid if found.pid is not None else job.pid
+    for done in takeover.takeovers(store):
+        at_ms = done.get("at_ms")
+        if not isinstance(at_ms, int) or now_ms - at_ms > takeover.KEPT_MS:
+            continue
+        found = row(_text(done.get("worker", "")))
+        leases = done["leases"] if isinstance(done.get("leases"), int) else 0
+        found.taken_over.append(
+            {
+                "run": _text(done.get("run_id", "")),
+                "shard": done.get("shard"),
+                "rq_id": _text(done.get("rq_id", "")),
+                "leases": leases,
+                "at_ms": at_ms,
+            }
+        )
+        found.leases_taken_over += leases
+        found.host = found.host or _text(done.get("host", ""))
+    for found in rows.values():
+        if found.state == "unknown" and not any(j["beating"] for j in found.shard_jobs):
+            found.state = "dead"
+    order = {"alive": 0, "unknown": 1, "dead": 2, "stopped": 3}
+    return sorted(rows.values(), key=lambda r: (order[r.state], r.name))

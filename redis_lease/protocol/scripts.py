@@ -1,0 +1,278 @@
+"""The Lua scripts: loaded from ``lua/``, includes expanded, registered once per client.
+
+A script file may say ``-- @include "name.lua"``; the line is replaced by
+``lua/include/name.lua`` (includes nest; each file is expanded once per
+script). ``-- @include "limits.json"`` becomes the Lua table ``LIMITS``, built from
+that file with the bounds and defaults the script names. :func:`source` gives the
+expanded text, which is what any other language sends with ``EVAL``/``EVALSHA``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import Any, NamedTuple, Protocol
+
+import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+from ..limits import lua_dir, table
+from .replies import DECODERS
+
+#: Each script and the number of KEYS it takes (commit takes more: its guarded keys). The
+#: scripts that end attempts take the shard's attempt log as their eighth key.
+KEY_COUNTS: dict[str, int] = {
+    "add_items": 7,
+    "claim": 8,
+    "claim_next": 8,
+    "renew": 8,
+    "commit": 8,
+    "settle": 8,
+    "fail": 8,
+    "release": 8,
+    "reap": 8,
+    "cut_leases": 7,
+    "requeue": 7,
+    "close_shard": 7,
+    "shard_status": 7,
+    "create_run": 1,
+    "run_transition": 2,
+    "release_lock": 1,
+    "record_effect": 10,
+    "slot_acquire": 2,
+    "slot_release": 2,
+    "worker_beat": 2,
+}
+
+_INCLUDE = re.compile(r'^-- @include "([a-z_]+\.(?:lua|json))"$', re.MULTILINE)
+#: Times a pipeline is sent again when the server lost its scripts meanwhile.
+NOSCRIPT_RETRIES = 3
+
+__all__ = ["KEY_COUNTS", "Call", "Command", "Observer", "Scripts", "lua_dir", "observe", "source"]
+
+
+class Observer(Protocol):
+    """Sees every script call of this process and how it ended (histories, tracing).
+
+    :meth:`sent` runs before the call goes out and returns a ticket; exactly one
+    of :meth:`answered` (the decoded reply, or the error reply the script gave)
+    and :meth:`unanswered` (no reply: the call may or may not have run) follows.
+    """
+
+    def sent(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """A call is about to be sent; returns a ticket for the outcome."""
+
+    def answered(self, ticket: Any, reply: Any) -> None:
+        """The call's decoded reply, or the ``ResponseError`` the server answered."""
+
+    def unanswered(self, ticket: Any, error: BaseException) -> None:
+        """The call got no reply (a reset, a timeout): its outcome is unknown."""
+
+
+_OBSERVERS: list[Observer] = []
+
+
+def observe(observer: Observer) -> Callable[[], None]:
+    """Shows every later script call of this process to ``observer``; returns its removal."""
+    _OBSERVERS.append(observer)
+    return lambda: _OBSERVERS.remove(observer)
+
+
+class _Watch:
+    """The observers' tickets for one call (empty, and nearly free, when nobody observes)."""
+
+    __slots__ = ("tickets",)
+
+    def __init__(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
+        self.tickets = [(o, o.sent(name, keys, args)) for o in _OBSERVERS]
+
+    def answered(self, reply: Any) -> None:
+        for observer, ticket in self.tickets:
+            observer.answered(ticket, reply)
+
+    def unanswered(self, error: BaseException) -> None:
+        for observer, ticket in self.tickets:
+            observer.unanswered(ticket, error)
+
+
+def _lua_literal(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_lua_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "{" + ", ".join(_lua_literal(v) for v in value) + "}"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def _limits_table(script: str) -> str:
+    """``LIMITS`` with the bounds and defaults the script names (built on every call, so small)."""
+    words = set(re.findall(r"[A-Za-z_]+", script))
+    data = {
+        part: {name: value for name, value in table()[part].items() if name in words}
+        for part in ("bounds", "defaults")
+    }
+    return f"local LIMITS = {_lua_literal(data)}"
+
+
+_LIMITS_MARK = "-- @limits"
+
+
+def _expand(text: str, seen: set[str]) -> str:
+    def include(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name in seen:
+            return ""
+        seen.add(name)
+        if name == "limits.json":
+            return _LIMITS_MARK
+        return _expand((lua_dir() / "include" / name).read_text(), seen)
+
+    return _INCLUDE.sub(include, text)
+
+
+@cache
+def source(name: str) -> str:
+    """The script's text with its includes expanded."""
+    text = _expand((lua_dir() / f"{name}.lua").read_text(), set())
+    return text.replace(_LIMITS_MARK, _limits_table(text), 1)
+
+
+class Call(NamedTuple):
+    """One script call, to send with others in :meth:`Scripts.many`."""
+
+    name: str
+    keys: list[str]
+    args: Sequence[Any]
+
+
+class Command(NamedTuple):
+    """A plain Redis command to send with script calls in :meth:`Scripts.many` (raw reply)."""
+
+    args: tuple[Any, ...]
+
+
+class Scripts:
+    """Every script registered on one client (``register_script`` reloads on NOSCRIPT)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._scripts: dict[str, Script] = {
+            name: client.register_script(source(name)) for name in KEY_COUNTS
+        }
+
+    def __getitem__(self, name: str) -> Script:
+        return self._scripts[name]
+
+    def run(self, name: str, keys: list[str], args: Sequence[Any], client: Any = None) -> Any:
+        """Runs a script and returns its raw reply; ``client`` may be a pipeline to queue it."""
+        return self._scripts[name](keys=keys, args=args, client=client)
+
+    def call(self, name: str, keys: list[str], args: Sequence[Any]) -> Any:
+        """Runs a script and returns its decoded reply (see :mod:`redis_lease.protocol.replies`).
+
+        A script the server lost is loaded again, and the call is sent again, up
+        to ``NOSCRIPT_RETRIES`` times: a storm of ``SCRIPT FLUSH`` costs reloads.
+        """
+        if not _OBSERVERS:
+            return DECODERS[name](self._evalsha(name, keys, args))
+        watch = _Watch(name, keys, args)
+        try:
+            reply = DECODERS[name](self._evalsha(name, keys, args))
+        except redis.ResponseError as error:
+            watch.answered(error)
+            raise
+        except BaseException as error:
+            watch.unanswered(error)
+            raise
+        watch.answered(reply)
+        return reply
+
+    def _evalsha(self, name: str, keys: list[str], args: Sequence[Any]) -> Any:
+        # redis-py's Script reloads once on NOSCRIPT; a flush between its reload and
+        # its retry would still fail the call, so the whole call is tried again.
+        for attempt in range(NOSCRIPT_RETRIES + 1):
+            try:
+                return self._scripts[name](keys=keys, args=args)
+            except NoScriptError:
+                if attempt == NOSCRIPT_RETRIES:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def many(self, calls: Sequence[Call | Command]) -> list[Any]:
+        """Runs the calls in one pipeline; per call, its decoded reply or its ResponseError.
+
+        A :class:`Command` rides along in the same round trip; its reply is redis-py's.
+
+        Scripts go out as plain ``EVALSHA`` (no ``SCRIPT EXISTS`` first); calls that meet
+        NOSCRIPT (a new server, or the scripts were flushed) are loaded and sent again, up
+        to ``NOSCRIPT_RETRIES`` times, so a ``SCRIPT FLUSH`` costs a reload, never an error.
+        Connection errors raise.
+        """
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        # One operation per call for the observers, however often NOSCRIPT sends it again
+        # (a call refused with NOSCRIPT did not run).
+        watches: dict[int, _Watch] = {}
+        if _OBSERVERS:
+            for index, call in enumerate(calls):
+                if isinstance(call, Call):
+                    watches[index] = _Watch(call.name, call.keys, call.args)
+        for attempt in range(NOSCRIPT_RETRIES + 1):
+            pipe = self.client.pipeline(transaction=False)
+            for index in todo:
+                call = calls[index]
+                if isinstance(call, Command):
+                    pipe.execute_command(*call.args)  # type: ignore[no-untyped-call]
+                else:
+                    sha = self._scripts[call.name].sha
+                    pipe.evalsha(sha, len(call.keys), *call.keys, *call.args)
+            try:
+                answers = pipe.execute(raise_on_error=False) if todo else []
+            except BaseException as error:
+                for index in todo:
+                    if index in watches:
+                        watches[index].unanswered(error)
+                raise
+            # An error that is not the server's reply: a cluster client gave up on a call
+            # (TTL exhausted), so whether the others ran is the caller's unknown too.
+            gave_up = next(
+                (
+                    a
+                    for a in answers
+                    if isinstance(a, Exception) and not isinstance(a, redis.ResponseError)
+                ),
+                None,
+            )
+            if gave_up is not None:
+                for index in todo:
+                    if index in watches:
+                        watches[index].unanswered(gave_up)
+                raise gave_up
+            retry: list[int] = []
+            missing: set[str] = set()
+            for index, answer in zip(todo, answers, strict=True):
+                call = calls[index]
+                if (
+                    isinstance(call, Call)
+                    and isinstance(answer, NoScriptError)
+                    and (attempt < NOSCRIPT_RETRIES)
+                ):
+                    retry.append(index)
+                    missing.add(call.name)
+                    continue
+                if isinstance(answer, redis.ResponseError) or isinstance(call, Command):
+                    replies[index] = answer
+                else:
+                    replies[index] = DECODERS[call.name](answer)
+                if index in watches:
+                    watches[index].answered(replies[index])
+            if not retry:
+                break
+            for name in sorted(missing):
+                self.client.script_load(self._scripts[name].script)
+            todo = retry
+        return replies

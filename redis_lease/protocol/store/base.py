@@ -1,0 +1,166 @@
+"""The plumbing every LeaseStore stands on: its clients (the lease store's and RQ's),
+its key names and scripts, the translation of what Redis raises, and the shard of an item."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Self
+
+import redis
+
+from ...deprecation import warn_renamed
+from ...errors import InvalidInput, NotFound
+from ...limits import DEFAULT_PREFIX
+from ..connection.clients import client_from_url
+from ..connection.cluster import is_cluster
+from ..connection.server_checks import check_server
+from ..connection.translate import REDIS_FAILURES
+from ..connection.translate import translate as translate_error
+from ..connection.urls import is_cluster_url
+from ..keys import Keys, shard_of
+from ..scripts import KEY_COUNTS, Scripts
+from ..validation import check_id
+
+#: The scripts that take the shard's attempt log as their eighth key.
+_LOGGED = frozenset(name for name, count in KEY_COUNTS.items() if count >= 8)
+
+
+class StoreBase:
+    """A store's clients, keys and scripts (see :class:`~.store.LeaseStore`)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str = DEFAULT_PREFIX,
+        url: str = "redis",
+        rq_client: redis.Redis | None = None,
+    ) -> None:
+        self.client = client
+        self.url = url
+        self.prefix = check_id(prefix, "prefix")
+        self.keys = Keys(prefix)
+        self.scripts = Scripts(client)
+        self.on_cluster = is_cluster(client)
+        self._rq = rq_client if rq_client is not None or self.on_cluster else client
+        self._shards: dict[str, int] = {}
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        queue_url: str | None = None,
+        **options: Any,
+    ) -> Self:
+        """A store on the Redis at ``url`` (redis://, rediss://, unix://, redis+cluster://,
+        redis+sentinel:// or fakeredis://); RQ's queues on ``queue_url`` when given."""
+        if queue_url and is_cluster_url(queue_url):
+            raise InvalidInput(
+                "the queue URL cannot be a cluster: RQ does not run on Redis Cluster; give a "
+                "plain redis://HOST:PORT/DB"
+            )
+        opened: list[redis.Redis] = []
+        try:
+            client = client_from_url(url, **options)
+            opened.append(client)
+            check_server(client, url)
+            rq_client = None
+            if queue_url:
+                rq_client = client_from_url(queue_url)
+                opened.append(rq_client)
+                check_server(rq_client, queue_url)
+        except BaseException:
+            for made in opened:
+                made.close()
+            raise
+        return cls(client, prefix=prefix, url=url, rq_client=rq_client)
+
+    def with_prefix(self, prefix: str) -> Self:
+        """A store on the same clients under another key prefix."""
+        return type(self)(self.client, prefix=prefix, url=self.url, rq_client=self._rq)
+
+    @property
+    def rq(self) -> redis.Redis:
+        """The Redis of RQ's queues, jobs and workers: the store's own, or on a cluster
+        the plain Redis given as the queue URL (RQ's commands span hash slots).
+
+        Raises:
+            InvalidInput: the store is on a cluster and no queue URL was given.
+        """
+        if self._rq is None:
+            raise InvalidInput(
+                "RQ does not run on Redis Cluster: give its queues a plain Redis with "
+                "--queue-url redis://HOST:PORT/DB (REDIS_LEASE_QUEUE_URL)"
+            )
+        return self._rq
+
+    def close(self) -> None:
+        """Closes the store's connections (RQ's too, when they are its own)."""
+        if self._rq is not None and self._rq is not self.client:
+            self._rq.close()
+        self.client.close()
+
+    @contextmanager
+    def translating_errors(
+        self, run_id: str | None = None, item_id: str | None = None, token: int | None = None
+    ) -> Iterator[None]:
+        """Runs the block with Redis failures and script error replies raised as this
+        library's errors (RedisUnavailable, LeaseLost, NotFound, ...), at one place."""
+        try:
+            yield
+        except REDIS_FAILURES as error:
+            raise self.translate(error, run_id, item_id, token) from None
+
+    def errors(
+        self, run_id: str | None = None, item_id: str | None = None, token: int | None = None
+    ) -> AbstractContextManager[None]:
+        """Deprecated: :meth:`translating_errors`."""
+        warn_renamed("LeaseStore.errors()", "LeaseStore.translating_errors()")
+        return self.translating_errors(run_id, item_id, token)
+
+    def translate(
+        self,
+        error: BaseException,
+        run_id: str | None = None,
+        item_id: str | None = None,
+        token: int | None = None,
+    ) -> Exception:
+        """The library's error for what a call on this store raised or replied."""
+        return translate_error(self.url, error, run_id=run_id, item_id=item_id, token=token)
+
+    def _run_script(
+        self,
+        name: str,
+        run_id: str,
+        shard: int,
+        args: Sequence[Any],
+        *,
+        item_id: str | None = None,
+        token: int | None = None,
+        extra_keys: Sequence[str] = (),
+    ) -> Any:
+        keys = (self.keys.logged if name in _LOGGED else self.keys.shard)(run_id, shard)
+        if extra_keys:
+            keys += extra_keys
+        try:  # the hot path: a plain try rather than the errors() context manager
+            return self.scripts.call(name, keys, args)
+        except REDIS_FAILURES as error:
+            raise self.translate(error, run_id, item_id, token) from None
+
+    def shard_count(self, run_id: str) -> int:
+        """The run's shard count; raises NotFound for an unknown run."""
+        check_id(run_id, "run id")
+        if run_id not in self._shards:
+            with self.translating_errors(run_id):
+                raw = self.client.hget(self.keys.run(run_id), "shards")
+            if raw is None:
+                raise NotFound(f"run {run_id!r} not found; add items to create it", run_id=run_id)
+            self._shards[run_id] = int(raw)
+        return self._shards[run_id]
+
+    def shard_for(self, run_id: str, item_id: str) -> int:
+        """The shard that holds ``item_id``: CRC-32 of its id modulo the run's shard count
+        (:func:`redis_lease.protocol.keys.shard_of`, after checking the id)."""
+        return shard_of(check_id(item_id, "item id"), self.shard_count(run_id))
