@@ -14,8 +14,7 @@ import typer
 
 from ..errors import InvalidInput
 from ..fleet.effects import resolve_effect
-from ..fleet.run_states import LOST_STATE
-from ..fleet.runs import FINAL_STATES, OPEN_STATES
+from ..fleet.run_states import RUN_STATES
 from ..fleet.shard_job_failures import job_failures
 from ..fleet.tick.schedule import pause_states
 from ..operate.output import (
@@ -42,7 +41,6 @@ from ..protocol.values import ItemRecord, RunStatus
 from .app import app
 from .shared import ItemArg, JsonOpt, RunArg, json_option, open_store, parse_since
 
-RUN_STATES = (*OPEN_STATES, *FINAL_STATES, LOST_STATE)
 LimitOpt = Annotated[int, typer.Option("--limit", "-n", help="Most items in the page (1-1000).")]
 CursorOpt = Annotated[
     str | None, typer.Option("--cursor", help="Where the page starts: the cursor a page printed.")

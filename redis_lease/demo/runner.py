@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..fleet.gate import ProviderGate
-from ..fleet.runs import FINAL_STATES, Runs
+from ..fleet.run_states import FINAL_STATES, RUNNING
+from ..fleet.runs import Runs
 from ..fleet.shard_jobs import purge_queue
 from ..fleet.tick.scheduler_tick import tick
 from ..protocol.connection.clients import as_text
@@ -304,7 +305,7 @@ def _drive(
             on_progress(status.counts["done"] + status.counts["dead"], status.total)
         if info["state"] in FINAL_STATES:
             return info["state"]
-        if faults is not None and info["state"] == "running":
+        if faults is not None and info["state"] == RUNNING:
             faults.step(store, run_id, fleet, status.counts["done"] / total)
         time.sleep(TICK_INTERVAL)
 

@@ -20,6 +20,7 @@ from werkzeug.wrappers import Response
 
 from ...errors import InvalidInput, NotFound
 from ...fleet import run_ages
+from ...fleet.run_states import RESUMABLE_STATES
 from ...fleet.runs import Runs
 from ...fleet.shard_job_failures import JobFailures, job_failures
 from ...protocol.connection.clients import as_text
@@ -159,7 +160,7 @@ def run(run_id: str) -> str:
         dead=dead if isinstance(dead, Unreadable) else _dead_rows(dead),
         dead_cursor=None if isinstance(dead, Unreadable) else dead.next_cursor,
         providers=readable("the provider gates", lambda: provider_rows(providers(store))),
-        can_resume=bool(status and status.state in ("partial", "failed")) and not _read_only(),
+        can_resume=bool(status and status.state in RESUMABLE_STATES) and not _read_only(),
         resume_hours="" if status is None else _resume_hours(status),
         read_only=_read_only(),
     )
@@ -229,7 +230,7 @@ def requeue(run_id: str, item_id: str) -> Response:
 
 @pages.post("/runs/<id:run_id>/resume")
 def resume(run_id: str) -> Response:
-    """Reopens a partial or failed run (``redis-lease resume RUN [--deadline]``)."""
+    """Reopens a run in RESUMABLE_STATES (``redis-lease resume RUN [--deadline]``)."""
     store = _store()
     check_id(run_id, "run id")
     runs_ = Runs(store)
@@ -242,7 +243,7 @@ def resume(run_id: str) -> Response:
                 raise ValueError(hours_text)
             deadline = runs_.server_now() + timedelta(hours=hours)
         decision = runs_.resume(run_id, deadline)
-    except InvalidInput as error:  # not partial or failed, or past its deadline
+    except InvalidInput as error:  # not resumable, or past its deadline
         text = str(error).replace("pass --deadline", "give a new deadline")
         flash(f"not resumed: {text}", "error")
     except ValueError:
