@@ -50,7 +50,7 @@ from ..errors import (
     Throttled,
 )
 from ..limits import bound
-from ..protocol.connection.clients import queue_time
+from ..protocol.connection.clients import queue_time, time_ms
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import check_id, clip
 
@@ -355,8 +355,8 @@ def _check_claimable(store: LeaseStore, run_id: str, item_id: str) -> None:
         pipe = store.client.pipeline(transaction=not store.on_cluster)
         pipe.hmget(meta, "closed", "deadline_at")
         queue_time(pipe)
-        (closed, deadline), (seconds, micros) = pipe.execute()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+        (closed, deadline), now = pipe.execute()
+    now_ms = time_ms(now)
     deadline_ms = int(deadline or 0)
     if closed in (b"1", "1"):
         raise RunClosed(f"run {run_id!r} is closed: resume it first", reason="closed", **context)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..errors import NotFound
-from ..protocol.connection.clients import as_text, queue_time
+from ..protocol.connection.clients import as_text, queue_time, time_ms
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.values import COUNT_STATES, RunStatus, from_ms
 from .job_tallies import tallies_key
@@ -176,12 +176,12 @@ def gone(store: LeaseStore, run_id: str) -> NotFound | None:
         pipe.exists(store.keys.run_events(run_id))
         pipe.hget(store.keys.job(job), "retention_days")
         queue_time(pipe)
-        created, listed_open, logged, retention, (seconds, _micros) = pipe.execute()
+        created, listed_open, logged, retention, now = pipe.execute()
     if created is None and not listed_open and not logged:
         return None
     days = retention_days({"retention_days": as_text(retention) if retention else ""})
     kept_until = (created or 0) + days * DAY_MS
-    if not listed_open and not logged and kept_until < int(seconds) * 1000:
+    if not listed_open and not logged and kept_until < time_ms(now):
         return NotFound(
             f"run {run_id!r} is gone: its retention has ended; nothing to do", run_id=run_id
         )

@@ -12,7 +12,7 @@ from typing import Any
 from ..deprecation import warn_renamed
 from ..errors import InvalidInput, NotFound
 from ..limits import TEXT_MAX_BYTES
-from ..protocol.connection.clients import as_text
+from ..protocol.connection.clients import as_text, server_ms
 from ..protocol.replies import Transition
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import clip
@@ -71,8 +71,7 @@ class Runs:
     def server_now(self) -> datetime:
         """The Redis server's clock."""
         with self.store.translating_errors():
-            seconds, micros = self.client.time()
-        return from_ms(seconds * 1000 + micros // 1000)
+            return from_ms(server_ms(self.client))
 
     def info(self, run_id: str) -> dict[str, str]:
         """The run's record; raises NotFound."""
