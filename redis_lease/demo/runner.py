@@ -28,6 +28,7 @@ from ..fleet.runs import Runs
 from ..fleet.shard_jobs import purge_queue
 from ..fleet.tick.scheduler_tick import tick
 from ..protocol.connection.clients import as_text
+from ..protocol.keys import Keys
 from ..protocol.store.lease_store import LeaseStore
 from .backend import demo_backend
 from .provider import ProviderClient, ProviderServer, ProviderState
@@ -332,6 +333,6 @@ def _provider_figures(client: ProviderClient) -> dict[str, int]:
 
 
 def _delete_prefix(store: LeaseStore, prefix: str) -> None:
-    keys = list(store.client.scan_iter(match=f"{prefix}:*", count=1000))
+    keys = list(store.client.scan_iter(match=Keys(prefix).everything, count=1000))
     for start in range(0, len(keys), 500):
         store.client.delete(*keys[start : start + 500])

@@ -85,7 +85,7 @@ class LostRun:
 
 def lost_key(store: LeaseStore, job: str) -> str:
     """The lost runs of ``job`` (hash; ``job`` "" for ad-hoc runs)."""
-    return store.keys.job_lost(job) if job else f"{store.prefix}:adhoc:{{adhoc}}:lost"
+    return store.keys.job_lost(job)
 
 
 def record(store: LeaseStore, lost: LostRun) -> bool:

@@ -59,7 +59,7 @@ class AgeSample:
 
 def key(store: LeaseStore, run_id: str) -> str:
     """The run's series key (same hash tag as the run's record)."""
-    return f"{store.keys.run(run_id)}:ages"
+    return store.keys.run_ages(run_id)
 
 
 def record(store: LeaseStore, status: RunStatus, now_ms: int) -> bool:

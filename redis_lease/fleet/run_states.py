@@ -14,8 +14,6 @@ from __future__ import annotations
 from ..limits import DEFAULT_RETENTION_DAYS
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.values import RunStatus
-from .capacity import capacity_key
-from .run_ages import key as run_ages_key
 
 PLANNING = "planning"
 RUNNING = "running"
@@ -103,8 +101,7 @@ def run_keys(store: LeaseStore, run_id: str) -> list[str]:
     shard's keys, attempt log and ledger; all expire when the run's retention ends."""
     keys = store.keys
     found = [keys.run(run_id), keys.run_events(run_id), keys.run_jobs(run_id)]
-    found += [keys.run_jobs_missing(run_id), capacity_key(store, run_id)]
-    found.append(run_ages_key(store, run_id))
+    found += [keys.run_jobs_missing(run_id), keys.run_capacity(run_id), keys.run_ages(run_id)]
     for shard in range(store.shard_count(run_id)):
         found += keys.logged(run_id, shard) + keys.effects(run_id, shard)
     return found

@@ -212,7 +212,7 @@ def _glob_escape(text: str) -> str:
 
 def providers(store: LeaseStore) -> list[GateState]:
     """Every provider gate under the store's prefix with its cap, slots and throttles."""
-    pattern = f"{store.prefix}:provider:{{*}}:state"
+    pattern = store.keys.providers_pattern
     names: set[str] = set()
     with store.translating_errors():
         for key in store.client.scan_iter(match=pattern, count=500):

@@ -149,8 +149,7 @@ def providers(store: LeaseStore) -> list[Metric]:
     throttles = CounterMetricFamily(
         "redis_lease_provider_throttles", "Throttle answers seen.", labels=["provider"]
     )
-    pattern = f"{store.prefix}:provider:{{*}}:state"
-    for key in store.client.scan_iter(match=pattern, count=500):
+    for key in store.client.scan_iter(match=store.keys.providers_pattern, count=500):
         name = as_text(key).split("{", 1)[1].split("}")[0]
         state = ProviderGate(store, name, max_concurrency=1).state()
         cap.add_metric([name], state.cap)
