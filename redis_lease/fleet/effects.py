@@ -49,7 +49,7 @@ from ..errors import (
     SlotTimeout,
     Throttled,
 )
-from ..limits import bound
+from ..limits import TEXT_MAX_BYTES, bound
 from ..protocol.connection.clients import queue_time, time_ms
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import check_id, clip
@@ -91,7 +91,7 @@ CONNECT_ERRORS = frozenset(
     }
 )
 _CHAIN_MAX = 16  # wrappers followed at most
-_ERROR_TEXT_MAX = 4000  # bytes of an error text kept; escaped, well within the JSON bound
+_ERROR_TEXT_MAX = TEXT_MAX_BYTES  # bytes of an error text kept; escaped, well within the JSON bound
 
 
 def idempotency_key(run_id: str, item_id: str, effect: str) -> str:

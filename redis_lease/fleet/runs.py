@@ -11,7 +11,7 @@ from typing import Any
 
 from ..deprecation import warn_renamed
 from ..errors import InvalidInput, NotFound
-from ..limits import TEXT_MAX_BYTES
+from ..limits import RUN_LOG_CAP, TEXT_MAX_BYTES
 from ..protocol.connection.clients import as_text, server_ms
 from ..protocol.replies import Transition
 from ..protocol.store.lease_store import LeaseStore
@@ -85,7 +85,8 @@ class Runs:
         """Appends a decision to the run's decision log (its ``events`` stream)."""
         entry = {"kind": kind, "reason": reason, **{k: str(v) for k, v in fields.items()}}
         with self.store.translating_errors(run_id):
-            self.client.xadd(self.keys.run_events(run_id), entry, maxlen=1000, approximate=True)  # type: ignore[arg-type]
+            events = self.keys.run_events(run_id)
+            self.client.xadd(events, entry, maxlen=RUN_LOG_CAP, approximate=True)  # type: ignore[arg-type]
         return Decision(kind, run_id, reason)
 
     def decisions(self, run_id: str, count: int = 20) -> list[dict[str, str]]:

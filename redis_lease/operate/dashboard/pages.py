@@ -23,6 +23,7 @@ from ...fleet import run_ages
 from ...fleet.run_states import RESUMABLE_STATES
 from ...fleet.runs import Runs
 from ...fleet.shard_job_failures import JobFailures, job_failures
+from ...limits import PAGE_SIZE, RESUME_HOURS, RESUME_HOURS_MAX
 from ...protocol.connection.clients import as_text
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.validation import check_id
@@ -55,14 +56,13 @@ def _setup(state: BlueprintSetupState) -> None:
 
 
 #: Runs per page of the runs page, dead items per page of a run page.
-RUNS_PER_PAGE = 50
-DEAD_PER_PAGE = 50
+RUNS_PER_PAGE = PAGE_SIZE
+DEAD_PER_PAGE = PAGE_SIZE
 #: Attempts shown on an item page, newest first.
-ATTEMPTS_SHOWN = 50
-#: Resume may set a new deadline this many hours ahead at most; the form offers the
-#: default when the run's own deadline has passed.
-RESUME_HOURS_MAX = 24 * 14
-RESUME_HOURS_DEFAULT = 2
+ATTEMPTS_SHOWN = PAGE_SIZE
+#: Resume may set a new deadline RESUME_HOURS_MAX hours ahead at most; the form offers
+#: the default when the run's own deadline has passed.
+RESUME_HOURS_DEFAULT = RESUME_HOURS
 
 
 def _store() -> LeaseStore:
