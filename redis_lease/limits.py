@@ -63,6 +63,8 @@ MAX_WORKERS_MAX = bound("max_workers")[1]
 RETENTION_DAYS_MAX = bound("retention_days")[1]
 SPARE_NODES_MAX = bound("spare_nodes")[1]
 WORKERS_PER_NODE_MAX = bound("workers_per_node")[1]
+#: The most business dates one backfill covers.
+BACKFILL_DAYS_MAX = bound("backfill_days")[1]
 #: The most rows one page of the command line or the dashboard shows.
 PAGE_MAX = bound("page_size")[1]
 #: The most jobs one page of the dashboard's RQ views shows.
@@ -83,6 +85,8 @@ DEFAULT_RETENTION_DAYS: int = default("retention_days")
 DEFAULT_SWEEP: int = default("sweep")
 ATTEMPT_LOG_CAP: int = default("attempt_log")
 ERROR_HISTORY: int = default("error_history")
+#: The newest final runs the metrics export (open runs always are).
+METRICS_RUNS: int = default("metrics_runs")
 #: Entries kept in a run's decision log (a stream, XADD MAXLEN ~).
 RUN_LOG_CAP: int = default("run_log")
 #: Takeovers kept in the list of the latest ones.

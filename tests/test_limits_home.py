@@ -5,6 +5,7 @@ that the package enforces are the file's."""
 from __future__ import annotations
 
 import re
+from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from redis_lease.cli import app
 from redis_lease.errors import InvalidInput
 from redis_lease.fleet.job import JobOptions
 from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.tick.backfill import backfill_dates
 from redis_lease.protocol.values import Item
 
 PACKAGE = Path(limits.__file__).resolve().parent
@@ -66,3 +68,13 @@ def test_a_runs_decision_log_is_capped_by_limits_json(real_store: LeaseStore) ->
         runs.record_decision("r", "note", f"decision {n}")
     kept = real_store.client.xlen(real_store.keys.run_events("r"))
     assert limits.RUN_LOG_CAP <= kept < limits.RUN_LOG_CAP + 200
+
+
+def test_a_backfill_spans_at_most_the_days_of_limits_json() -> None:
+    from tests.fleet_jobs import nightly
+
+    first = date(2030, 1, 1)
+    last = first + timedelta(days=limits.BACKFILL_DAYS_MAX - 1)
+    assert backfill_dates(nightly, first, last)
+    with pytest.raises(InvalidInput, match=f"at most {limits.BACKFILL_DAYS_MAX} days"):
+        backfill_dates(nightly, first, last + timedelta(days=1))

@@ -20,6 +20,7 @@ from ..fleet.runs import Runs
 from ..fleet.shard_job_store import use_lease_url
 from ..fleet.tick.scheduler_tick import tick as run_tick
 from ..fleet.worker.shard_job import CONCURRENCY_ENV
+from ..limits import METRICS_RUNS
 from ..operate.output import error_line, print_json, print_table, same_times
 from ..protocol.connection.clients import as_text
 from ..protocol.connection.urls import safe_url
@@ -325,7 +326,7 @@ def metrics(
         typer.Option(
             "--max-runs", min=1, help="Newest final runs exported (open runs always are)."
         ),
-    ] = 50,
+    ] = METRICS_RUNS,
 ) -> None:
     """Print Prometheus metrics of runs, jobs and providers, or serve them for scraping.
 
