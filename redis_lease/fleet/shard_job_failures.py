@@ -1,11 +1,14 @@
-"""Shard jobs that fail, counted on their run.
+"""Shard jobs that fail, counted on their run, and the tick's dispatch back-off for a run
+whose shard jobs keep failing.
 
 A shard job that raises (or whose work horse dies) is counted in its run's record with
 its last error (:func:`record_job_failure`); one that ends normally ends the streak
-and the dispatch back-off together (:func:`end_failure_streak`); the tick starts a
-back-off (:func:`start_backoff`, see :mod:`redis_lease.fleet.dispatch_backoff`). Each is one small
-script on the run's record (``lua/record_job_failure.lua``, ``end_failure_streak.lua``,
-``start_backoff.lua``), so a run deleted meanwhile is never made again.
+and the dispatch back-off together (:func:`end_failure_streak`). After
+:data:`FAILURE_STREAK_LIMIT` failures in a row the tick dispatches nothing for a while
+(:func:`hold_dispatch`, which starts the back-off with :func:`start_backoff`), then lets
+one shard job try again. Each write is one small script on the run's record
+(``lua/record_job_failure.lua``, ``end_failure_streak.lua``, ``start_backoff.lua``), so a
+run deleted meanwhile is never made again.
 """
 
 from __future__ import annotations
@@ -16,9 +19,15 @@ from typing import Any
 
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import clip
+from .runs import Decision, Runs
 
 #: The longest ``last_job_error`` kept in a run's record, in UTF-8 bytes.
 JOB_ERROR_MAX_BYTES = 1000
+#: Shard jobs failed in a row before the tick backs off dispatching to the run.
+FAILURE_STREAK_LIMIT = 3
+#: Seconds of the first back-off; each further failure doubles it, up to the cap.
+BACKOFF_BASE = 30.0
+BACKOFF_CAP = 3600.0
 
 
 @dataclass(frozen=True)
@@ -96,10 +105,51 @@ def start_backoff(store: LeaseStore, run_id: str, streak: int, until_ms: int) ->
     return done
 
 
+def backoff_seconds(streak: int) -> float:
+    """The back-off after ``streak`` shard jobs failed in a row: doubling from
+    :data:`BACKOFF_BASE` at the limit, up to :data:`BACKOFF_CAP`."""
+    exponent = min(max(0, streak - FAILURE_STREAK_LIMIT), 20)
+    return min(BACKOFF_BASE * (1 << exponent), BACKOFF_CAP)
+
+
+def hold_dispatch(
+    store: LeaseStore, runs: Runs, info: dict[str, str], run_id: str, now_ms: int
+) -> tuple[bool, Decision | None]:
+    """Whether to hold dispatching to a run whose shard jobs keep failing; a ``backoff``
+    decision when the back-off starts or grows (new failures since the last one).
+
+    Each back-off is counted from the tick that first sees the failures, by the
+    tick's clock; when it ends, one shard job tries again (the caller's cap), and
+    its failure starts a back-off twice as long. The back-off is recorded only if
+    the streak is still the one read (:func:`start_backoff`); when it moved
+    meanwhile, this tick holds and the next one decides.
+    """
+    failures = job_failures(info)
+    seen = int(info.get("dispatch_backoff_streak") or 0)
+    until = failures.backoff_until_ms or 0
+    if failures.streak == seen:
+        return now_ms < until, None
+    seconds = backoff_seconds(failures.streak)
+    until = now_ms + int(seconds * 1000)
+    if not start_backoff(store, run_id, failures.streak, until):
+        return True, None
+    reason = (
+        f"{failures.streak} shard jobs failed in a row ({failures.count} in all; last: "
+        f"{failures.last_error}); dispatching nothing for {seconds:.0f}s, then one shard "
+        "job tries again"
+    )
+    return True, runs.record_decision(run_id, "backoff", reason)
+
+
 __all__ = [
+    "BACKOFF_BASE",
+    "BACKOFF_CAP",
+    "FAILURE_STREAK_LIMIT",
     "JOB_ERROR_MAX_BYTES",
     "JobFailures",
+    "backoff_seconds",
     "end_failure_streak",
+    "hold_dispatch",
     "job_failures",
     "record_job_failure",
     "start_backoff",
