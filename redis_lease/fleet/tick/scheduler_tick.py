@@ -32,11 +32,10 @@ from ...limits import DEFAULT_PREFIX
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.values import RunStatus
 from .. import capacity, data_set, run_ages, shard_jobs
-from ..dispatch_backoff import FAILURE_STREAK_LIMIT, hold_dispatch
 from ..job import Job, load_job
 from ..locks import lock
 from ..runs import Decision, PlanProgress, Runs, to_ms
-from ..shard_job_failures import job_failures
+from ..shard_job_failures import FAILURE_STREAK_LIMIT, hold_dispatch, job_failures
 from ..shard_job_store import close_job_store, job_store
 from . import lost_runs
 from .due_runs import NO_RECORD as NO_RECORD
@@ -285,7 +284,7 @@ def _dispatch(
     """Enqueues a shard job where work remains and no live job is on the shard.
 
     After :data:`FAILURE_STREAK_LIMIT` shard jobs of the run failed in a row, it
-    backs off (:func:`~redis_lease.fleet.dispatch_backoff.hold_dispatch`); no burst is added
+    backs off (:func:`~redis_lease.fleet.shard_job_failures.hold_dispatch`); no burst is added
     while shard jobs fail.
     """
     opts = job.options
