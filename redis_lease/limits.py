@@ -63,6 +63,8 @@ MAX_WORKERS_MAX = bound("max_workers")[1]
 RETENTION_DAYS_MAX = bound("retention_days")[1]
 SPARE_NODES_MAX = bound("spare_nodes")[1]
 WORKERS_PER_NODE_MAX = bound("workers_per_node")[1]
+#: The longest last shard job error kept in a run's record, in UTF-8 bytes.
+JOB_ERROR_MAX_BYTES = bound("job_error_bytes")[1]
 #: The most business dates one backfill covers.
 BACKFILL_DAYS_MAX = bound("backfill_days")[1]
 #: The most rows one page of the command line or the dashboard shows.
@@ -87,6 +89,16 @@ ATTEMPT_LOG_CAP: int = default("attempt_log")
 ERROR_HISTORY: int = default("error_history")
 #: The newest final runs the metrics export (open runs always are).
 METRICS_RUNS: int = default("metrics_runs")
+#: Shard jobs failed in a row before the tick backs off dispatching to the run.
+DISPATCH_FAILURE_STREAK: int = default("dispatch_failure_streak")
+#: Seconds of the first dispatch back-off; each further failure doubles it, up to the cap.
+DISPATCH_BACKOFF_BASE: float = default("dispatch_backoff_base_ms") / 1000
+DISPATCH_BACKOFF_CAP: float = default("dispatch_backoff_cap_ms") / 1000
+#: Samples of a run's oldest eligible age kept (XADD MAXLEN ~), and the least time between two.
+AGE_SAMPLES: int = default("age_samples")
+AGE_INTERVAL_MS: int = default("age_interval_ms")
+#: Days a lost run's record is kept after it was noticed.
+LOST_KEPT_DAYS: int = default("lost_kept_days")
 #: Entries kept in a run's decision log (a stream, XADD MAXLEN ~).
 RUN_LOG_CAP: int = default("run_log")
 #: Takeovers kept in the list of the latest ones.

@@ -22,14 +22,12 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..errors import NotFound
+from ..limits import LOST_KEPT_DAYS as LOST_KEPT_DAYS  # days a lost run's record is kept
 from ..protocol.connection.clients import as_text, queue_time, time_ms
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.values import COUNT_STATES, RunStatus, from_ms
 from .job_tallies import tallies_key
 from .run_states import DAY_MS, LOST_STATE, retention_days
-
-#: Days a lost run's record is kept after it was noticed (past it, views forget the run).
-LOST_KEPT_DAYS = 30
 
 
 @dataclass(frozen=True)
