@@ -258,7 +258,7 @@ def test_api_resume_reopens_a_partial_run(real_store: LeaseStore, nightly: Confi
     assert decision.kind == "resume"
     assert runs.info(RUN)["state"] == "running"
     assert len(real_store.claim_next(RUN, "w3", limit=10)) == 2
-    with pytest.raises(InvalidInput, match="only partial, failed or canceled"):
+    with pytest.raises(InvalidInput, match="only partial or failed runs resume"):
         runs.resume(RUN)
 
 

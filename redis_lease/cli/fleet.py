@@ -15,10 +15,12 @@ import typer
 
 from ..errors import InvalidInput
 from ..fleet.job import check_concurrency, load_job, parse_duration, with_cwd_on_path
+from ..fleet.run_states import OPEN_STATES, RESUMABLE_STATES, in_words
 from ..fleet.runs import Runs
 from ..fleet.shard_job_store import use_lease_url
 from ..fleet.tick.scheduler_tick import tick as run_tick
 from ..fleet.worker.shard_job import CONCURRENCY_ENV
+from ..limits import METRICS_RUNS
 from ..operate.output import error_line, print_json, print_table, same_times
 from ..protocol.connection.clients import as_text
 from ..protocol.connection.urls import safe_url
@@ -219,7 +221,9 @@ def worker(
         raise typer.Exit(JOBS_FAILED_EXIT)
 
 
-@app.command()
+@app.command(
+    help=f"Reopen a {in_words(RESUMABLE_STATES)} run; the next tick dispatches its remaining items."
+)
 def resume(
     ctx: typer.Context,
     run: RunArg,
@@ -228,7 +232,6 @@ def resume(
         typer.Option("--deadline", help="New deadline: ISO 8601 time, or a duration (2h, 30m)."),
     ] = None,
 ) -> None:
-    """Reopen a partial or failed run; the next tick dispatches its remaining items."""
     check_id(run, "run id")
     runs = Runs(open_store(ctx))
     moment = _parse_deadline(deadline, runs.server_now()) if deadline else None
@@ -247,7 +250,7 @@ def finalize(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     runs = Runs(open_store(ctx))
     info = runs.info(run)
     decision = None
-    if info["state"] in ("planning", "running"):
+    if info["state"] in OPEN_STATES:
         decision = runs.finalize(run, "finalized by an operator")
     state = runs.info(run)["state"]
     if as_json:
@@ -323,7 +326,7 @@ def metrics(
         typer.Option(
             "--max-runs", min=1, help="Newest final runs exported (open runs always are)."
         ),
-    ] = 50,
+    ] = METRICS_RUNS,
 ) -> None:
     """Print Prometheus metrics of runs, jobs and providers, or serve them for scraping.
 

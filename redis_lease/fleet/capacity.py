@@ -279,8 +279,8 @@ class Measured:
 
 
 def capacity_key(store: LeaseStore, run_id: str) -> str:
-    """The run's capacity hash: its record key plus :data:`CAPACITY_SUFFIX`."""
-    return store.keys.run(run_id) + CAPACITY_SUFFIX
+    """The run's capacity hash (:meth:`~redis_lease.protocol.keys.Keys.run_capacity`)."""
+    return store.keys.run_capacity(run_id)
 
 
 def record_pass(

@@ -38,18 +38,14 @@ class Tallies:
     lost: int = 0
 
 
-def _base(store: LeaseStore, job: str) -> str:
-    return store.keys.job(job) if job else f"{store.prefix}:adhoc:{{adhoc}}"
-
-
 def tallies_key(store: LeaseStore, job: str) -> str:
     """The job's counters (hash); ``job`` "" for ad-hoc runs."""
-    return f"{_base(store, job)}:tallies"
+    return store.keys.job_tallies(job)
 
 
 def counted_runs_key(store: LeaseStore, job: str) -> str:
     """The job's counted ends (sorted set: ``<run>@<state_at>`` -> ms the entry may go)."""
-    return f"{_base(store, job)}:finished_runs"
+    return store.keys.job_counted_runs(job)
 
 
 def count_finished(

@@ -21,14 +21,13 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ..protocol.connection.clients import as_text
+from ..errors import NotFound
+from ..limits import LOST_KEPT_DAYS as LOST_KEPT_DAYS  # days a lost run's record is kept
+from ..protocol.connection.clients import as_text, queue_time, time_ms
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.values import COUNT_STATES, RunStatus, from_ms
 from .job_tallies import tallies_key
-from .run_states import DAY_MS, LOST_STATE
-
-#: Days a lost run's record is kept after it was noticed (past it, views forget the run).
-LOST_KEPT_DAYS = 30
+from .run_states import DAY_MS, LOST_STATE, retention_days
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ class LostRun:
 
 def lost_key(store: LeaseStore, job: str) -> str:
     """The lost runs of ``job`` (hash; ``job`` "" for ad-hoc runs)."""
-    return store.keys.job_lost(job) if job else f"{store.prefix}:adhoc:{{adhoc}}:lost"
+    return store.keys.job_lost(job)
 
 
 def record(store: LeaseStore, lost: LostRun) -> bool:
@@ -144,10 +143,44 @@ def lost_status(lost: LostRun, now_ms: int) -> RunStatus:
     )
 
 
+def gone(store: LeaseStore, run_id: str) -> NotFound | None:
+    """The error for a run with no record when something shows it existed, else None.
+
+    A run the tick found lost and did not make again is named lost, with what to do.
+    Other evidence: the run index, the job's open runs, or the run's event log.
+    """
+    lost = read(store, run_id)
+    if lost is not None and not lost.rerun_at_ms:
+        return NotFound(f"run {run_id!r} was lost: {lost.describe()}", run_id=run_id)
+    job = run_id.split(":", 1)[0]
+    with store.translating_errors(run_id):
+        pipe = store.client.pipeline(transaction=False)
+        pipe.zscore(store.keys.runs, run_id)
+        pipe.sismember(store.keys.job_open_runs(job), run_id)
+        pipe.exists(store.keys.run_events(run_id))
+        pipe.hget(store.keys.job(job), "retention_days")
+        queue_time(pipe)
+        created, listed_open, logged, retention, now = pipe.execute()
+    if created is None and not listed_open and not logged:
+        return None
+    days = retention_days({"retention_days": as_text(retention) if retention else ""})
+    kept_until = (created or 0) + days * DAY_MS
+    if not listed_open and not logged and kept_until < time_ms(now):
+        return NotFound(
+            f"run {run_id!r} is gone: its retention has ended; nothing to do", run_id=run_id
+        )
+    return NotFound(
+        f"run {run_id!r} is gone: the server may have lost its data: check persistence "
+        "(docs/durability.md)",
+        run_id=run_id,
+    )
+
+
 __all__ = [
     "LOST_KEPT_DAYS",
     "LostRun",
     "forget_old",
+    "gone",
     "lost_key",
     "lost_status",
     "mark_rerun",

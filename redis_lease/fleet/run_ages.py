@@ -16,14 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ..limits import AGE_INTERVAL_MS, AGE_SAMPLES
 from ..protocol.connection.clients import as_text
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.values import RunStatus
 
 #: Entries kept per run (XADD MAXLEN ~).
-CAP = 1440
+CAP = AGE_SAMPLES
 #: The least time between two samples.
-MIN_INTERVAL_MS = 10_000
+MIN_INTERVAL_MS = AGE_INTERVAL_MS
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class AgeSample:
 
 def key(store: LeaseStore, run_id: str) -> str:
     """The run's series key (same hash tag as the run's record)."""
-    return f"{store.keys.run(run_id)}:ages"
+    return store.keys.run_ages(run_id)
 
 
 def record(store: LeaseStore, status: RunStatus, now_ms: int) -> bool:

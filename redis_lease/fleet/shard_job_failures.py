@@ -17,17 +17,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..limits import (
+    DISPATCH_BACKOFF_BASE,
+    DISPATCH_BACKOFF_CAP,
+    DISPATCH_FAILURE_STREAK,
+)
+from ..limits import JOB_ERROR_MAX_BYTES as JOB_ERROR_MAX_BYTES
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import clip
 from .runs import Decision, Runs
 
-#: The longest ``last_job_error`` kept in a run's record, in UTF-8 bytes.
-JOB_ERROR_MAX_BYTES = 1000
 #: Shard jobs failed in a row before the tick backs off dispatching to the run.
-FAILURE_STREAK_LIMIT = 3
+FAILURE_STREAK_LIMIT = DISPATCH_FAILURE_STREAK
 #: Seconds of the first back-off; each further failure doubles it, up to the cap.
-BACKOFF_BASE = 30.0
-BACKOFF_CAP = 3600.0
+BACKOFF_BASE = DISPATCH_BACKOFF_BASE
+BACKOFF_CAP = DISPATCH_BACKOFF_CAP
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 
 from ..errors import RedisLeaseError
-from ..protocol.connection.clients import as_text, queue_time
+from ..protocol.connection.clients import as_text, queue_time, time_ms
 from ..protocol.store.lease_store import LeaseStore
 from . import takeover
 from .shard_job_failures import record_job_failure
@@ -168,10 +168,10 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
         answers = pipe.execute()
         if not apart:
             positions, answers = answers[: len(ids)], answers[len(ids) :]
-        *beats, entries, missing_raw, (seconds, micros) = answers
+        *beats, entries, missing_raw, now = answers
         registered = dict(zip(ids, entries, strict=True))
         missing = {as_text(k): int(v) for k, v in missing_raw.items()}
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        now_ms = time_ms(now)
         live: dict[int, list[str]] = {}
         dead: list[str] = []
         found_missing: list[str] = []

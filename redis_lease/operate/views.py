@@ -19,6 +19,7 @@ from ..errors import InvalidInput, NotFound
 from ..fleet import lost_records
 from ..fleet.effects import SEPARATOR
 from ..fleet.gate import GateState, ProviderGate
+from ..limits import PAGE_MAX
 from ..protocol.connection.clients import as_text
 from ..protocol.keys import SHARD_KEY_NAMES, shard_of
 from ..protocol.store.lease_store import LeaseStore
@@ -28,8 +29,6 @@ from ..protocol.values import COUNT_STATES, TEXT_SUFFIXES, ItemRecord, RunStatus
 STATE_INDEX = {"pending": "due", "leased": "leases", "dead": "dead"}
 #: What the score of each state's index means.
 SCORE_MEANING = {"pending": "eligible_at", "leased": "expires_at", "dead": "dead_at"}
-#: Most items in one page.
-PAGE_MAX = 1000
 #: Most HSCAN calls for one page: a page of a rare state ends early, with its cursor.
 SCAN_STEPS_MAX = 64
 
@@ -212,7 +211,7 @@ def _glob_escape(text: str) -> str:
 
 def providers(store: LeaseStore) -> list[GateState]:
     """Every provider gate under the store's prefix with its cap, slots and throttles."""
-    pattern = f"{store.prefix}:provider:{{*}}:state"
+    pattern = store.keys.providers_pattern
     names: set[str] = set()
     with store.translating_errors():
         for key in store.client.scan_iter(match=pattern, count=500):

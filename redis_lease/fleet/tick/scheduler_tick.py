@@ -112,7 +112,7 @@ def tick_job(
     the job's other runs are still ticked. Last, the tick side remembers the job's
     open runs (:mod:`redis_lease.fleet.remembered`).
     """
-    with lock(store, f"{store.keys.job(job.name)}:tick", TICK_LOCK_SECONDS * 1000) as taken:
+    with lock(store, store.keys.job_tick_lock(job.name), TICK_LOCK_SECONDS * 1000) as taken:
         if not taken:
             return []
         seen = data_set.observe(store, job.name)

@@ -50,6 +50,7 @@ from ...errors import NotFound
 from ...fleet.run_states import OPEN_STATES, kept_until_ms
 from ...fleet.shard_job_failures import job_failures
 from ...fleet.worker import bad_job_counts
+from ...limits import METRICS_RUNS
 from ...protocol.connection.clients import as_text
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.values import COUNT_STATES, RunStatus
@@ -222,7 +223,7 @@ class LeaseCollector(Collector):
     :mod:`redis_lease.operate.metrics.history`): keep one collector per exporter process.
     """
 
-    def __init__(self, store: LeaseStore, max_runs: int = 50) -> None:
+    def __init__(self, store: LeaseStore, max_runs: int = METRICS_RUNS) -> None:
         self.store = store
         self.max_runs = max_runs
         self.history = AttemptHistograms()
