@@ -32,12 +32,13 @@ from .errors import (
     Throttled,
     TLSFailed,
 )
-from .fleet.capacity import CapacityPlan, Measured, RunNeed
+from .fleet.capacity import CapacityPlan
 from .fleet.effects import not_sent, resolve_effect
 from .fleet.gate import ProviderGate
 from .fleet.job import Job
 from .fleet.job_tallies import Tallies
 from .fleet.live_lease import ActiveLease, LeaseKeeper
+from .fleet.run_capacity import Measured, RunNeed
 from .fleet.runs import Decision, Runs
 from .fleet.shard_job_failures import JobFailures
 from .fleet.worker.shard_loop import HandlerResult, ShardReport

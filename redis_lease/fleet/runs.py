@@ -18,9 +18,9 @@ from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import clip
 from ..protocol.values import Item, RunStatus, from_ms
 from . import job_tallies, lost_records, run_ages
-from .capacity import capacity_key
 from .job import Job, Planner
 from .locks import lock
+from .run_capacity import capacity_key
 from .run_states import DAY_MS, FINAL_STATES, OPEN_STATES, retention_days
 
 PLAN_BATCH = 500

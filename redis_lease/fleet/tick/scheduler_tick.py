@@ -1,7 +1,7 @@
 """The scheduler tick: create due runs, plan them, dispatch shard work, burst, finalize.
 
 Each running run also gets the workers it needs to finish by its deadline
-(:mod:`redis_lease.fleet.capacity`), for the exporter's ``redis_lease_workers_needed``.
+(:mod:`redis_lease.fleet.run_capacity`), for the exporter's ``redis_lease_workers_needed``.
 
 A tick starts work; it does not do it. It is idempotent: two ticks at once, or a
 tick every minute, change nothing twice. Every decision is recorded with its
@@ -31,7 +31,7 @@ from ...errors import NotFound, RedisLeaseError, RedisUnavailable
 from ...limits import DEFAULT_PREFIX
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.values import RunStatus
-from .. import capacity, data_set, run_ages, shard_jobs
+from .. import data_set, run_ages, run_capacity, shard_jobs
 from ..dispatch_backoff import FAILURE_STREAK_LIMIT, hold_dispatch
 from ..job import Job, load_job
 from ..locks import lock
@@ -238,8 +238,8 @@ def _publish_need(
     says why, ``workers_needed_at`` when (the tick's clock, ms).
     """
     opts = job.options
-    need = capacity.run_need(
-        capacity.measured_of(store, status),
+    need = run_capacity.run_need(
+        run_capacity.measured_of(store, status),
         status.unfinished,
         (deadline_ms - now_ms) / 1000 if deadline_ms else None,
         spare_nodes=opts.spare_nodes,

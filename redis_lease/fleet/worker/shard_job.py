@@ -28,7 +28,7 @@ from ...protocol.connection.server_checks import eviction_danger
 from ...protocol.connection.translate import REDIS_FAILURES, redis_errors
 from ...protocol.connection.urls import safe_url
 from ...protocol.store.lease_store import LeaseStore
-from .. import capacity, shard_jobs, takeover
+from .. import run_capacity, shard_jobs, takeover
 from ..job import Job, check_concurrency, load_job
 from ..live_lease import ActiveLease, LeaseKeeper
 from ..shard_job_failures import end_failure_streak, record_job_failure
@@ -197,7 +197,7 @@ def _record_pass(store: LeaseStore, run_id: str, report: ShardReport, busy: floa
     if not report.handled:
         return
     try:
-        capacity.record_pass(store, run_id, report.handled, report.handler_seconds, busy)
+        run_capacity.record_pass(store, run_id, report.handled, report.handler_seconds, busy)
     except RedisLeaseError as error:
         log.warning("could not record the pass of run %r: %s", run_id, error)
 
