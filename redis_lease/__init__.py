@@ -41,7 +41,7 @@ from .fleet.live_lease import ActiveLease, LeaseKeeper
 from .fleet.run_capacity import Measured, RunNeed
 from .fleet.runs import Decision, Runs
 from .fleet.shard_job_failures import JobFailures
-from .fleet.worker.shard_loop import HandlerResult, ShardReport
+from .fleet.worker.settlements import HandlerResult, ShardReport
 from .limits import lua_dir
 from .protocol.connection.cluster import FollowingPool
 from .protocol.connection.server_checks import EvictionPolicyWarning

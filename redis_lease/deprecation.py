@@ -68,7 +68,6 @@ MOVED_MODULES = {
     "redis_lease.server_checks": "redis_lease.protocol.connection.server_checks",
     "redis_lease.settlement": "redis_lease.protocol.store.settle",
     "redis_lease.shard_jobs": "redis_lease.fleet.shard_jobs",
-    "redis_lease.shard_loop": "redis_lease.fleet.worker.shard_loop",
     "redis_lease.snapshots": "redis_lease.protocol.store.run_status",
     "redis_lease.store_base": "redis_lease.protocol.store.base",
     "redis_lease.store_reads": "redis_lease.protocol.store.reads",
@@ -85,6 +84,10 @@ MOVED_MODULES = {
 #: path imports as a module that hands on the names of each (with a warning).
 SPLIT_MODULES = {
     "redis_lease.capacity": ("redis_lease.fleet.capacity", "redis_lease.fleet.run_capacity"),
+    "redis_lease.shard_loop": (
+        "redis_lease.fleet.worker.shard_loop",
+        "redis_lease.fleet.worker.settlements",
+    ),
 }
 
 

@@ -25,7 +25,7 @@ from redis_lease.deprecation import MOVED_MODULES, SPLIT_MODULES
 from redis_lease.fleet import shard_jobs
 from redis_lease.fleet.runs import Runs
 from redis_lease.fleet.tick import schedule, scheduler_tick
-from redis_lease.fleet.worker import rq_worker, shard_job
+from redis_lease.fleet.worker import rq_worker, settlements, shard_job
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, assert_json_job, fleet_env, purge_queue
 from tests.rq_helpers import burst
@@ -152,3 +152,11 @@ def test_a_split_module_path_hands_on_the_names_of_each_part_with_a_warning(old:
                 assert getattr(joined, name) is getattr(part, name), f"{old}.{name}"
     with pytest.raises(AttributeError):
         joined.no_such_name  # noqa: B018
+
+
+def test_a_split_module_path_answers_to_an_old_name_one_of_its_parts_renamed() -> None:
+    sys.modules.pop("redis_lease.shard_loop", None)
+    with pytest.warns(DeprecationWarning, match="module redis_lease.shard_loop is deprecated"):
+        old = importlib.import_module("redis_lease.shard_loop")
+    with pytest.warns(DeprecationWarning, match="Outcome is deprecated.*HandlerResult"):
+        assert old.Outcome is settlements.HandlerResult

@@ -196,7 +196,7 @@ def public_classes() -> dict[str, str]:
         "fleet.live_lease",
         "protocol.values",
         "fleet.runs",
-        "fleet.worker.shard_loop",
+        "fleet.worker.settlements",
         "protocol.store.lease_store",
     ]
     found: dict[str, str] = {}

@@ -33,7 +33,8 @@ from ..job import Job, check_concurrency, load_job
 from ..live_lease import ActiveLease, LeaseKeeper
 from ..shard_job_failures import end_failure_streak, record_job_failure
 from ..shard_job_store import close_job_store, job_store
-from .shard_loop import HandlerResult, ShardReport, work_shard
+from .settlements import HandlerResult, ShardReport
+from .shard_loop import work_shard
 
 log = logging.getLogger("redis_lease.worker")
 
