@@ -37,10 +37,11 @@ from .fleet.effects import not_sent, resolve_effect
 from .fleet.gate import ProviderGate
 from .fleet.job import Job
 from .fleet.job_tallies import Tallies
-from .fleet.live_lease import ActiveLease, LeaseKeeper
+from .fleet.live_lease import ActiveLease
 from .fleet.run_capacity import Measured, RunNeed
 from .fleet.runs import Decision, Runs
 from .fleet.shard_job_failures import JobFailures
+from .fleet.worker.lease_keeper import LeaseKeeper
 from .fleet.worker.settlements import HandlerResult, ShardReport
 from .limits import lua_dir
 from .protocol.connection.cluster import FollowingPool

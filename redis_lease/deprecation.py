@@ -47,7 +47,6 @@ MOVED_MODULES = {
     "redis_lease.job_store": "redis_lease.fleet.shard_job_store",
     "redis_lease.job_tallies": "redis_lease.fleet.job_tallies",
     "redis_lease.jobs": "redis_lease.fleet.job",
-    "redis_lease.keeper": "redis_lease.fleet.live_lease",
     "redis_lease.keys": "redis_lease.protocol.keys",
     "redis_lease.lease": "redis_lease.protocol.values",
     "redis_lease.locks": "redis_lease.fleet.locks",
@@ -84,6 +83,7 @@ MOVED_MODULES = {
 #: path imports as a module that hands on the names of each (with a warning).
 SPLIT_MODULES = {
     "redis_lease.capacity": ("redis_lease.fleet.capacity", "redis_lease.fleet.run_capacity"),
+    "redis_lease.keeper": ("redis_lease.fleet.live_lease", "redis_lease.fleet.worker.lease_keeper"),
     "redis_lease.shard_loop": (
         "redis_lease.fleet.worker.shard_loop",
         "redis_lease.fleet.worker.settlements",

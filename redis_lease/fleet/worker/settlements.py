@@ -34,7 +34,8 @@ from ...errors import (
 from ...protocol.guards import Condition, Write
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.values import CommitRequest, FailRequest, ReleaseRequest, SettleRequest
-from ..live_lease import ActiveLease, LeaseKeeper
+from ..live_lease import ActiveLease
+from .lease_keeper import LeaseKeeper
 
 log = logging.getLogger("redis_lease.worker")
 

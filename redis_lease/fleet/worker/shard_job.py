@@ -2,7 +2,7 @@
 
 It sets up what :func:`~redis_lease.fleet.worker.shard_loop.work_shard` (the shard loop, which
 needs no RQ) works under, and records what the pass did. While handlers run, a
-:class:`~redis_lease.fleet.live_lease.LeaseKeeper` thread renews the process's leases
+:class:`~redis_lease.fleet.worker.lease_keeper.LeaseKeeper` thread renews the process's leases
 (conditional on their tokens) and beats the shard job's heartbeat; a lease that
 cannot be renewed is marked lost, which stops its handler.
 """
@@ -30,9 +30,10 @@ from ...protocol.connection.urls import safe_url
 from ...protocol.store.lease_store import LeaseStore
 from .. import run_capacity, shard_jobs, takeover
 from ..job import Job, check_concurrency, load_job
-from ..live_lease import ActiveLease, LeaseKeeper
+from ..live_lease import ActiveLease
 from ..shard_job_failures import end_failure_streak, record_job_failure
 from ..shard_job_store import close_job_store, job_store
+from .lease_keeper import LeaseKeeper
 from .settlements import HandlerResult, ShardReport
 from .shard_loop import work_shard
 

@@ -20,7 +20,8 @@ from ...errors import ClusterBusy, LeaseError, LeaseLost, RunClosed, SlotTimeout
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.values import ReleaseRequest
 from ..job import Job, check_concurrency
-from ..live_lease import ActiveLease, LeaseKeeper
+from ..live_lease import ActiveLease
+from .lease_keeper import LeaseKeeper
 from .pool import Finished, Pool, make_pool
 from .settlements import PendingSettlements, ShardReport, mark_stale, settlement_of
 
