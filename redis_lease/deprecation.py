@@ -44,7 +44,7 @@ MOVED_MODULES = {
     "redis_lease.gate": "redis_lease.fleet.gate",
     "redis_lease.guards": "redis_lease.protocol.guards",
     "redis_lease.job_failures": "redis_lease.fleet.shard_job_failures",
-    "redis_lease.job_store": "redis_lease.fleet.shard_job_store",
+    "redis_lease.job_store": "redis_lease.fleet.shard_jobs",
     "redis_lease.job_tallies": "redis_lease.fleet.job_tallies",
     "redis_lease.jobs": "redis_lease.fleet.job",
     "redis_lease.keys": "redis_lease.protocol.keys",

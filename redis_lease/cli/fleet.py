@@ -16,7 +16,7 @@ import typer
 from ..errors import InvalidInput
 from ..fleet.job import check_concurrency, load_job, parse_duration, with_cwd_on_path
 from ..fleet.runs import Runs
-from ..fleet.shard_job_store import use_lease_url
+from ..fleet.shard_jobs import use_lease_url
 from ..fleet.tick.scheduler_tick import tick as run_tick
 from ..fleet.worker.shard_job import CONCURRENCY_ENV
 from ..operate.output import error_line, print_json, print_table, same_times

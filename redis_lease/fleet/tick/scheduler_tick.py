@@ -32,7 +32,7 @@ from .. import data_set
 from ..job import Job, load_job
 from ..locks import lock
 from ..runs import Decision, Runs, to_ms
-from ..shard_job_store import close_job_store, job_store
+from ..shard_jobs import close_job_store, job_store
 from . import lost_runs
 from .due_runs import NO_RECORD as NO_RECORD
 from .due_runs import create_due_runs

@@ -32,7 +32,7 @@ from .. import run_capacity, shard_jobs, takeover
 from ..job import Job, check_concurrency, load_job
 from ..live_lease import ActiveLease
 from ..shard_job_failures import end_failure_streak, record_job_failure
-from ..shard_job_store import close_job_store, job_store
+from ..shard_jobs import close_job_store, job_store
 from .lease_keeper import LeaseKeeper
 from .settlements import HandlerResult, ShardReport
 from .shard_loop import work_shard
@@ -72,8 +72,8 @@ def process_shard(
 ) -> dict[str, Any]:
     """The RQ job: works one shard for up to the job's shard budget, then re-enqueues itself.
 
-    Its store (:func:`~.job_store.job_store`: RQ's server, or the lease store the
-    worker was started with) retries connection errors and timeouts, so a reset
+    Its store (:func:`~redis_lease.fleet.shard_jobs.job_store`: RQ's server, or the lease
+    store the worker was started with) retries connection errors and timeouts, so a reset
     costs a reconnect, not the job. SIGTERM (to this process) or a warm shutdown
     of its RQ worker drains it: the current item is finished and the unstarted
     ones released. Returns a report.
