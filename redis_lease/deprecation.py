@@ -48,7 +48,7 @@ MOVED_MODULES = {
     "redis_lease.jobs": "redis_lease.fleet.job",
     "redis_lease.keys": "redis_lease.protocol.keys",
     "redis_lease.lease": "redis_lease.protocol.values",
-    "redis_lease.locks": "redis_lease.fleet.locks",
+    "redis_lease.locks": "redis_lease.protocol.store.base",
     "redis_lease.lost_records": "redis_lease.fleet.lost_records",
     "redis_lease.lost_runs": "redis_lease.fleet.tick.lost_runs",
     "redis_lease.metrics_history": "redis_lease.operate.metrics.history",

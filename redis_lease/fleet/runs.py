@@ -14,12 +14,12 @@ from ..errors import InvalidInput, NotFound
 from ..limits import TEXT_MAX_BYTES
 from ..protocol.connection.clients import as_text, queue_time
 from ..protocol.replies import Transition
+from ..protocol.store.base import lock
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import clip
 from ..protocol.values import Item, RunStatus, from_ms
 from . import job_tallies, lost_records, run_ages
 from .job import Job, Planner
-from .locks import lock
 from .run_capacity import capacity_key
 from .run_states import DAY_MS, FINAL_STATES, OPEN_STATES, retention_days
 

@@ -27,10 +27,10 @@ from rq import get_current_job
 
 from ...errors import RedisLeaseError, RedisUnavailable
 from ...limits import DEFAULT_PREFIX
+from ...protocol.store.base import lock
 from ...protocol.store.lease_store import LeaseStore
 from .. import data_set
 from ..job import Job, load_job
-from ..locks import lock
 from ..runs import Decision, Runs, to_ms
 from ..shard_jobs import close_job_store, job_store
 from . import lost_runs
