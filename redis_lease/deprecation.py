@@ -19,7 +19,7 @@ MOVED_MODULES = {
     "redis_lease.age_history": "redis_lease.fleet.run_ages",
     "redis_lease.attempt_log": "redis_lease.protocol.store.attempt_log",
     "redis_lease.backfill": "redis_lease.fleet.tick.backfill",
-    "redis_lease.backoff": "redis_lease.fleet.dispatch_backoff",
+    "redis_lease.backoff": "redis_lease.fleet.shard_job_failures",
     "redis_lease.bad_jobs": "redis_lease.fleet.worker.bad_jobs",
     "redis_lease.cluster": "redis_lease.protocol.connection.cluster",
     "redis_lease.connection": "redis_lease.protocol.connection.clients",

@@ -23,10 +23,13 @@ import pytest
 
 from redis_lease import LeaseStore
 from redis_lease.errors import InvalidInput, RunClosed
-from redis_lease.fleet.dispatch_backoff import FAILURE_STREAK_LIMIT
 from redis_lease.fleet.run_capacity import record_pass
 from redis_lease.fleet.runs import PLAN_BATCH, Decision, Runs, to_ms
-from redis_lease.fleet.shard_job_failures import job_failures, record_job_failure
+from redis_lease.fleet.shard_job_failures import (
+    FAILURE_STREAK_LIMIT,
+    job_failures,
+    record_job_failure,
+)
 from redis_lease.fleet.shard_jobs import live_jobs, queue
 from redis_lease.fleet.tick import missed_runs
 from redis_lease.fleet.tick.backfill import backfill

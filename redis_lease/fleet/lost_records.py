@@ -8,8 +8,8 @@ deleted, a server restarted empty or restored from an older copy. The tick finds
 - ``<prefix>:job:{<job>}:lost`` (hash; ad-hoc runs: ``<prefix>:adhoc:{adhoc}:lost``): run
   id -> its :class:`LostRun` as JSON;
 - each loss counted once in its job's tallies (field ``lost``, exported as
-  ``redis_lease_lost_runs_total``), in the same script: a run lost, made again by the
-  tick (``rerun_at``) and lost again counts twice.
+  ``redis_lease_lost_runs_total``), in the same script (``lua/record_lost_run.lua``): a
+  run lost, made again by the tick (``rerun_at``) and lost again counts twice.
 
 Views show a lost run that was not made again as a run in the state ``lost``
 (:func:`lost_status`), and ``status RUN`` names it with what to do (:meth:`LostRun.describe`).
@@ -29,20 +29,6 @@ from .run_states import DAY_MS, LOST_STATE
 
 #: Days a lost run's record is kept after it was noticed (past it, views forget the run).
 LOST_KEPT_DAYS = 30
-
-#: KEYS[1] the tallies hash, KEYS[2] the lost runs hash; ARGV[1] run id, ARGV[2] its record
-#: (JSON). Writes the record and counts the loss when the run has no record there yet, or
-#: its record says the tick made it again since. Returns 1 when counted now.
-_RECORD = """
-local seen = redis.call('HGET', KEYS[2], ARGV[1])
-if seen then
-  local ok, old = pcall(cjson.decode, seen)
-  if ok and type(old) == 'table' and (tonumber(old['rerun_at_ms']) or 0) == 0 then return 0 end
-end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('HINCRBY', KEYS[1], 'lost', 1)
-return 1
-"""
 
 
 @dataclass(frozen=True)
@@ -89,10 +75,10 @@ def lost_key(store: LeaseStore, job: str) -> str:
 
 def record(store: LeaseStore, lost: LostRun) -> bool:
     """Keeps the record of a lost run and counts the loss, once per loss; True when counted now."""
-    script = store.client.register_script(_RECORD)
     keys = [tallies_key(store, lost.job), lost_key(store, lost.job)]
     with store.translating_errors(lost.run_id):
-        return bool(script(keys=keys, args=[lost.run_id, lost.to_json()]))
+        counted: bool = store.scripts.call("record_lost_run", keys, [lost.run_id, lost.to_json()])
+    return counted
 
 
 def read(store: LeaseStore, run_id: str) -> LostRun | None:

@@ -17,10 +17,9 @@ from ...errors import NotFound, RedisLeaseError
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.values import RunStatus
 from .. import run_ages, run_capacity, shard_jobs
-from ..dispatch_backoff import FAILURE_STREAK_LIMIT, hold_dispatch
 from ..job import Job
 from ..runs import Decision, PlanProgress, Runs, to_ms
-from ..shard_job_failures import job_failures
+from ..shard_job_failures import FAILURE_STREAK_LIMIT, hold_dispatch, job_failures
 
 log = logging.getLogger("redis_lease.tick")
 
@@ -129,7 +128,7 @@ def _dispatch(
     """Enqueues a shard job where work remains and no live job is on the shard.
 
     After :data:`FAILURE_STREAK_LIMIT` shard jobs of the run failed in a row, it
-    backs off (:func:`~redis_lease.fleet.dispatch_backoff.hold_dispatch`); no burst is added
+    backs off (:func:`~redis_lease.fleet.shard_job_failures.hold_dispatch`); no burst is added
     while shard jobs fail.
     """
     opts = job.options

@@ -33,9 +33,8 @@ from ...protocol.connection.translate import REDIS_FAILURES
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.validation import clip
 from .. import shard_jobs, takeover
-from ..dispatch_backoff import FAILURE_STREAK_LIMIT
 from ..runs import Runs
-from ..shard_job_failures import job_failures
+from ..shard_job_failures import FAILURE_STREAK_LIMIT, job_failures
 
 log = logging.getLogger("redis_lease.worker")
 
