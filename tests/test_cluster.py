@@ -22,7 +22,6 @@ from redis.crc import key_slot
 
 from redis_lease import InvalidInput, Item, LeaseStore, PermissionDenied, ProviderGate
 from redis_lease.fleet import data_set, job_tallies, lost_records, run_ages
-from redis_lease.fleet.locks import lock
 from redis_lease.fleet.lost_records import LostRun
 from redis_lease.fleet.runs import Runs
 from redis_lease.fleet.shard_job_failures import (
@@ -36,6 +35,7 @@ from redis_lease.operate.dashboard.app import create_app
 from redis_lease.protocol.connection.clients import client_from_url
 from redis_lease.protocol.connection.server_checks import eviction_danger
 from redis_lease.protocol.scripts import KEY_COUNTS, observe
+from redis_lease.protocol.store.base import lock
 from redis_lease.protocol.values import CommitRequest
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, REPO, Processes, all_records, drive, fleet_env

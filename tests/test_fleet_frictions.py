@@ -39,7 +39,8 @@ from redis_lease.fleet.shard_job_failures import (
     job_failures,
 )
 from redis_lease.fleet.shard_jobs import live_jobs
-from redis_lease.fleet.tick.scheduler_tick import RATE_WINDOW, tick
+from redis_lease.fleet.tick.open_runs import RATE_WINDOW
+from redis_lease.fleet.tick.scheduler_tick import tick
 from redis_lease.protocol.values import Item
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, Processes, fleet_env, wait_for

@@ -23,7 +23,7 @@ import pytest
 
 from redis_lease import LeaseStore
 from redis_lease.errors import InvalidInput, RunClosed
-from redis_lease.fleet.capacity import record_pass
+from redis_lease.fleet.run_capacity import record_pass
 from redis_lease.fleet.runs import PLAN_BATCH, Decision, Runs, to_ms
 from redis_lease.fleet.shard_job_failures import (
     FAILURE_STREAK_LIMIT,

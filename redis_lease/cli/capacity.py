@@ -12,8 +12,9 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import InvalidInput, NotFound
-from ..fleet.capacity import CapacityPlan, Measured, measured, parse_rate, plan
+from ..fleet.capacity import CapacityPlan, parse_rate, plan
 from ..fleet.job import parse_duration
+from ..fleet.run_capacity import Measured, measured
 from ..fleet.runs import Runs
 from ..operate.output import print_json, print_table
 from ..protocol.validation import check_id

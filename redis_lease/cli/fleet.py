@@ -17,7 +17,7 @@ from ..errors import InvalidInput
 from ..fleet.job import check_concurrency, load_job, parse_duration, with_cwd_on_path
 from ..fleet.run_states import OPEN_STATES, RESUMABLE_STATES, in_words
 from ..fleet.runs import Runs
-from ..fleet.shard_job_store import use_lease_url
+from ..fleet.shard_jobs import use_lease_url
 from ..fleet.tick.scheduler_tick import tick as run_tick
 from ..fleet.worker.shard_job import CONCURRENCY_ENV
 from ..limits import METRICS_RUNS

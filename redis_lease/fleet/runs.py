@@ -14,12 +14,12 @@ from ..errors import InvalidInput, NotFound
 from ..limits import RUN_LOG_CAP, TEXT_MAX_BYTES
 from ..protocol.connection.clients import as_text, server_ms
 from ..protocol.replies import Transition
+from ..protocol.store.base import lock
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import clip
 from ..protocol.values import Item, from_ms
 from . import job_tallies, lost_records
 from .job import Job, Planner
-from .locks import lock
 from .run_states import (
     CANCELABLE_STATES,
     CANCELED,

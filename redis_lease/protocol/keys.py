@@ -109,7 +109,7 @@ class Keys:
         return f"{self.prefix}:run:{{{run_id}}}:beat:{rq_job_id}"
 
     def run_capacity(self, run_id: str) -> str:
-        """The run's measured capacity (hash, :mod:`redis_lease.fleet.capacity`)."""
+        """The run's measured capacity (hash, :mod:`redis_lease.fleet.run_capacity`)."""
         return f"{self.prefix}:run:{{{run_id}}}:capacity"
 
     def run_ages(self, run_id: str) -> str:
