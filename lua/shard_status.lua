@@ -2,14 +2,15 @@
 -- Reads only; O(1) in the shard's size.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard_keys.lua)
 -- (no ARGV)
 --
 -- Returns: {counts as a flat field/value array (the counters, then pending, leased
 --   and dead from their indexes), eligible-at of the first due
 --   item or '', start of the oldest lease or '', now ms, meta as a flat array}
 -- Errors: INVALID <what>
--- @include "shard.lua"
+-- @include "protocol.lua"
+-- @include "shard_keys.lua"
 
 local function main()
   local bad = check_keys(SHARD_KEYS)

@@ -87,7 +87,7 @@ def body_errors(text_: str) -> set[str]:
 def test_every_lua_file_is_registered_and_every_registered_name_has_a_file() -> None:
     files = {path.stem for path in lua_dir().glob("*.lua")}
     assert files == set(KEY_COUNTS)
-    assert (lua_dir() / "include" / "shard.lua").is_file()
+    assert (lua_dir() / "include" / "shard_keys.lua").is_file()
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -122,8 +122,68 @@ def test_expanded_source_is_complete(name: str) -> None:
     assert "local rcall = redis.call" in text_
     assert "local LIMITS = {" in text_, "the bounds table is expanded into every script"
     assert "local function check_args(" in text_
-    if '@include "shard.lua"' in raw(name):
-        assert "local function held(" in text_
+    if '@include "shard_keys.lua"' in raw(name):
+        assert "local LOGGED_KEYS = " in text_
+
+
+_LUA_NOISE = re.compile(
+    r"--\[(=*)\[.*?\]\1\]|--[^\n]*|\[(=*)\[.*?\]\2\]|'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\"",
+    re.DOTALL,
+)
+_OPENS, _CLOSES = {"function", "if", "do", "repeat"}, {"end", "until"}
+
+
+def top_level_returns(lua: str) -> list[str]:
+    """The lines (stripped) of a Lua text that hold a ``return`` outside every function, one
+    that ends the script; words in comments and strings are not read."""
+    code = _LUA_NOISE.sub(lambda m: " " + "\n" * m.group().count("\n"), lua)
+    lines = lua.splitlines()
+    found: list[str] = []
+    blocks: list[str] = []
+    for word in re.finditer(r"[A-Za-z_][A-Za-z0-9_]*", code):
+        if word.group() in _OPENS:
+            blocks.append(word.group())
+        elif word.group() in _CLOSES:
+            blocks.pop()
+        elif word.group() == "return" and "function" not in blocks:
+            found.append(lines[code.count("\n", 0, word.start())].strip())
+    assert not blocks, "unbalanced blocks"
+    return found
+
+
+def test_top_level_returns_are_found_outside_blocks_only() -> None:
+    lua = (
+        "local function main()\n  if x then return 1 end\n  for i = 1, 2 do end\n"
+        "  repeat y() until z\n  return 2\nend\n"
+        "if bad then return 'x' end  -- return in a comment\n"
+        "local s = 'return' .. [[return]]\nreturn flushed(main)\n"
+    )
+    assert top_level_returns(lua) == [
+        "if bad then return 'x' end  -- return in a comment",
+        "return flushed(main)",
+    ]
+
+
+#: The scripts that stage writes (they include staged.lua, directly or through another include).
+STAGING = [name for name in NAMES if "local function flushed(" in source(name)]
+
+
+@pytest.mark.parametrize("name", STAGING)
+def test_a_staging_script_returns_only_through_flushed(name: str) -> None:
+    """Its one top-level return is ``return flushed(main)``, and it calls flush nowhere: every
+    return of its body, early or not, sends the writes it staged (include/staged.lua)."""
+    own = raw(name)
+    assert top_level_returns(own) == ["return flushed(main)"], name
+    assert own.rstrip().endswith("return flushed(main)"), name
+    assert not re.search(r"(?<![\w.])flush\(", _LUA_NOISE.sub(" ", own)), name
+
+
+def test_only_staged_lua_sends_staged_writes() -> None:
+    """No include but staged.lua calls flush (an include's function returns to a script)."""
+    for path in sorted((lua_dir() / "include").glob("*.lua")):
+        calls = re.findall(r"(?<![\w.])flush\(", _LUA_NOISE.sub(" ", path.read_text()))
+        assert not calls or path.name == "staged.lua", path.name
+    assert len(STAGING) >= 12  # every shard script that writes: add_items, claim, ...
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from ..limits import DEFAULT_PREFIX
 
-#: The order in which every shard script receives its keys (see lua/include/shard.lua).
+#: The order in which every shard script receives its keys (see lua/include/shard_keys.lua).
 SHARD_KEY_NAMES = ("meta", "counts", "items", "due", "leases", "held", "dead")
 #: The shard's attempt log (stream), the eighth key of the scripts that end attempts.
 ATTEMPTS_KEY_NAME = "attempts"

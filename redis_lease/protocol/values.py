@@ -207,7 +207,7 @@ class ItemRecord:
         )
 
 
-#: The fields of a packed item record, in order (see lua/include/shard.lua).
+#: The fields of a packed item record, in order (see lua/include/record.lua).
 RECORD_FIELDS = (
     "state", "token", "attempts", "lease_id", "owner", "leased_at", "expires_at", "done_at",
     "outcome", "late", "eligible_at", "payload",
@@ -278,7 +278,7 @@ def _loads(text: str | bytes | None) -> Any:
     return json.loads(text) if text else None
 
 
-#: What ended an attempt, as the attempt log names it (see lua/include/shard.lua, KEYS[8]).
+#: What ended an attempt, as the attempt log names it (see lua/include/attempt_log.lua).
 ATTEMPT_EVENTS = ("committed", "retry", "dead", "released", "refused", "takeover", "expired")
 
 
