@@ -79,6 +79,7 @@ OTHER_KEYS = {
     ("run_transition", "2"): "`<prefix>:run:{<run_id>}:events`",
     ("record_effect", "9"): f"`{SHARD_TAG}:effects`",
     ("record_effect", "10"): f"`{SHARD_TAG}:effects_unknown`",
+    ("shard_status", "8"): f"`{SHARD_TAG}:effects_unknown`",
     ("slot_acquire", "1"): "`<prefix>:provider:{<name>}:slots`",
     ("slot_acquire", "2"): "`<prefix>:provider:{<name>}:state`",
     ("slot_release", "1"): "`<prefix>:provider:{<name>}:slots`",

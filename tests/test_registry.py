@@ -29,7 +29,7 @@ from redis_lease.errors import from_reply
 from redis_lease.protocol import validation
 from redis_lease.protocol.guards import KeyMissing
 from redis_lease.protocol.replies import DECODERS
-from redis_lease.protocol.scripts import KEY_COUNTS, Call, Scripts, lua_dir, source
+from redis_lease.protocol.scripts import KEY_COUNTS, LOGGED, Call, Scripts, lua_dir, source
 from tests.helpers import text
 from tests.redis_server import RedisServer
 
@@ -281,6 +281,11 @@ def test_every_argument_is_checked_as_its_header_says(name: str) -> None:
     assert "check_keys(" in body, f"{name} must check its keys"
 
 
+def test_the_logged_scripts_are_the_ones_whose_header_takes_the_attempt_log() -> None:
+    taking = {n for n in NAMES if re.search(r"KEYS\[8\] attempts\b", "\n".join(header(n)))}
+    assert taking == LOGGED
+
+
 def test_every_script_has_one_reply_decoder() -> None:
     assert set(DECODERS) == set(KEY_COUNTS)
 
@@ -379,11 +384,10 @@ def test_scripts_reload_after_script_flush(private_redis: Callable[..., RedisSer
 
         for transaction in (True, False):
             store.client.script_flush()
-            keys = store.keys.shard("r", 0)
             logged = store.keys.logged("r", 0)
             pipe = store.client.pipeline(transaction=transaction)
             store.scripts.run("claim_next", logged, ["w", f"B{transaction}", 60000, 1], client=pipe)
-            store.scripts.run("shard_status", keys, [], client=pipe)
+            store.scripts.run("shard_status", store.keys.status("r", 0), [], client=pipe)
             rows, snap = pipe.execute()
             if transaction:
                 assert [text(r[0]) for r in rows] == ["b"]
@@ -401,7 +405,7 @@ def test_scripts_queue_in_a_pipeline(store: LeaseStore) -> None:
     pipe = store.client.pipeline(transaction=True)
     scripts.run("add_items", keys, ["r", 0, 3, 1000, 60000, 0, "a", "{}", "b", "{}"], client=pipe)
     scripts.run("claim_next", store.keys.logged("r", 0), ["w", "B", 60000, 5], client=pipe)
-    scripts.run("shard_status", keys, [], client=pipe)
+    scripts.run("shard_status", store.keys.status("r", 0), [], client=pipe)
     added, rows, snap = pipe.execute()
     assert added == [1, 1]
     assert sorted(text(r[0]) for r in rows) == ["a", "b"]
@@ -411,10 +415,9 @@ def test_scripts_queue_in_a_pipeline(store: LeaseStore) -> None:
 
 
 def test_script_errors_in_a_pipeline_are_returned_per_command(store: LeaseStore) -> None:
-    keys = store.keys.shard("r", 0)
     pipe = store.client.pipeline(transaction=False)
     store.scripts.run("claim", store.keys.logged("r", 0), ["missing", "w", "L", 1000], client=pipe)
-    store.scripts.run("shard_status", keys, [], client=pipe)
+    store.scripts.run("shard_status", store.keys.status("r", 0), [], client=pipe)
     error, snap = pipe.execute(raise_on_error=False)
     assert isinstance(error, redis.ResponseError)
     assert isinstance(from_reply(error), NotFound)

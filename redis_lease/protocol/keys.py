@@ -52,6 +52,10 @@ class Keys:
         tag = f"{self.prefix}:{{{run_id}#{shard}}}"
         return [f"{tag}:effects", f"{tag}:effects_unknown"]
 
+    def status(self, run_id: str, shard: int) -> list[str]:
+        """The keys of ``shard_status``: the shard's seven and its unknown effects."""
+        return [*self.shard(run_id, shard), self.effects(run_id, shard)[1]]
+
     def provider(self, name: str) -> list[str]:
         """A provider's concurrency slots (sorted set) and cap state (hash)."""
         tag = f"{self.prefix}:provider:{{{name}}}"

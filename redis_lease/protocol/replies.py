@@ -78,13 +78,15 @@ class Cut(NamedTuple):
 
 
 class Snapshot(NamedTuple):
-    """shard_status: counters (with pending, leased, dead from the indexes) and first entries."""
+    """shard_status: counters (with pending, leased, dead from the indexes) and first entries
+    (a lease's start, a due item's eligible-at, an unknown effect's since)."""
 
     counts: dict[str, int]
     first_due_ms: int | None
     first_held_ms: int | None
     now_ms: int
     meta: dict[str, str]
+    first_unknown_ms: int | None
 
 
 class RunCreated(NamedTuple):
@@ -165,7 +167,7 @@ def _failed(reply: Sequence[Any]) -> Failed:
 
 
 def _snapshot(reply: Sequence[Any]) -> Snapshot:
-    flat_counts, due, held, now, meta = reply
+    flat_counts, due, held, now, meta, unknown = reply
     counts = {name: int(value) for name, value in _pairs(flat_counts).items()}
     return Snapshot(
         counts,
@@ -173,6 +175,7 @@ def _snapshot(reply: Sequence[Any]) -> Snapshot:
         _ms(held),
         int(now),
         {name: _text(value) for name, value in _pairs(meta).items()},
+        _ms(unknown),
     )
 
 

@@ -23,7 +23,7 @@ from ..limits import lua_dir, table
 from .replies import DECODERS
 
 #: Each script and the number of KEYS it takes (commit takes more: its guarded keys). The
-#: scripts that end attempts take the shard's attempt log as their eighth key.
+#: scripts that end attempts take the shard's attempt log as their eighth key (LOGGED).
 KEY_COUNTS: dict[str, int] = {
     "add_items": 7,
     "claim": 8,
@@ -37,7 +37,7 @@ KEY_COUNTS: dict[str, int] = {
     "cut_leases": 7,
     "requeue": 7,
     "close_shard": 7,
-    "shard_status": 7,
+    "shard_status": 8,
     "create_run": 1,
     "run_transition": 2,
     "release_lock": 1,
@@ -47,11 +47,26 @@ KEY_COUNTS: dict[str, int] = {
     "worker_beat": 2,
 }
 
+#: The scripts that take the shard's attempt log as their eighth key: those that end attempts.
+LOGGED = frozenset(
+    ("claim", "claim_next", "renew", "commit", "settle", "fail", "release", "reap", "record_effect")
+)
+
 _INCLUDE = re.compile(r'^-- @include "([a-z_]+\.(?:lua|json))"$', re.MULTILINE)
 #: Times a pipeline is sent again when the server lost its scripts meanwhile.
 NOSCRIPT_RETRIES = 3
 
-__all__ = ["KEY_COUNTS", "Call", "Command", "Observer", "Scripts", "lua_dir", "observe", "source"]
+__all__ = [
+    "KEY_COUNTS",
+    "LOGGED",
+    "Call",
+    "Command",
+    "Observer",
+    "Scripts",
+    "lua_dir",
+    "observe",
+    "source",
+]
 
 
 class Observer(Protocol):
