@@ -13,7 +13,9 @@ import redis
 from redis.commands.core import Script
 
 from redis_lease import (
+    CommitReply,
     ConditionFailed,
+    FailReply,
     InvalidInput,
     Item,
     LeaseError,
@@ -284,6 +286,26 @@ def test_every_argument_is_checked_as_its_header_says(name: str) -> None:
 def test_the_logged_scripts_are_the_ones_whose_header_takes_the_attempt_log() -> None:
     taking = {n for n in NAMES if re.search(r"KEYS\[8\] attempts\b", "\n".join(header(n)))}
     assert taking == LOGGED
+
+
+def test_a_commit_and_a_failure_have_one_reply_type_whichever_script_sent_them(
+    store: LeaseStore,
+) -> None:
+    """commit, fail and settle decode into the public CommitReply and FailReply themselves."""
+    store.add("r", [Item("a"), Item("b"), Item("c"), Item("d")], shards=1)
+    a, b, c, d = (store.claim("r", item, "w") for item in "abcd")
+    committed = store.commit(a, {"n": 1})
+    assert committed == CommitReply(a.token, {"n": 1}, committed.done_at_ms, repeated=False)
+    failed = store.fail(b, "boom")
+    assert type(failed) is FailReply and failed.state == "retry" and failed.now_ms > 0
+    rows = store.scripts.call(
+        "settle",
+        store.keys.logged("r", 0),
+        ["commit", "c", c.token, c.lease_id, '{"n":2}', "", "",
+         "fail", "d", d.token, d.lease_id, "no", "permanent", ""],
+    )  # fmt: skip
+    assert [type(row) for row in rows] == [CommitReply, FailReply]
+    assert rows[0].result == {"n": 2} and rows[1].state == "dead"
 
 
 def test_every_script_has_one_reply_decoder() -> None:

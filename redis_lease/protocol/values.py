@@ -85,7 +85,10 @@ class Lease:
 
 @dataclass(frozen=True)
 class CommitReply:
-    """What a commit stored; ``repeated`` when an earlier identical commit stored it."""
+    """What a commit stored; ``repeated`` when an earlier identical commit stored it.
+
+    The one type of a commit's reply, from ``commit`` and ``settle`` alike (the script's
+    reply is decoded into it in :mod:`redis_lease.protocol.replies`)."""
 
     token: int
     result: Any
@@ -95,11 +98,15 @@ class CommitReply:
 
 @dataclass(frozen=True)
 class FailReply:
-    """Where a failed item went: ``retry`` (due again at ``eligible_at_ms``) or ``dead``."""
+    """Where a failed item went: ``retry`` (due again at ``eligible_at_ms``) or ``dead``,
+    and when, on the server clock (``now_ms``).
+
+    The one type of a failure's reply, from ``fail`` and ``settle`` alike."""
 
     state: str
     eligible_at_ms: int
     attempts: int
+    now_ms: int = 0
 
 
 @dataclass(frozen=True)
