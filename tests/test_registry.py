@@ -166,6 +166,39 @@ def test_top_level_returns_are_found_outside_blocks_only() -> None:
     ]
 
 
+_INCLUDE_LINE = re.compile(r'^-- @include "([a-z_]+)\.lua"$', re.MULTILINE)
+_TOP_LEVEL = re.compile(r"^local function (\w+)|^local ([\w, ]+?)\s*=", re.MULTILINE)
+
+
+def top_level_names(lua: str) -> set[str]:
+    """The names a Lua text defines outside every function (``local x`` at column 0)."""
+    names: set[str] = set()
+    for function, many in _TOP_LEVEL.findall(_LUA_NOISE.sub(" ", lua)):
+        names |= {function} if function else {name.strip() for name in many.split(",")}
+    return names
+
+
+def test_every_lua_file_includes_the_files_of_the_names_it_uses() -> None:
+    """A script or include that uses a name another include defines names that include
+    itself, so each file's header tells what it is made of (not only its includes' includes)."""
+    includes = sorted((lua_dir() / "include").glob("*.lua"))
+    owners: dict[str, set[str]] = {}
+    for path in includes:
+        for name in top_level_names(path.read_text()):
+            owners.setdefault(name, set()).add(path.stem)
+    assert owners["flushed"] == {"staged"} and owners["held"] == {"holder_check"}
+    missing = []
+    for path in sorted(lua_dir().glob("*.lua")) + includes:
+        text_ = path.read_text()
+        named = set(_INCLUDE_LINE.findall(text_))
+        code = _LUA_NOISE.sub(" ", text_)
+        used = set(re.findall(r"(?<![\w.:])([A-Za-z_]\w*)", code)) - top_level_names(text_)
+        missing += [
+            f"{path.name}: {n}" for n in sorted(used) if n in owners and not owners[n] & named
+        ]
+    assert missing == []
+
+
 #: The scripts that stage writes (they include staged.lua, directly or through another include).
 STAGING = [name for name in NAMES if "local function flushed(" in source(name)]
 

@@ -8,6 +8,7 @@
 -- run_ms: leased_at to the entry; trace: the trace id the holder sent ('' for takeover and
 -- expired); error: the failure's text; label: a commit's outcome label. A field without a
 -- value is ''. The entry id is its time.
+-- @include "numbers.lua"
 -- @include "staged.lua"
 
 -- The values of the log entry of the attempt `rec` holds, ended now by `event`.

@@ -3,10 +3,13 @@
 -- Each takes checked arguments, the server time and the caller's trace id ('' for none),
 -- stages its writes and its attempt log entry, and returns its reply row, or nil and the
 -- error reply (a refusal stages only its counters and, for LEASE_LOST, its log entry).
--- @include "holder_check.lua"
+-- @include "record.lua"
+-- @include "staged.lua"
+-- @include "items.lua"
 -- @include "shard_meta.lua"
 -- @include "item_errors.lua"
 -- @include "attempt_log.lua"
+-- @include "holder_check.lua"
 
 -- The stored outcome of a commit repeated with the same token and lease id, or nil.
 local function repeated_commit(id, token, lease_id)

@@ -1,5 +1,7 @@
 -- The holder check: whether a caller still holds an item's lease (state leased, same token,
 -- same lease id when given, not expired), and the LEASE_LOST refusal when it does not.
+-- @include "protocol.lua"
+-- @include "staged.lua"
 -- @include "items.lua"
 -- @include "attempt_log.lua"
 

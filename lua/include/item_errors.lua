@@ -1,4 +1,5 @@
 -- An item's last errors (<item id>#e, record.lua): the newest added, the oldest dropped.
+-- @include "record.lua"
 -- @include "items.lua"
 
 -- Sets `text` as the item's newest error: <id>#e keeps the last error_history errors.

@@ -1,5 +1,6 @@
 -- An item's record as this call sees it: read once (a cache), moved between states and
 -- indexes by put, the one definition of each move, and lease expiry read from it.
+-- @include "protocol.lua"
 -- @include "shard_keys.lua"
 -- @include "record.lua"
 -- @include "staged.lua"

@@ -1,4 +1,5 @@
 -- A lease granted, and an expired lease ended: the rules of claims and takeovers.
+-- @include "staged.lua"
 -- @include "items.lua"
 -- @include "shard_meta.lua"
 -- @include "item_errors.lua"

@@ -1,5 +1,6 @@
 -- The shard's settings (KEYS[1] meta), read once per call, and the rules made of them: the
 -- bar on new leases (closed, or past the deadline) and the last attempt.
+-- @include "protocol.lua"
 -- @include "shard_keys.lua"
 
 local meta_cache

@@ -7,6 +7,7 @@
 -- A script that stages writes ends in `return flushed(main)`: its body is the function
 -- main, and whichever way main returns, its staged writes are sent before the reply. It
 -- calls flush nowhere else (tests/test_registry.py checks both).
+-- @include "protocol.lua"
 -- @include "shard_keys.lua"
 -- @include "numbers.lua"
 
