@@ -1,7 +1,7 @@
 -- add_items: add items to a shard; an item that exists already is left alone.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard_keys.lua)
 -- ARGV[1] run id (id)
 -- ARGV[2] shard number (int, bound shard)
 -- ARGV[3] max attempts per item, set once, on the shard's first add (int, bound attempts)
@@ -14,7 +14,10 @@
 -- Returns: an array with one entry per item, 1 when added, 0 when it existed. The payload is
 --   stored as given, at the end of the item's record (a null payload is not stored).
 -- Errors: INVALID <what>; RUN_CLOSED run=<id> reason=closed deadline=0 when the shard is closed
--- @include "shard.lua"
+-- @include "protocol.lua"
+-- @include "shard_keys.lua"
+-- @include "staged.lua"
+-- @include "items.lua"
 
 local function main()
   local bad = check_keys(SHARD_KEYS)
@@ -51,8 +54,7 @@ local function main()
     end
   end
   if count > 0 then bump('added', count) end
-  flush()
   return added
 end
 
-return main()
+return flushed(main)

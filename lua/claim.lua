@@ -4,7 +4,7 @@
 -- has passed.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard_keys.lua)
 -- ARGV[1] item id (id)
 -- ARGV[2] worker name (id)
 -- ARGV[3] new lease id (id)
@@ -15,7 +15,12 @@
 -- Errors: INVALID <what>; RUN_CLOSED run=<id> reason=closed|deadline deadline=<ms>;
 --   NOT_FOUND item=<id>;
 --   NOT_CLAIMABLE item=<id> state=<state> until=<ms> (until: lease expiry or eligible-at)
--- @include "shard.lua"
+-- @include "protocol.lua"
+-- @include "shard_keys.lua"
+-- @include "staged.lua"
+-- @include "items.lua"
+-- @include "shard_meta.lua"
+-- @include "lease.lua"
 
 local function main()
   local bad = check_keys(LOGGED_KEYS)
@@ -44,9 +49,8 @@ local function main()
   local row, err = grant(id, rec, A[2], A[3], A[4], now)
   if err then return err end
   if row then bump('claims') end
-  flush()
   if not row then return fail('NOT_CLAIMABLE', 'item=' .. id .. ' state=dead until=0') end
   return row
 end
 
-return main()
+return flushed(main)

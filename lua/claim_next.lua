@@ -4,7 +4,7 @@
 -- one read of meta, one HMGET of the records and one multi-member write per index.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard_keys.lua)
 -- ARGV[1] worker name (id)
 -- ARGV[2] lease id base: each lease id is <base>.<n> (id); at most id_length - 6 characters,
 --   so that every lease id granted is an id
@@ -17,7 +17,12 @@
 --   {item id, token, lease id, expires_at ms, attempt, payload, takeover 0|1, now ms}
 --   (payload: the JSON text as added, '' when it was null); empty when nothing is due.
 -- Errors: INVALID <what>; RUN_CLOSED run=<id> reason=closed|deadline deadline=<ms>
--- @include "shard.lua"
+-- @include "protocol.lua"
+-- @include "shard_keys.lua"
+-- @include "staged.lua"
+-- @include "items.lua"
+-- @include "shard_meta.lua"
+-- @include "lease.lua"
 
 -- `due` is the head of the due index (ranks 0 to #due - 1, read from -inf). When every one of
 -- them, and nothing else, is staged to leave it (no entry was dropped meanwhile), one
@@ -77,8 +82,7 @@ local function main()
   take(DUE, due)
   if #rows > 0 then bump('claims', #rows) end
   remove_due_head(due)
-  flush()
   return rows
 end
 
-return main()
+return flushed(main)

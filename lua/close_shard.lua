@@ -2,13 +2,14 @@
 -- and set the deadline after which no new lease is granted.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard_keys.lua)
 -- ARGV[1] '1' to close, '0' to reopen, '' to leave the flag (one of 1|0|'')
 -- ARGV[2] optional new deadline in ms, 0 for none, '' to leave it (int, bound time_ms)
 --
 -- Returns: 1 when the closed flag changed, 0 when it was already so (or left)
 -- Errors: INVALID <what>
--- @include "shard.lua"
+-- @include "protocol.lua"
+-- @include "shard_keys.lua"
 
 local function main()
   local bad = check_keys(SHARD_KEYS)

@@ -5,7 +5,7 @@
 -- counted in late_commits.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard_keys.lua)
 -- KEYS[9...] guarded: any type, the guarded keys, referred to by number from 1 in ARGV[5] and
 --   ARGV[6]; each write checks the type it needs first (their rules: include/guards.lua)
 -- ARGV[1] item id (id)
@@ -25,7 +25,9 @@
 -- Errors: INVALID <what>; NOT_FOUND item=<id>;
 --   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s> reason=<r> expires_at=<ms>;
 --   CONDITION_FAILED item=<id> condition=<n> (1-based; nothing was written)
--- @include "shard.lua"
+-- @include "protocol.lua"
+-- @include "shard_keys.lua"
+-- @include "staged.lua"
 -- @include "holder.lua"
 -- @include "guards.lua"
 
@@ -57,9 +59,8 @@ local function main()
   if row and row[1] == 'committed' then
     for _, w in ipairs(writes) do apply(w) end
   end
-  flush()
   if not row then return err end
   return row
 end
 
-return main()
+return flushed(main)

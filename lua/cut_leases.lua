@@ -5,14 +5,17 @@
 -- now on, by the server clock, whatever its own clock says.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard_keys.lua)
 -- ARGV[1] owner: the worker name its claims gave (id)
 -- ARGV[2] N, the most leases to look at (int, bound sweep)
 --
 -- Counters: leases_cut (leases ended early), lost (index entries whose record vanished, dropped).
 -- Returns: {leases cut, now ms}
 -- Errors: INVALID <what>
--- @include "shard.lua"
+-- @include "protocol.lua"
+-- @include "shard_keys.lua"
+-- @include "staged.lua"
+-- @include "items.lua"
 
 local function main()
   local bad = check_keys(SHARD_KEYS)
@@ -36,8 +39,7 @@ local function main()
     end
   end
   if cut > 0 then bump('leases_cut', cut) end
-  flush()
   return {cut, now}
 end
 
-return main()
+return flushed(main)

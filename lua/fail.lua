@@ -1,10 +1,10 @@
 -- fail: the holder reports a failed attempt. The item is retried after an
 -- exponential backoff with jitter unless it was its last attempt, else it goes
 -- dead; a permanent failure goes dead at once. The error text is kept with the item's
--- last errors (include/shard.lua).
+-- last errors (include/item_errors.lua).
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard_keys.lua)
 -- ARGV[1] item id (id)
 -- ARGV[2] token (int, bound token)
 -- ARGV[3] lease id, '' to check the token alone (id?)
@@ -17,7 +17,9 @@
 -- Returns: {'retry' | 'dead', eligible_at ms (0 when dead), attempts, now ms}
 -- Errors: INVALID <what>; NOT_FOUND item=<id>;
 --   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s> reason=<r> expires_at=<ms>
--- @include "shard.lua"
+-- @include "protocol.lua"
+-- @include "shard_keys.lua"
+-- @include "staged.lua"
 -- @include "holder.lua"
 
 local function main()
@@ -28,8 +30,7 @@ local function main()
     {5, 'one', {'1', '0'}}, {6, 'num', 'jitter'}, {7, 'id?', nil, ''}})
   if bad then return bad end
   local row, err = do_fail(A[1], A[2], A[3], A[4], A[5] == '1', A[6], now_ms(), A[7])
-  flush()
   return row or err
 end
 
-return main()
+return flushed(main)

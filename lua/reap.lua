@@ -2,14 +2,18 @@
 -- when their last attempt expired. For a sweep that does not claim.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard_keys.lua)
 -- ARGV[1] N, the most leases to reap (int, bound sweep)
 --
 -- Counters: expired, lost (index entries whose record vanished, dropped).
 -- Log: expired for each lease moved to pending, dead for each moved to dead.
 -- Returns: {moved to pending, moved to dead, now ms}
 -- Errors: INVALID <what>
--- @include "shard.lua"
+-- @include "protocol.lua"
+-- @include "shard_keys.lua"
+-- @include "staged.lua"
+-- @include "items.lua"
+-- @include "lease.lua"
 
 local function main()
   local bad = check_keys(LOGGED_KEYS)
@@ -36,8 +40,7 @@ local function main()
       if not put(id, rec, 'pending', now) then to_pending = to_pending + 1 end
     end
   end
-  flush()
   return {to_pending, to_dead, now}
 end
 
-return main()
+return flushed(main)

@@ -4,7 +4,7 @@
 -- (timeout, reset, 5xx after sending). An applied record is final.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard_keys.lua)
 -- KEYS[9] effects: hash, idempotency key -> JSON record
 -- KEYS[10] effects_unknown: zset, the unknown effects, idempotency key -> since (ms)
 -- ARGV[1] item id (id)
@@ -28,7 +28,10 @@
 --   the record is already applied (or, with ARGV[8] '1', open) it is returned unchanged.
 -- Errors: INVALID <what>; NOT_FOUND item=<id>;
 --   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s> reason=<r> expires_at=<ms>
--- @include "shard.lua"
+-- @include "protocol.lua"
+-- @include "shard_keys.lua"
+-- @include "staged.lua"
+-- @include "holder_check.lua"
 
 local EFFECTS, UNKNOWN = KEYS[9], KEYS[10]
 local KEYS_TAKEN = keys_with(LOGGED_KEYS, {{'effects', 'hash'}, {'effects_unknown', 'zset'}})
@@ -60,7 +63,6 @@ local function main()
   -- An applied record is final: read under ARGV[8] '1' without the fence, as a plain read would.
   if rec.state == 'applied' and A[8] == '1' then return {'applied', raw, key} end
   local _, err = held(id, token, lease_id, now, 'stale_effects', nil, A[10])
-  flush()
   if err then return err end
   if rec.state == 'applied' then return {'applied', raw, key} end
   if A[8] == '1' and state == 'intended' and (rec.state == 'intended' or rec.state == 'unknown') then
@@ -81,8 +83,7 @@ local function main()
   if state == 'applied' then rec.result = detail elseif state ~= 'intended' then rec.error = detail end
   local text = cjson.encode(rec)
   rcall('HSET', EFFECTS, key, text)
-  flush()
   return {previous, text, key}
 end
 
-return main()
+return flushed(main)

@@ -2,7 +2,7 @@
 -- lease id, not yet expired).
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard_keys.lua)
 -- ARGV[1] item id (id)
 -- ARGV[2] token (int, bound token)
 -- ARGV[3] lease id, '' to check the token alone (id?)
@@ -13,7 +13,9 @@
 -- Returns: {expires_at ms, now ms}
 -- Errors: INVALID <what>; NOT_FOUND item=<id>;
 --   LEASE_LOST item=<id> token=<t> current_token=<t> state=<s> reason=<r> expires_at=<ms>
--- @include "shard.lua"
+-- @include "protocol.lua"
+-- @include "shard_keys.lua"
+-- @include "staged.lua"
 -- @include "holder.lua"
 
 local function main()
@@ -24,9 +26,8 @@ local function main()
     {5, 'id?', nil, ''}})
   if bad then return bad end
   local row, err = do_renew(A[1], A[2], A[3], A[4], now_ms(), A[5])
-  flush()
   if not row then return err end
   return {row[2], row[3]}
 end
 
-return main()
+return flushed(main)

@@ -2,14 +2,17 @@
 -- reset. Named items that are not dead are left alone.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead (see include/shard_keys.lua)
 -- ARGV[1] N, the most items to requeue when none are named (int, bound sweep)
 -- ARGV[2...] item ids (id); none: the N oldest dead items; at most sweep ids
 --
 -- Counters: requeued, lost (index entries whose record vanished, dropped).
 -- Returns: the number of items requeued
 -- Errors: INVALID <what>
--- @include "shard.lua"
+-- @include "protocol.lua"
+-- @include "shard_keys.lua"
+-- @include "staged.lua"
+-- @include "items.lua"
 
 local function main()
   local bad = check_keys(SHARD_KEYS)
@@ -35,8 +38,7 @@ local function main()
     end
   end
   if moved > 0 then bump('requeued', moved) end
-  flush()
   return moved
 end
 
-return main()
+return flushed(main)

@@ -3,7 +3,7 @@
 -- order (an item may appear more than once). One refusal refuses only its own entry.
 --
 -- KEYS[1] meta, KEYS[2] counts, KEYS[3] items, KEYS[4] due,
--- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard.lua)
+-- KEYS[5] leases, KEYS[6] held, KEYS[7] dead, KEYS[8] attempts (see include/shard_keys.lua)
 -- ARGV[1...] groups of operation: commit|fail|release|renew (id), item id (id), token (int, bound token), lease id or '' (id?), detail (text, bound json_bytes), option (text, bound text_bytes), trace id of the attempt or '' (id?); at most batch groups
 --   Per operation (each group checked in one pass, every group before the first write):
 --     commit   detail: result (JSON text, bound json_bytes); option: outcome label (id) or ''
@@ -24,7 +24,10 @@
 --   refused  {'refused', 'NOT_FOUND item=<id>' | 'LEASE_LOST item=<id> token=<t> current_token=<t>
 --            state=<s> reason=<r> expires_at=<ms>'}
 -- Errors: INVALID <what> (any bad argument: nothing is written)
--- @include "shard.lua"
+-- @include "protocol.lua"
+-- @include "shard_keys.lua"
+-- @include "staged.lua"
+-- @include "items.lua"
 -- @include "holder.lua"
 
 -- Each operation's kinds of detail and option (after the id, id, token, id? every group has;
@@ -132,8 +135,7 @@ local function main()
     end
     rows[#rows + 1] = row or {'refused', err.err}
   end
-  flush()
   return rows
 end
 
-return main()
+return flushed(main)

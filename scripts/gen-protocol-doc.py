@@ -64,7 +64,7 @@ SHARD_KEY_WHAT = {
 KEY_TYPES = "hash|zset|set|list|string|stream|any type"
 #: A key of a script's own (not a shard's): ``name: type, what it holds``.
 _OWN_KEY = re.compile(rf"^([a-z_]+): ({KEY_TYPES}), (.*)$")
-#: A shard key in include/shard.lua's header: ``KEYS[n] name     type: what``.
+#: A shard key in include/shard_keys.lua's header: ``KEYS[n] name     type: what``.
 _SHARD_KEY = re.compile(rf"^--\s+KEYS\[\d+\] ([a-z]+) +({KEY_TYPES}):", re.MULTILINE)
 SHARD_TAG = "<prefix>:{<run_id>#<shard>}"
 _JOB, _ADHOC = "`<prefix>:job:{<job>}", "`<prefix>:adhoc:{adhoc}"
@@ -81,6 +81,7 @@ OTHER_KEYS = {
     ("run_transition", "2"): "`<prefix>:run:{<run_id>}:events`",
     ("record_effect", "9"): f"`{SHARD_TAG}:effects`",
     ("record_effect", "10"): f"`{SHARD_TAG}:effects_unknown`",
+    ("shard_status", "8"): f"`{SHARD_TAG}:effects_unknown`",
     ("slot_acquire", "1"): "`<prefix>:provider:{<name>}:slots`",
     ("slot_acquire", "2"): "`<prefix>:provider:{<name>}:state`",
     ("slot_release", "1"): "`<prefix>:provider:{<name>}:slots`",
@@ -163,8 +164,8 @@ def parse(path: Path) -> Header:
 
 
 def shard_key_types() -> dict[str, str]:
-    """Each shard key's type, by name, from include/shard.lua's header."""
-    text = (LUA / "include" / "shard.lua").read_text()
+    """Each shard key's type, by name, from include/shard_keys.lua's header."""
+    text = (LUA / "include" / "shard_keys.lua").read_text()
     return dict(_SHARD_KEY.findall(text))
 
 

@@ -1,7 +1,8 @@
 """The attempt log (each shard's capped stream of ended attempts), trace ids, the last errors.
 
-Every entry is written by the scripts in the call that ends the attempt (lua/include/shard.lua,
-KEYS[8]); these tests read it back through ``LeaseStore.attempts`` and raw XRANGE.
+Every entry is written by the scripts in the call that ends the attempt (its fields:
+lua/include/attempt_log.lua); these tests read it back through ``LeaseStore.attempts`` and
+raw XRANGE.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def test_every_script_touches_one_hash_slot(
     store.cut_leases("r", 0, "w1")
     beat_worker(store, "worker-1", "")
     store.status("r")
-    store.scripts.call("shard_status", store.keys.shard("r", 1), [])  # the protocol's own read
+    store.scripts.call("shard_status", store.keys.status("r", 1), [])  # the protocol's own read
     store.set_closed("r", True)
     store.set_closed("r", False)
     Runs(store).transition("r", ("running",), "partial", "test")

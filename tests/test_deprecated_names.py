@@ -31,6 +31,8 @@ RENAMED_CLASSES = [
     ("redis_lease.protocol.values", "FailOutcome", FailReply),
     ("redis_lease.fleet.worker.settlements", "Outcome", HandlerResult),
     ("redis_lease.worker", "Outcome", HandlerResult),
+    ("redis_lease.protocol.replies", "Committed", CommitReply),
+    ("redis_lease.protocol.replies", "Failed", FailReply),
 ]
 
 

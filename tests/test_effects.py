@@ -42,7 +42,10 @@ from redis_lease.fleet.effects import (
 )
 from redis_lease.fleet.job import Job
 from redis_lease.fleet.worker.shard_job import ActiveLease, LeaseKeeper, ShardReport, work_shard
-from redis_lease.protocol.values import Lease
+from redis_lease.protocol.keys import shard_of
+from redis_lease.protocol.replies import Snapshot
+from redis_lease.protocol.store import run_status
+from redis_lease.protocol.values import COUNT_STATES, Lease
 from tests.helpers import server_ms, snapshot, wait_past
 
 RUN = "payouts:2026-12-02"
@@ -376,6 +379,45 @@ def test_ambiguous_failure_is_unknown_and_aged_until_reconciled(store: LeaseStor
     assert status.counters["effects_unknown"] == 0
     assert status.counters["effects_reconciled"] == 1
     assert status.oldest_unknown_effect_age_seconds == 0
+
+
+def test_the_shard_status_script_and_a_runs_status_read_a_shard_alike(store: LeaseStore) -> None:
+    """shard_status.lua (what a client in any language reads) and the status pipeline (plain
+    reads, for a read-only user) give one shard the same counts and first entries, the
+    unknown effects' too."""
+    lease = claim(store)
+    shard = lease.shard
+    keys = store.keys.status(RUN, shard)
+
+    def both_alike() -> Snapshot:
+        script = store.scripts.call("shard_status", keys, [])
+        _, shards = run_status.read(store, RUN)
+        pipeline = shards[shard]
+        assert {**script.counts, **{s: 0 for s in COUNT_STATES if s not in script.counts}} == (
+            pipeline.counts
+        )
+        assert (script.first_due_ms, script.first_held_ms, script.first_unknown_ms) == (
+            pipeline.first_due, pipeline.first_held, pipeline.first_unknown,
+        )  # fmt: skip
+        return script
+
+    assert both_alike().first_unknown_ms is None
+    provider = Provider(error=ConnectionResetError("reset by peer"))
+    with pytest.raises(EffectUnknown):
+        apply_effect(store, lease, EFFECT, provider.call, lookup=provider.lookup)
+    record = store.effect(RUN, ITEM, KEY)
+    assert record is not None and record["state"] == "unknown"
+    others = [f"o{n}" for n in range(12)]
+    store.add(RUN, [Item(i) for i in others])
+    mine = [i for i in others if shard_of(i, 2) == shard]
+    assert len(mine) >= 3, "the other items reach this shard"
+    store.fail(store.claim(RUN, mine[0], "w2"), "no", permanent=True)
+    store.commit(store.claim(RUN, mine[1], "w2"), "ok")
+    snapshot = both_alike()
+    assert snapshot.first_unknown_ms == record["updated_at"]
+    assert snapshot.counts["dead"] == 1 and snapshot.counts["done"] == 1
+    assert snapshot.counts["leased"] == 1 and snapshot.counts["pending"] >= 1
+    assert snapshot.first_due_ms is not None and snapshot.first_held_ms is not None
 
 
 def test_lookup_that_cannot_tell_changes_nothing(store: LeaseStore) -> None:

@@ -107,7 +107,7 @@ class Scene:
             "worker_beat": (self.store.keys.workers, ["w1", '{"pid": 1}', 60000]),
             "requeue": (self.shard, [100, "c"]),
             "close_shard": (self.shard, ["1", 0]),
-            "shard_status": (self.shard, []),
+            "shard_status": ([*self.shard, self.effects[1]], []),
             "create_run": (self.run[:1], [RUN, 1, "running", "job", "j"]),
             "run_transition": (self.run, ["*", "running", "why", "f", "v"]),
             "release_lock": ([self.lock], ["owner"]),

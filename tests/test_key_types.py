@@ -7,7 +7,7 @@ checks the type of every key it takes before its first write (``check_keys`` in
 must make the call answer ``INVALID KEYS[n] ...`` and change no key (``DUMP`` and
 ``PTTL`` of every key before and after), as ``tests/test_hostile_protocol.py`` does for
 hostile arguments. The type each key must hold is the one its script's header documents
-(a shard's keys: ``lua/include/shard.lua``), so the headers cannot drift from the checks.
+(a shard's keys: ``lua/include/shard_keys.lua``), so the headers cannot drift from the checks.
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ MAKERS: dict[str, Callable[[redis.Redis, str], Any]] = {
 }
 _TYPE = "|".join(MAKERS)
 #: A key line of a header: ``KEYS[n] name: type, ...``; a shard's keys are named only, their
-#: types are in include/shard.lua's header (``KEYS[n] name     type: ...``).
+#: types are in include/shard_keys.lua's header (``KEYS[n] name     type: ...``).
 _OWN_KEY = re.compile(rf"^KEYS\[(\d+)\] [a-z_]+: ({_TYPE})\b")
 _SHARD_KEY = re.compile(rf"^--\s+KEYS\[(\d+)\] ([a-z]+) +({_TYPE}):", re.MULTILINE)
 _NAMED_KEY = re.compile(r"KEYS\[(\d+)\] ([a-z]+)\b")
 
 
 def shard_key_types() -> dict[str, str]:
-    """Each shard key's type, by name, as include/shard.lua's header documents it."""
-    text = (lua_dir() / "include" / "shard.lua").read_text()
+    """Each shard key's type, by name, as include/shard_keys.lua's header documents it."""
+    text = (lua_dir() / "include" / "shard_keys.lua").read_text()
     return {name: kind for _, name, kind in _SHARD_KEY.findall(text)}
 
 

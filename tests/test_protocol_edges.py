@@ -176,7 +176,7 @@ def test_noscript_inside_a_pipeline_reloads_and_sends_again(
     monkeypatch.setattr(store.client, "script_load", load_then_flush)
     renewed = store.renew_many(leases, ttl=120)
     assert flushes and all(lease is not None for lease in renewed)
-    keys = store.keys.shard("r", 0)
+    keys = store.keys.status("r", 0)
     store.client.script_flush()
     flushes.clear()
     [status] = store.scripts.many([Call("shard_status", keys, [])])

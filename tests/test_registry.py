@@ -13,7 +13,9 @@ import redis
 from redis.commands.core import Script
 
 from redis_lease import (
+    CommitReply,
     ConditionFailed,
+    FailReply,
     InvalidInput,
     Item,
     LeaseError,
@@ -29,7 +31,7 @@ from redis_lease.errors import from_reply
 from redis_lease.protocol import validation
 from redis_lease.protocol.guards import KeyMissing
 from redis_lease.protocol.replies import DECODERS
-from redis_lease.protocol.scripts import KEY_COUNTS, Call, Scripts, lua_dir, source
+from redis_lease.protocol.scripts import KEY_COUNTS, LOGGED, Call, Scripts, lua_dir, source
 from tests.helpers import text
 from tests.redis_server import RedisServer
 
@@ -87,7 +89,7 @@ def body_errors(text_: str) -> set[str]:
 def test_every_lua_file_is_registered_and_every_registered_name_has_a_file() -> None:
     files = {path.stem for path in lua_dir().glob("*.lua")}
     assert files == set(KEY_COUNTS)
-    assert (lua_dir() / "include" / "shard.lua").is_file()
+    assert (lua_dir() / "include" / "shard_keys.lua").is_file()
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -122,8 +124,101 @@ def test_expanded_source_is_complete(name: str) -> None:
     assert "local rcall = redis.call" in text_
     assert "local LIMITS = {" in text_, "the bounds table is expanded into every script"
     assert "local function check_args(" in text_
-    if '@include "shard.lua"' in raw(name):
-        assert "local function held(" in text_
+    if '@include "shard_keys.lua"' in raw(name):
+        assert "local LOGGED_KEYS = " in text_
+
+
+_LUA_NOISE = re.compile(
+    r"--\[(=*)\[.*?\]\1\]|--[^\n]*|\[(=*)\[.*?\]\2\]|'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\"",
+    re.DOTALL,
+)
+_OPENS, _CLOSES = {"function", "if", "do", "repeat"}, {"end", "until"}
+
+
+def top_level_returns(lua: str) -> list[str]:
+    """The lines (stripped) of a Lua text that hold a ``return`` outside every function, one
+    that ends the script; words in comments and strings are not read."""
+    code = _LUA_NOISE.sub(lambda m: " " + "\n" * m.group().count("\n"), lua)
+    lines = lua.splitlines()
+    found: list[str] = []
+    blocks: list[str] = []
+    for word in re.finditer(r"[A-Za-z_][A-Za-z0-9_]*", code):
+        if word.group() in _OPENS:
+            blocks.append(word.group())
+        elif word.group() in _CLOSES:
+            blocks.pop()
+        elif word.group() == "return" and "function" not in blocks:
+            found.append(lines[code.count("\n", 0, word.start())].strip())
+    assert not blocks, "unbalanced blocks"
+    return found
+
+
+def test_top_level_returns_are_found_outside_blocks_only() -> None:
+    lua = (
+        "local function main()\n  if x then return 1 end\n  for i = 1, 2 do end\n"
+        "  repeat y() until z\n  return 2\nend\n"
+        "if bad then return 'x' end  -- return in a comment\n"
+        "local s = 'return' .. [[return]]\nreturn flushed(main)\n"
+    )
+    assert top_level_returns(lua) == [
+        "if bad then return 'x' end  -- return in a comment",
+        "return flushed(main)",
+    ]
+
+
+_INCLUDE_LINE = re.compile(r'^-- @include "([a-z_]+)\.lua"$', re.MULTILINE)
+_TOP_LEVEL = re.compile(r"^local function (\w+)|^local ([\w, ]+?)\s*=", re.MULTILINE)
+
+
+def top_level_names(lua: str) -> set[str]:
+    """The names a Lua text defines outside every function (``local x`` at column 0)."""
+    names: set[str] = set()
+    for function, many in _TOP_LEVEL.findall(_LUA_NOISE.sub(" ", lua)):
+        names |= {function} if function else {name.strip() for name in many.split(",")}
+    return names
+
+
+def test_every_lua_file_includes_the_files_of_the_names_it_uses() -> None:
+    """A script or include that uses a name another include defines names that include
+    itself, so each file's header tells what it is made of (not only its includes' includes)."""
+    includes = sorted((lua_dir() / "include").glob("*.lua"))
+    owners: dict[str, set[str]] = {}
+    for path in includes:
+        for name in top_level_names(path.read_text()):
+            owners.setdefault(name, set()).add(path.stem)
+    assert owners["flushed"] == {"staged"} and owners["held"] == {"holder_check"}
+    missing = []
+    for path in sorted(lua_dir().glob("*.lua")) + includes:
+        text_ = path.read_text()
+        named = set(_INCLUDE_LINE.findall(text_))
+        code = _LUA_NOISE.sub(" ", text_)
+        used = set(re.findall(r"(?<![\w.:])([A-Za-z_]\w*)", code)) - top_level_names(text_)
+        missing += [
+            f"{path.name}: {n}" for n in sorted(used) if n in owners and not owners[n] & named
+        ]
+    assert missing == []
+
+
+#: The scripts that stage writes (they include staged.lua, directly or through another include).
+STAGING = [name for name in NAMES if "local function flushed(" in source(name)]
+
+
+@pytest.mark.parametrize("name", STAGING)
+def test_a_staging_script_returns_only_through_flushed(name: str) -> None:
+    """Its one top-level return is ``return flushed(main)``, and it calls flush nowhere: every
+    return of its body, early or not, sends the writes it staged (include/staged.lua)."""
+    own = raw(name)
+    assert top_level_returns(own) == ["return flushed(main)"], name
+    assert own.rstrip().endswith("return flushed(main)"), name
+    assert not re.search(r"(?<![\w.])flush\(", _LUA_NOISE.sub(" ", own)), name
+
+
+def test_only_staged_lua_sends_staged_writes() -> None:
+    """No include but staged.lua calls flush (an include's function returns to a script)."""
+    for path in sorted((lua_dir() / "include").glob("*.lua")):
+        calls = re.findall(r"(?<![\w.])flush\(", _LUA_NOISE.sub(" ", path.read_text()))
+        assert not calls or path.name == "staged.lua", path.name
+    assert len(STAGING) >= 12  # every shard script that writes: add_items, claim, ...
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -219,6 +314,31 @@ def test_every_argument_is_checked_as_its_header_says(name: str) -> None:
     if "(no ARGV)" not in "\n".join(header(name)):
         assert "check_args(" in body or "check_rest(" in body
     assert "check_keys(" in body, f"{name} must check its keys"
+
+
+def test_the_logged_scripts_are_the_ones_whose_header_takes_the_attempt_log() -> None:
+    taking = {n for n in NAMES if re.search(r"KEYS\[8\] attempts\b", "\n".join(header(n)))}
+    assert taking == LOGGED
+
+
+def test_a_commit_and_a_failure_have_one_reply_type_whichever_script_sent_them(
+    store: LeaseStore,
+) -> None:
+    """commit, fail and settle decode into the public CommitReply and FailReply themselves."""
+    store.add("r", [Item("a"), Item("b"), Item("c"), Item("d")], shards=1)
+    a, b, c, d = (store.claim("r", item, "w") for item in "abcd")
+    committed = store.commit(a, {"n": 1})
+    assert committed == CommitReply(a.token, {"n": 1}, committed.done_at_ms, repeated=False)
+    failed = store.fail(b, "boom")
+    assert type(failed) is FailReply and failed.state == "retry" and failed.now_ms > 0
+    rows = store.scripts.call(
+        "settle",
+        store.keys.logged("r", 0),
+        ["commit", "c", c.token, c.lease_id, '{"n":2}', "", "",
+         "fail", "d", d.token, d.lease_id, "no", "permanent", ""],
+    )  # fmt: skip
+    assert [type(row) for row in rows] == [CommitReply, FailReply]
+    assert rows[0].result == {"n": 2} and rows[1].state == "dead"
 
 
 def test_every_script_has_one_reply_decoder() -> None:
@@ -319,11 +439,10 @@ def test_scripts_reload_after_script_flush(private_redis: Callable[..., RedisSer
 
         for transaction in (True, False):
             store.client.script_flush()
-            keys = store.keys.shard("r", 0)
             logged = store.keys.logged("r", 0)
             pipe = store.client.pipeline(transaction=transaction)
             store.scripts.run("claim_next", logged, ["w", f"B{transaction}", 60000, 1], client=pipe)
-            store.scripts.run("shard_status", keys, [], client=pipe)
+            store.scripts.run("shard_status", store.keys.status("r", 0), [], client=pipe)
             rows, snap = pipe.execute()
             if transaction:
                 assert [text(r[0]) for r in rows] == ["b"]
@@ -341,7 +460,7 @@ def test_scripts_queue_in_a_pipeline(store: LeaseStore) -> None:
     pipe = store.client.pipeline(transaction=True)
     scripts.run("add_items", keys, ["r", 0, 3, 1000, 60000, 0, "a", "{}", "b", "{}"], client=pipe)
     scripts.run("claim_next", store.keys.logged("r", 0), ["w", "B", 60000, 5], client=pipe)
-    scripts.run("shard_status", keys, [], client=pipe)
+    scripts.run("shard_status", store.keys.status("r", 0), [], client=pipe)
     added, rows, snap = pipe.execute()
     assert added == [1, 1]
     assert sorted(text(r[0]) for r in rows) == ["a", "b"]
@@ -351,10 +470,9 @@ def test_scripts_queue_in_a_pipeline(store: LeaseStore) -> None:
 
 
 def test_script_errors_in_a_pipeline_are_returned_per_command(store: LeaseStore) -> None:
-    keys = store.keys.shard("r", 0)
     pipe = store.client.pipeline(transaction=False)
     store.scripts.run("claim", store.keys.logged("r", 0), ["missing", "w", "L", 1000], client=pipe)
-    store.scripts.run("shard_status", keys, [], client=pipe)
+    store.scripts.run("shard_status", store.keys.status("r", 0), [], client=pipe)
     error, snap = pipe.execute(raise_on_error=False)
     assert isinstance(error, redis.ResponseError)
     assert isinstance(from_reply(error), NotFound)

@@ -13,6 +13,7 @@
 -- strings or finite numbers; scores are finite numbers. A guarded key may not be
 -- one of the shard's own keys, may not lie under the store's prefix without the
 -- shard's hash tag, and may not carry another hash tag than the shard's.
+-- @include "protocol.lua"
 
 local SHAPES = {hset = 'object', hdel = 'array', sadd = 'array', srem = 'array', zadd = 'object',
   zrem = 'array', del = false}

@@ -1,9 +1,15 @@
 -- What the holder of a lease may do to its item, one function per operation, shared by
 -- the single-item scripts (renew, commit, fail, release) and the batch (settle).
--- Expanded where a script says `-- @include "holder.lua"` (after "shard.lua").
 -- Each takes checked arguments, the server time and the caller's trace id ('' for none),
 -- stages its writes and its attempt log entry, and returns its reply row, or nil and the
 -- error reply (a refusal stages only its counters and, for LEASE_LOST, its log entry).
+-- @include "record.lua"
+-- @include "staged.lua"
+-- @include "items.lua"
+-- @include "shard_meta.lua"
+-- @include "item_errors.lua"
+-- @include "attempt_log.lua"
+-- @include "holder_check.lua"
 
 -- The stored outcome of a commit repeated with the same token and lease id, or nil.
 local function repeated_commit(id, token, lease_id)

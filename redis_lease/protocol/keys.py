@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from ..limits import DEFAULT_PREFIX
 
-#: The order in which every shard script receives its keys (see lua/include/shard.lua).
+#: The order in which every shard script receives its keys (see lua/include/shard_keys.lua).
 SHARD_KEY_NAMES = ("meta", "counts", "items", "due", "leases", "held", "dead")
 #: The shard's attempt log (stream), the eighth key of the scripts that end attempts.
 ATTEMPTS_KEY_NAME = "attempts"
@@ -77,6 +77,10 @@ class Keys:
         """The shard's effect ledger (hash) and its unknown effects by age (sorted set)."""
         tag = f"{self.prefix}:{{{run_id}#{shard}}}"
         return [f"{tag}:effects", f"{tag}:effects_unknown"]
+
+    def status(self, run_id: str, shard: int) -> list[str]:
+        """The keys of ``shard_status``: the shard's seven and its unknown effects."""
+        return [*self.shard(run_id, shard), self.effects(run_id, shard)[1]]
 
     def provider(self, name: str) -> list[str]:
         """A provider's concurrency slots (sorted set) and cap state (hash)."""

@@ -6,10 +6,23 @@ applies it, so no other module reads a reply by position.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from redis.exceptions import ResponseError
+
+from ..deprecation import renamed_attribute
+from .values import CommitReply, FailReply
+
+#: Old names of the commit and fail replies, importable with a DeprecationWarning for one
+#: release: they are the public :class:`CommitReply` and :class:`FailReply` now.
+_RENAMED = {"Committed": "CommitReply", "Failed": "FailReply"}
+
+
+def __getattr__(name: str) -> Any:
+    """The commit and fail replies under their old names, with a DeprecationWarning."""
+    return renamed_attribute(__name__, name, _RENAMED, globals())
 
 
 def _text(value: Any) -> str:
@@ -37,24 +50,6 @@ class Grant(NamedTuple):
     now_ms: int
 
 
-class Committed(NamedTuple):
-    """commit: the stored outcome; ``repeated`` when an earlier identical commit stored it."""
-
-    repeated: bool
-    token: int
-    result: str
-    done_at_ms: int
-
-
-class Failed(NamedTuple):
-    """fail: ``retry`` (due again at ``eligible_at_ms``) or ``dead``."""
-
-    state: str
-    eligible_at_ms: int
-    attempts: int
-    now_ms: int
-
-
 class Renewed(NamedTuple):
     """renew: the new expiry."""
 
@@ -78,13 +73,15 @@ class Cut(NamedTuple):
 
 
 class Snapshot(NamedTuple):
-    """shard_status: counters (with pending, leased, dead from the indexes) and first entries."""
+    """shard_status: counters (with pending, leased, dead from the indexes) and first entries
+    (a lease's start, a due item's eligible-at, an unknown effect's since)."""
 
     counts: dict[str, int]
     first_due_ms: int | None
     first_held_ms: int | None
     now_ms: int
     meta: dict[str, str]
+    first_unknown_ms: int | None
 
 
 class RunCreated(NamedTuple):
@@ -120,7 +117,7 @@ class Released(NamedTuple):
 
 #: One settle row: the operation's reply, or the refusal as the error the server would
 #: have answered had the operation been sent alone.
-Settled = Committed | Failed | Released | Renewed | ResponseError
+Settled = CommitReply | FailReply | Released | Renewed | ResponseError
 
 
 class SlotAnswer(NamedTuple):
@@ -170,18 +167,24 @@ def grant(row: Sequence[Any]) -> Grant:
     )
 
 
-def _committed(reply: Sequence[Any]) -> Committed:
+def _committed(reply: Sequence[Any]) -> CommitReply:
     status, token, result, done_at = reply
-    return Committed(_text(status) == "repeated", int(token), _text(result), int(done_at))
+    stored = _text(result)  # '' for a repeated commit whose result was null
+    return CommitReply(
+        token=int(token),
+        result=json.loads(stored) if stored else None,
+        done_at_ms=int(done_at),
+        repeated=_text(status) == "repeated",
+    )
 
 
-def _failed(reply: Sequence[Any]) -> Failed:
+def _failed(reply: Sequence[Any]) -> FailReply:
     state, eligible, attempts, now = reply
-    return Failed(_text(state), int(eligible), int(attempts), int(now))
+    return FailReply(_text(state), int(eligible), int(attempts), int(now))
 
 
 def _snapshot(reply: Sequence[Any]) -> Snapshot:
-    flat_counts, due, held, now, meta = reply
+    flat_counts, due, held, now, meta, unknown = reply
     counts = {name: int(value) for name, value in _pairs(flat_counts).items()}
     return Snapshot(
         counts,
@@ -189,6 +192,7 @@ def _snapshot(reply: Sequence[Any]) -> Snapshot:
         _ms(held),
         int(now),
         {name: _text(value) for name, value in _pairs(meta).items()},
+        _ms(unknown),
     )
 
 

@@ -23,9 +23,9 @@ from ..limits import lua_dir, table
 from .replies import DECODERS
 
 #: Each script and the number of KEYS it takes (commit takes more: its guarded keys). The
-#: scripts that end attempts take the shard's attempt log as their eighth key. The last
-#: ones keep the fleet's records: a run's failed shard jobs, its ages, a job's tallies and
-#: lost runs, the data set's mark.
+#: scripts that end attempts take the shard's attempt log as their eighth key (LOGGED). The
+#: last ones keep the fleet's records: a run's failed shard jobs, its ages, a job's tallies
+#: and lost runs, the data set's mark.
 KEY_COUNTS: dict[str, int] = {
     "add_items": 7,
     "claim": 8,
@@ -39,7 +39,7 @@ KEY_COUNTS: dict[str, int] = {
     "cut_leases": 7,
     "requeue": 7,
     "close_shard": 7,
-    "shard_status": 7,
+    "shard_status": 8,
     "create_run": 1,
     "run_transition": 2,
     "release_lock": 1,
@@ -57,11 +57,26 @@ KEY_COUNTS: dict[str, int] = {
     "observe_data_set": 1,
 }
 
+#: The scripts that take the shard's attempt log as their eighth key: those that end attempts.
+LOGGED = frozenset(
+    ("claim", "claim_next", "renew", "commit", "settle", "fail", "release", "reap", "record_effect")
+)
+
 _INCLUDE = re.compile(r'^-- @include "([a-z_]+\.(?:lua|json))"$', re.MULTILINE)
 #: Times a pipeline is sent again when the server lost its scripts meanwhile.
 NOSCRIPT_RETRIES = 3
 
-__all__ = ["KEY_COUNTS", "Call", "Command", "Observer", "Scripts", "lua_dir", "observe", "source"]
+__all__ = [
+    "KEY_COUNTS",
+    "LOGGED",
+    "Call",
+    "Command",
+    "Observer",
+    "Scripts",
+    "lua_dir",
+    "observe",
+    "source",
+]
 
 
 class Observer(Protocol):

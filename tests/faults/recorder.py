@@ -36,7 +36,8 @@ from typing import Any
 import redis
 
 from redis_lease.protocol import scripts
-from redis_lease.protocol.replies import Committed, EffectRecorded, Failed, Grant, Released, Renewed
+from redis_lease.protocol.replies import EffectRecorded, Grant, Released, Renewed
+from redis_lease.protocol.values import CommitReply, FailReply
 
 INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
 #: Scripts that take an item, a token and a lease id as ARGV[1..3].
@@ -95,13 +96,13 @@ def describe_reply(reply: Any) -> dict[str, Any]:
     if isinstance(reply, list) and all(isinstance(g, Grant) for g in reply):
         now = max((g.now_ms for g in reply), default=None)
         return {"grants": [_grant(g) for g in reply], "server_ms": now}
-    if isinstance(reply, Committed):
+    if isinstance(reply, CommitReply):
         return {"repeated": reply.repeated, "token": reply.token, "server_ms": reply.done_at_ms}
     if isinstance(reply, Released):
         return {"server_ms": reply.now_ms}
     if isinstance(reply, Renewed):
         return {"expires_ms": reply.expires_at_ms, "server_ms": reply.now_ms}
-    if isinstance(reply, Failed):
+    if isinstance(reply, FailReply):
         return {"state": reply.state, "server_ms": reply.now_ms}
     if isinstance(reply, EffectRecorded):
         return {"previous": reply.previous, "record": reply.record[:2000]}

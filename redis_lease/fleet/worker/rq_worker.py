@@ -198,7 +198,7 @@ def check_worker_access(store: LeaseStore, connection: redis.Redis, name: str) -
     Raises:
         redis.RedisError: what the server refused (the caller translates it).
     """
-    store.scripts.call("shard_status", store.keys.shard(ACCESS_CHECK_RUN, 0), [])
+    store.scripts.call("shard_status", store.keys.status(ACCESS_CHECK_RUN, 0), [])
     connection.client_setname(name)
     try:
         connection.client_info()

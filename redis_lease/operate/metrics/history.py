@@ -1,6 +1,6 @@
 """Histograms of processing duration and queue age by job, from the shards' attempt logs.
 
-Each ended attempt has one entry in its shard's attempt log (``lua/include/shard.lua``,
+Each ended attempt has one entry in its shard's attempt log (``lua/include/attempt_log.lua``,
 KEYS[8]) with ``queue_ms`` (eligible to claimed) and ``run_ms`` (claimed to the entry).
 The exporter reads the entries it has not seen yet and adds them to buckets it keeps
 in memory: a cursor per stream (the last entry id read) and the bucket counts live in

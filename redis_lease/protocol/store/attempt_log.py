@@ -1,6 +1,6 @@
 """Reading the attempt log: each shard's capped stream of ended attempts.
 
-The scripts write it (one entry per ended attempt, see ``lua/include/shard.lua``, KEYS[8]);
+The scripts write it (one entry per ended attempt, see ``lua/include/attempt_log.lua``);
 this module reads it newest first. An item's entries are all in its shard's stream, which
 is read backwards in pages until enough are found or the stream (capped at
 limits.ATTEMPT_LOG_CAP entries) ends: never more than one shard's log.

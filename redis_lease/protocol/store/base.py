@@ -21,11 +21,8 @@ from ..connection.translate import REDIS_FAILURES
 from ..connection.translate import translate as translate_error
 from ..connection.urls import is_cluster_url
 from ..keys import Keys, shard_of
-from ..scripts import KEY_COUNTS, Scripts
+from ..scripts import LOGGED, Scripts
 from ..validation import check_id
-
-#: The scripts that take the shard's attempt log as their eighth key.
-_LOGGED = frozenset(name for name, count in KEY_COUNTS.items() if count >= 8)
 
 
 class StoreBase:
@@ -143,7 +140,7 @@ class StoreBase:
         token: int | None = None,
         extra_keys: Sequence[str] = (),
     ) -> Any:
-        keys = (self.keys.logged if name in _LOGGED else self.keys.shard)(run_id, shard)
+        keys = (self.keys.logged if name in LOGGED else self.keys.shard)(run_id, shard)
         if extra_keys:
             keys += extra_keys
         try:  # the hot path: a plain try rather than the errors() context manager

@@ -282,8 +282,8 @@ class LeaseStore(StoreReads):
             label = outcome
         request = CommitRequest(lease, result, tuple(conditions), tuple(writes), label)
         extra, args = settle.commit_args(request)
-        reply = self._holder_script("commit", lease, args, extra_keys=extra)
-        return settle.commit_reply(reply)
+        reply: CommitReply = self._holder_script("commit", lease, args, extra_keys=extra)
+        return reply
 
     def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitReply | LeaseError]:
         """Commits several items in one round trip, each fenced on its own.
@@ -361,14 +361,12 @@ class LeaseStore(StoreReads):
     def fail(self, lease: Lease, error: str, *, permanent: bool = False) -> FailReply:
         """Reports a failed attempt: retried with backoff, or dead. Raises LeaseLost."""
         text = settle.error_text(error)
-        failed = self._holder_script(
+        failed: FailReply = self._holder_script(
             "fail",
             lease,
             [text, "1" if permanent else "0", f"{random.random():.6f}", lease.trace_id],
         )
-        return FailReply(
-            state=failed.state, eligible_at_ms=failed.eligible_at_ms, attempts=failed.attempts
-        )
+        return failed
 
     def release(self, lease: Lease, delay: float = 0.0) -> None:
         """Gives the item back unprocessed, due at once or after ``delay`` seconds.

@@ -5,7 +5,8 @@ the server clock (``TIME`` inside it): per shard its counters (``HGETALL``), the
 sizes of its three state indexes (``ZCARD``) and the first entries of its time
 indexes (``ZRANGE 0 0``). The run's counts are their sums and its ages come from
 those first entries: O(shards), whatever the run's size. No script and no meta hash
-(``shard_status.lua`` gives the same per shard to clients in other languages).
+(``shard_status.lua`` gives the same per shard to clients in other languages, the
+unknown effects' first entry too; tests/test_effects.py keeps the two equal).
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ this module builds and hands back what the server replied.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -19,7 +18,6 @@ from ...errors import InvalidInput, LeaseError, LeaseLost, NotFound
 from ...limits import BATCH_MAX, ERROR_MAX_BYTES
 from .. import guards
 from ..keys import Keys
-from ..replies import Committed, Failed
 from ..scripts import Call
 from ..validation import check_id, check_lease, clip, delay_to_ms, encode_json
 from ..values import (
@@ -196,24 +194,10 @@ def answers_of(count: int, batch: Batch, replies: Sequence[Any]) -> list[Answer]
 
 
 def answer_of(reply: Any) -> Answer:
-    """A settle answer as a CommitReply, a FailReply, its LeaseError, or None."""
-    if isinstance(reply, Committed):
-        return commit_reply(reply)
-    if isinstance(reply, Failed):
-        return FailReply(reply.state, reply.eligible_at_ms, reply.attempts)
-    if isinstance(reply, LeaseError):
+    """A settle answer: the CommitReply, the FailReply or the LeaseError; None for the rest."""
+    if isinstance(reply, CommitReply | FailReply | LeaseError):
         return reply
     return None
-
-
-def commit_reply(reply: Committed) -> CommitReply:
-    """A commit reply as the CommitReply it stored."""
-    return CommitReply(
-        token=reply.token,
-        result=json.loads(reply.result) if reply.result else None,
-        done_at_ms=reply.done_at_ms,
-        repeated=reply.repeated,
-    )
 
 
 def extended(lease: Lease, reply: Any) -> Lease:
