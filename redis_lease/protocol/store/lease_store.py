@@ -353,7 +353,7 @@ class LeaseStore(StoreReads):
         """A settle row or a reply, with an error reply as its LeaseError."""
         if not isinstance(reply, redis.ResponseError):
             return reply
-        error = self.translate(reply, lease.run_id, lease.item_id, lease.token)
+        error = self.translating_errors(lease.run_id, lease.item_id, lease.token).error(reply)
         if not isinstance(error, LeaseError) or isinstance(error, RedisUnavailable):
             raise error  # the server refused the user or went away: not one item's fault
         return error
