@@ -5,20 +5,16 @@ The schedule commands (``schedule ...``, ``backfill``) are in :mod:`.schedules`.
 
 from __future__ import annotations
 
-import os
 import re
-import uuid
 from datetime import datetime
 from typing import Annotated
 
 import typer
 
 from ..errors import InvalidInput
-from ..fleet.job import check_concurrency, load_job, parse_duration, with_cwd_on_path
+from ..fleet.job import load_job, parse_duration
 from ..fleet.runs import Runs
-from ..fleet.shard_job_store import use_lease_url
 from ..fleet.tick.scheduler_tick import tick as run_tick
-from ..fleet.worker.shard_job import CONCURRENCY_ENV
 from ..operate.output import error_line, print_json, print_table, same_times
 from ..protocol.connection.clients import as_text
 from ..protocol.connection.urls import safe_url
@@ -144,60 +140,32 @@ def worker(
     Plain RQ works too: rq worker -u URL --serializer rq.serializers.JSONSerializer
     --job-class redis_lease.dispatch.JsonJob redis-lease
     """
-    from rq.serializers import JSONSerializer
-
-    from ..fleet.shard_jobs import JsonJob, queue
-    from ..fleet.worker.rq_worker import LeaseWorker, SimpleLeaseWorker, check_worker_access
-    from ..fleet.worker.watch import FleetWatch
+    from ..fleet.worker.rq_worker import DEFAULT_QUEUE, WorkerSettings, build_worker, run_worker
 
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
-    names = queues or ["redis-lease"]
-    for queue_name in names:
-        check_id(queue_name, "queue")
-    if concurrency is not None:  # read by the shard jobs, forked or not
-        os.environ[CONCURRENCY_ENV] = str(check_concurrency(concurrency))
+    wanted = WorkerSettings(
+        queues=tuple(queues or [DEFAULT_QUEUE]),
+        simple=simple,
+        name=name,
+        tracebacks=verbose,
+        concurrency=concurrency,
+        lease_url=settings.url if settings.queue_url else None,
+        say=typer.echo,
+    )
     store = open_store(ctx, needs_rq=True)
-    worker_name = name or uuid.uuid4().hex  # RQ's default name, known before RQ starts
-    with store.translating_errors():
-        client = store.rq  # RQ's Redis: the store's, or --queue-url's
-        check_worker_access(store, client, worker_name)  # a refusal: one line, exit 6
-    use_lease_url(settings.url if settings.queue_url else None)
-    worker_class = SimpleLeaseWorker if simple else LeaseWorker
-    rq_worker = worker_class(
-        [queue(client, n) for n in names],
-        connection=client,
-        serializer=JSONSerializer,
-        job_class=JsonJob,
-        name=worker_name,
-    )
-    with_cwd_on_path()  # the shard jobs' modules import from here, forked or not
-    rq_worker.say = typer.echo
-    rq_worker.tracebacks = verbose
-    rq_worker.bad_job_store = store
+    rq_worker = build_worker(store, wanted)  # a refusal: one line, exit 6
     handlers = f"concurrency {concurrency}" if concurrency is not None else "the jobs' concurrency"
-    watch = FleetWatch(
-        store, rq_worker.name, names, say=typer.echo, prefixes=lambda: rq_worker.shard_prefixes
-    )
 
     def started() -> None:
-        """Once RQ registered the worker: the watch's first beat and sweep (a refusal is
-        one line), then the start line, then the watch beats every second."""
-        with store.translating_errors():
-            watch.tick()
+        """Once RQ registered the worker and the watch beat first: the start line."""
         typer.echo(
-            f"worker {rq_worker.name}: queues {', '.join(names)}, {handlers}, "
+            f"worker {rq_worker.name}: queues {', '.join(wanted.queues)}, {handlers}, "
             f"{'in-process' if simple else 'forking'}{', burst' if burst else ''}, "
             f"Redis {safe_url(settings.url)}"
             + (f", queues on {safe_url(settings.queue_url)}" if settings.queue_url else "")
         )
-        watch.start()
 
-    rq_worker.started = started
-    try:
-        rq_worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
-    finally:
-        if watch.is_alive():
-            watch.close()
+    run_worker(rq_worker, store, burst=burst, started=started)
     done, failed, bad = rq_worker.shard_jobs, rq_worker.failed_shard_jobs, rq_worker.bad_jobs
     lost = rq_worker.lost_leases
     typer.echo(
