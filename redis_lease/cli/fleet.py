@@ -5,14 +5,13 @@ The schedule commands (``schedule ...``, ``backfill``) are in :mod:`.schedules`.
 
 from __future__ import annotations
 
-import re
-from datetime import datetime
 from typing import Annotated
 
 import typer
 
 from ..errors import InvalidInput
-from ..fleet.job import load_job, parse_duration
+from ..fleet.job import load_job
+from ..fleet.run_control import finalize_if_open, new_deadline
 from ..fleet.runs import Runs
 from ..fleet.tick.scheduler_tick import tick as run_tick
 from ..operate.output import error_line, print_json, print_table, same_times
@@ -199,7 +198,7 @@ def resume(
     """Reopen a partial or failed run; the next tick dispatches its remaining items."""
     check_id(run, "run id")
     runs = Runs(open_store(ctx))
-    moment = _parse_deadline(deadline, runs.server_now()) if deadline else None
+    moment = new_deadline(deadline, runs.server_now()) if deadline else None
     decision = runs.resume(run, moment)
     typer.echo(f"{run}: {runs.info(run)['state']} ({same_times(decision.reason)})")
 
@@ -212,12 +211,7 @@ def finalize(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     job. Its items are no longer claimable; a run already final is left alone.
     """
     check_id(run, "run id")
-    runs = Runs(open_store(ctx))
-    info = runs.info(run)
-    decision = None
-    if info["state"] in ("planning", "running"):
-        decision = runs.finalize(run, "finalized by an operator")
-    state = runs.info(run)["state"]
+    state, decision = finalize_if_open(Runs(open_store(ctx)), run, "finalized by an operator")
     if as_json:
         print_json({"run": run, "state": state, "changed": decision is not None})
     elif decision is not None:
@@ -319,22 +313,3 @@ def metrics(
     import threading
 
     threading.Event().wait()
-
-
-def _parse_deadline(text: str, now: datetime) -> datetime:
-    if re.fullmatch(r"\d+(\.\d+)?[smhd]", text):
-        try:
-            return now + parse_duration(text)
-        except OverflowError:
-            raise InvalidInput(f"deadline {text!r} is too far ahead") from None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidInput(
-            f"invalid deadline {text!r}: use ISO 8601 or a duration like 2h"
-        ) from None
-    if moment.tzinfo is None:
-        raise InvalidInput(f"deadline {text!r} needs a timezone, e.g. {text}+00:00")
-    if moment <= now:
-        raise InvalidInput(f"deadline {text!r} is in the past")
-    return moment

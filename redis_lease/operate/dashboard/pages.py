@@ -20,6 +20,7 @@ from werkzeug.wrappers import Response
 
 from ...errors import InvalidInput, NotFound
 from ...fleet import run_ages
+from ...fleet.run_control import new_deadline
 from ...fleet.runs import Runs
 from ...fleet.shard_job_failures import JobFailures, job_failures
 from ...protocol.connection.clients import as_text
@@ -240,7 +241,7 @@ def resume(run_id: str) -> Response:
             hours = float(hours_text)
             if not 0 < hours <= RESUME_HOURS_MAX:
                 raise ValueError(hours_text)
-            deadline = runs_.server_now() + timedelta(hours=hours)
+            deadline = new_deadline(timedelta(hours=hours), runs_.server_now())
         decision = runs_.resume(run_id, deadline)
     except InvalidInput as error:  # not partial or failed, or past its deadline
         text = str(error).replace("pass --deadline", "give a new deadline")
