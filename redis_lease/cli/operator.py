@@ -14,8 +14,6 @@ import typer
 
 from ..errors import InvalidInput
 from ..fleet.effects import resolve_effect
-from ..fleet.run_states import LOST_STATE
-from ..fleet.runs import FINAL_STATES, OPEN_STATES
 from ..fleet.shard_job_failures import job_failures
 from ..fleet.tick.schedule import pause_states
 from ..operate.output import (
@@ -28,13 +26,13 @@ from ..operate.output import (
 )
 from ..operate.run_views import attempt_rows, deadline_text, effect_row, loss_text, record_dict
 from ..operate.views import (
+    RUN_STATES,
     SCORE_MEANING,
     Page,
+    RunFilter,
     check_state,
     item_effects,
     items_page,
-    run_ids_since,
-    run_statuses,
 )
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import check_id
@@ -42,7 +40,6 @@ from ..protocol.values import ItemRecord, RunStatus
 from .app import app
 from .shared import ItemArg, JsonOpt, RunArg, json_option, open_store, parse_since
 
-RUN_STATES = (*OPEN_STATES, *FINAL_STATES, LOST_STATE)
 LimitOpt = Annotated[int, typer.Option("--limit", "-n", help="Most items in the page (1-1000).")]
 CursorOpt = Annotated[
     str | None, typer.Option("--cursor", help="Where the page starts: the cursor a page printed.")
@@ -74,26 +71,12 @@ def runs(
 ) -> None:
     """List runs, newest first: state, counts, failed shard jobs; paused jobs are named, and
     runs a loss touched (lost, or made again after one)."""
-    if job is not None:
-        check_id(job, "job")
-    if state is not None and state not in RUN_STATES:
-        raise InvalidInput(f"state {state!r} is not one of {', '.join(RUN_STATES)}")
-    if not 1 <= limit <= 1000:
-        raise InvalidInput(f"limit {limit} out of range: 1 to 1000")
+    wanted = RunFilter(job, state, limit)
     since_ms = parse_since(since, "--since") if since is not None else None
     store = open_store(ctx)
-    shown: list[RunStatus] = []
-    candidates = [
-        r for r in run_ids_since(store, since_ms) if job is None or r.startswith(f"{job}:")
-    ]
+    candidates = wanted.candidates(store, since_ms)
     with progress_bar("reading runs", len(candidates)) as advance:
-        for one in run_statuses(store, _advancing(candidates, advance)):
-            if job is not None and one.info.get("job") != job:
-                continue
-            if state is None or one.state == state:
-                shown.append(one)
-            if len(shown) == limit:
-                break
+        shown = wanted.matching(store, _advancing(candidates, advance))
     paused = _paused_jobs(store, sorted({s.info["job"] for s in shown if s.info.get("job")}))
     if as_json:
         print_json([_run_row(s, paused) for s in shown])

@@ -1,5 +1,6 @@
 """Operator reads of a run that never load the whole run: pages of items, an item's effects,
-the providers' caps, the run ids and statuses of a listing. The rows the CLI's views and
+the providers' caps, the run ids and statuses of a listing and which runs it shows
+(:class:`RunFilter`). The rows the CLI's views and
 the dashboard make of them are in :mod:`redis_lease.operate.run_views`.
 
 A page of one state (pending, leased, dead) comes from that state's index (a sorted set
@@ -19,9 +20,11 @@ from ..errors import InvalidInput, NotFound
 from ..fleet import lost_records
 from ..fleet.effects import SEPARATOR
 from ..fleet.gate import GateState, ProviderGate
+from ..fleet.run_states import FINAL_STATES, LOST_STATE, OPEN_STATES
 from ..protocol.connection.clients import as_text
 from ..protocol.keys import SHARD_KEY_NAMES, shard_of
 from ..protocol.store.lease_store import LeaseStore
+from ..protocol.validation import check_id
 from ..protocol.values import COUNT_STATES, TEXT_SUFFIXES, ItemRecord, RunStatus, effect_record
 
 #: The index (a shard key name) of each state that has one; its score is a time in ms.
@@ -239,3 +242,48 @@ def run_statuses(store: LeaseStore, run_ids: Iterable[str]) -> Iterator[RunStatu
             lost = lost_records.read(store, run_id)
             if lost is not None and not lost.rerun_at_ms:
                 yield lost_records.lost_status(lost, lost.noticed_at_ms)
+
+
+#: The states runs are listed by: open, final, and lost (a vanished run not made again).
+RUN_STATES = (*OPEN_STATES, *FINAL_STATES, LOST_STATE)
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """Which runs a listing shows, newest first: only ``job``'s, only those in ``state``
+    (None: any), at most ``limit`` of them; checked when made.
+
+    Raises:
+        InvalidInput: the job, the state or the limit is not acceptable.
+    """
+
+    job: str | None = None
+    state: str | None = None
+    limit: int = 50
+
+    def __post_init__(self) -> None:
+        if self.job is not None:
+            check_id(self.job, "job")
+        if self.state is not None and self.state not in RUN_STATES:
+            raise InvalidInput(f"state {self.state!r} is not one of {', '.join(RUN_STATES)}")
+        if not 1 <= self.limit <= PAGE_MAX:
+            raise InvalidInput(f"limit {self.limit} out of range: 1 to {PAGE_MAX}")
+
+    def candidates(self, store: LeaseStore, since_ms: int | None = None) -> list[str]:
+        """The ids of the runs created since ``since_ms`` that may be the job's, newest first."""
+        prefix = f"{self.job}:"
+        ids = run_ids_since(store, since_ms)
+        return [r for r in ids if self.job is None or r.startswith(prefix)]
+
+    def matching(self, store: LeaseStore, run_ids: Iterable[str]) -> list[RunStatus]:
+        """The statuses of the runs of ``run_ids`` that match, in order, up to the limit (no
+        more of ``run_ids`` is read once it is reached)."""
+        shown: list[RunStatus] = []
+        for one in run_statuses(store, run_ids):
+            if self.job is not None and one.info.get("job") != self.job:
+                continue
+            if self.state is None or one.state == self.state:
+                shown.append(one)
+            if len(shown) == self.limit:
+                break
+        return shown
