@@ -13,9 +13,9 @@ from ..errors import InvalidInput
 from ..fleet.job import load_job
 from ..fleet.run_control import finalize_if_open, new_deadline
 from ..fleet.runs import Runs
+from ..fleet.tick.schedule import job_paths
 from ..fleet.tick.scheduler_tick import tick as run_tick
 from ..operate.output import error_line, print_json, print_table, same_times
-from ..protocol.connection.clients import as_text
 from ..protocol.connection.urls import safe_url
 from ..protocol.validation import check_id
 from .app import app
@@ -33,14 +33,6 @@ from .shared import (
 JobArg = Annotated[str, typer.Argument(help="A job's import path, package.module:attr.")]
 
 
-def _known_job_paths(ctx: typer.Context) -> list[str]:
-    store = open_store(ctx)
-    with store.translating_errors():
-        names = sorted(as_text(n) for n in store.client.smembers(store.keys.jobs))
-        paths = [store.client.hget(store.keys.job(name), "path") for name in names]
-    return [as_text(p) for p in paths if p]
-
-
 @app.command()
 def tick(
     ctx: typer.Context,
@@ -56,7 +48,7 @@ def tick(
     """
     for path in jobs or []:  # named paths must import: a typo is a usage error
         load_job(path)
-    paths = jobs or _known_job_paths(ctx)
+    paths = jobs or job_paths(open_store(ctx))
     if not paths:
         raise InvalidInput(
             "no jobs known yet: name a job path, e.g. redis-lease tick app.jobs:nightly"
