@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import InvalidInput
-from ..fleet.effects import resolve_effect
+from ..fleet.effects import check_resolve, resolve_effect
 from ..fleet.shard_job_failures import job_failures
 from ..fleet.tick.schedule import pause_states
 from ..operate.output import (
@@ -30,7 +30,7 @@ from ..operate.views import (
     SCORE_MEANING,
     Page,
     RunFilter,
-    check_state,
+    check_page,
     item_effects,
     items_page,
 )
@@ -161,8 +161,7 @@ def items(
     as_json: JsonOpt = False,
 ) -> None:
     """One page of a run's items (by state from its index; all states by a scan)."""
-    check_id(run, "run id")
-    check_state(state)
+    check_page(run, state, limit)  # the view's checks, before connecting
     page = items_page(open_store(ctx), run, state, limit, cursor)
     meaning = SCORE_MEANING.get(state or "", "")
     if as_json:
@@ -198,7 +197,7 @@ def dead(
     as_json: JsonOpt = False,
 ) -> None:
     """Dead items, oldest death first, with their last errors; requeue them with requeue."""
-    check_id(run, "run id")
+    check_page(run, "dead", limit)  # the view's checks, before connecting
     page = items_page(open_store(ctx), run, "dead", limit, cursor)
     if as_json:
         rows = [
@@ -326,10 +325,7 @@ def resolve_effect_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Settle an effect of unknown outcome with what the provider says (asked by its key)."""
-    check_id(run, "run id")
-    check_id(item, "item id")
-    check_id(effect, "effect name")
-    check_id(worker, "worker")
+    check_resolve(run, item, effect, worker)  # the library's checks, before connecting
     if (applied is None) == (not not_applied):
         raise InvalidInput("say what the provider answered: --applied RESULT or --not-applied")
     result = json_option(applied, "result") if applied is not None else None

@@ -72,6 +72,14 @@ def check_state(state: str | None) -> str | None:
     return state
 
 
+def check_page(run_id: str, state: str | None, limit: int) -> None:
+    """What :func:`items_page` checks before it reads: the run id, the state and the limit."""
+    check_id(run_id, "run id")
+    check_state(state)
+    if not 1 <= limit <= PAGE_MAX:
+        raise InvalidInput(f"limit {limit} out of range: 1 to {PAGE_MAX}")
+
+
 def items_page(
     store: LeaseStore, run_id: str, state: str | None, limit: int, cursor: str | None = None
 ) -> Page:
@@ -87,9 +95,7 @@ def items_page(
     Raises:
         NotFound: no such run. InvalidInput: a bad state, limit or cursor.
     """
-    check_state(state)
-    if not 1 <= limit <= PAGE_MAX:
-        raise InvalidInput(f"limit {limit} out of range: 1 to {PAGE_MAX}")
+    check_page(run_id, state, limit)
     shards = store.shard_count(run_id)
     shard, position = parse_cursor(cursor, shards)
     if state in STATE_INDEX:
