@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from redis_lease import InvalidInput, Item, Lease, LeaseStore
+from redis_lease import InvalidInput, Item, Lease, LeaseStore, NotFound
 from redis_lease.cli import app
-from redis_lease.fleet.run_control import finalize_if_open, is_open, new_deadline
+from redis_lease.fleet.run_control import finalize_if_open, is_open, new_deadline, requeue_items
 from redis_lease.fleet.runs import Runs
 from redis_lease.fleet.worker.rq_worker import WorkerSettings
 from redis_lease.operate.views import RunFilter
@@ -173,5 +173,25 @@ def test_finalize_if_open_leaves_a_final_run_alone(store: LeaseStore) -> None:
     assert state == "failed" and decision is not None and not is_open(runs.info(RUN))
     again = finalize_if_open(runs, RUN, "finalized by a test")
     assert again == ("failed", None)
+    for key in store.client.scan_iter(match=f"{store.prefix}:*"):
+        store.client.delete(key)
+
+
+def test_an_unknown_item_to_requeue_is_named_alike_and_nothing_is_requeued(
+    store: LeaseStore, redis_url: str
+) -> None:
+    store.add(RUN, [Item("a"), Item("b")])
+    lease_a = store.claim(RUN, "a", "w")
+    store.fail(lease_a, "broken", permanent=True)
+    with pytest.raises(NotFound) as refused:
+        requeue_items(store, RUN, ["a", "nosuch"])
+    result = runner.invoke(
+        app, ["--url", redis_url, "--prefix", store.prefix, "requeue", RUN, "a", "nosuch"]
+    )
+    assert result.exit_code == 5, result.output
+    assert result.stderr == f"error: {refused.value}\n"
+    assert "nothing requeued" in str(refused.value)
+    assert store.item(RUN, "a").state == "dead"
+    assert requeue_items(store, RUN, ["a"]) == 1
     for key in store.client.scan_iter(match=f"{store.prefix}:*"):
         store.client.delete(key)

@@ -6,14 +6,14 @@ from typing import Annotated
 
 import typer
 
-from ..errors import InvalidInput, NotFound
+from ..errors import InvalidInput
+from ..fleet.run_control import requeue_items
 from ..limits import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_SWEEP,
     DEFAULT_TTL,
 )
 from ..operate.output import compact_json, iso_time, print_json, progress_bar, warning_line
-from ..operate.views import unknown_items
 from ..protocol.store.call_checks import check_add, check_claim, check_ref, check_sweep
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.store.settle import error_text
@@ -301,17 +301,7 @@ def requeue(
     """Move dead items back to pending, with fresh attempts; an unknown item is exit 5."""
     names = [*(items or []), *(item_options or [])]
     check_sweep(run, limit, names)  # the store's checks, before connecting
-    store = open_store(ctx)
-    unknown = unknown_items(store, run, names) if names else []
-    if unknown:  # nothing is requeued: the list has a typo, or names another run's items
-        shown = ", ".join(repr(item) for item in unknown[:5])
-        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
-        raise NotFound(
-            f"item(s) {shown}{more} not found in run {run!r}; nothing requeued",
-            run_id=run,
-            item_id=unknown[0],
-        )
-    count = store.requeue(run, names, limit=limit)
+    count = requeue_items(open_store(ctx), run, names, limit)
     if as_json:
         print_json({"run": run, "requeued": count})
         return

@@ -1,5 +1,6 @@
 """An operator's hand on a run, the same from the command line and the dashboard: whether a
-run is open, a new deadline from what the operator typed, and finalizing an open run now.
+run is open, a new deadline from what the operator typed, finalizing an open run now, and
+requeueing dead items.
 
 The run's states are :mod:`.run_states`; the changes themselves are :class:`.runs.Runs`'.
 """
@@ -7,10 +8,13 @@ The run's states are :mod:`.run_states`; the changes themselves are :class:`.run
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, NotFound
+from ..limits import DEFAULT_SWEEP
+from ..protocol.store.call_checks import check_sweep
+from ..protocol.store.lease_store import LeaseStore
 from .job import parse_duration
 from .run_states import OPEN_STATES
 from .runs import Decision, Runs
@@ -63,4 +67,27 @@ def finalize_if_open(runs: Runs, run_id: str, trigger: str) -> tuple[str, Decisi
     return runs.info(run_id)["state"], decision
 
 
-__all__ = ["finalize_if_open", "is_open", "new_deadline"]
+def requeue_items(
+    store: LeaseStore, run_id: str, item_ids: Sequence[str] = (), limit: int = DEFAULT_SWEEP
+) -> int:
+    """Moves dead items (those named, or up to ``limit`` per shard) back to pending, with
+    fresh attempts; returns how many. A named item that is not dead is left as it is.
+
+    Raises:
+        NotFound: no such run, or a named item is not in it (then nothing is requeued: the
+            list has a typo, or names another run's items).
+    """
+    check_sweep(run_id, limit, item_ids)
+    unknown = store.unknown_items(run_id, item_ids) if item_ids else []
+    if unknown:
+        shown = ", ".join(repr(item) for item in unknown[:5])
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise NotFound(
+            f"item(s) {shown}{more} not found in run {run_id!r}; nothing requeued",
+            run_id=run_id,
+            item_id=unknown[0],
+        )
+    return store.requeue(run_id, item_ids, limit=limit)
+
+
+__all__ = ["finalize_if_open", "is_open", "new_deadline", "requeue_items"]

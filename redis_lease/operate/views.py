@@ -22,10 +22,10 @@ from ..fleet.effects import SEPARATOR
 from ..fleet.gate import GateState, ProviderGate
 from ..fleet.run_states import FINAL_STATES, LOST_STATE, OPEN_STATES
 from ..protocol.connection.clients import as_text
-from ..protocol.keys import SHARD_KEY_NAMES, shard_of
+from ..protocol.keys import SHARD_KEY_NAMES
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import check_id
-from ..protocol.values import COUNT_STATES, TEXT_SUFFIXES, ItemRecord, RunStatus, effect_record
+from ..protocol.values import COUNT_STATES, ItemRecord, RunStatus, effect_record
 
 #: The index (a shard key name) of each state that has one; its score is a time in ms.
 STATE_INDEX = {"pending": "due", "leased": "leases", "dead": "dead"}
@@ -163,35 +163,12 @@ def _records(
     store: LeaseStore, run_id: str, shard: int, ids: Sequence[str]
 ) -> list[ItemRecord | None]:
     """The records of ``ids`` in one shard, in order (None where there is none); one HMGET."""
-    if not ids:
-        return []
-    fields = [f"{item}{suffix}" for item in ids for suffix in ("", *TEXT_SUFFIXES.values())]
-    with store.translating_errors(run_id):
-        raw = store.client.hmget(store.keys.shard(run_id, shard)[2], fields)
-    width = 1 + len(TEXT_SUFFIXES)
-    records: list[ItemRecord | None] = []
-    for number, item in enumerate(ids):
-        record, result, error = raw[number * width : (number + 1) * width]
-        records.append(
-            ItemRecord.from_record(run_id, item, shard, record, result, error)
-            if record is not None
-            else None
-        )
-    return records
+    return store.records(run_id, shard, ids)
 
 
 def unknown_items(store: LeaseStore, run_id: str, item_ids: Sequence[str]) -> list[str]:
     """The ids of ``item_ids`` that have no record in the run (one HMGET per shard)."""
-    shards = store.shard_count(run_id)
-    by_shard: dict[int, list[str]] = {}
-    for item in item_ids:
-        by_shard.setdefault(shard_of(item, shards), []).append(item)
-    missing: set[str] = set()
-    for shard, ids in sorted(by_shard.items()):
-        for item, record in zip(ids, _records(store, run_id, shard, ids), strict=True):
-            if record is None:
-                missing.add(item)
-    return [item for item in item_ids if item in missing]
+    return store.unknown_items(run_id, item_ids)
 
 
 def item_effects(store: LeaseStore, run_id: str, item_id: str) -> list[tuple[str, dict[str, Any]]]:
