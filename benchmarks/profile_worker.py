@@ -2,7 +2,7 @@
 
 Runs :func:`redis_lease.worker.work_shard` over a one-shard run of ``--items``
 items on a private ``redis-server`` (or ``--url``), with a kept lease renewed
-by a started :class:`~redis_lease.fleet.live_lease.LeaseKeeper`, and a handler that does
+by a started :class:`~redis_lease.fleet.worker.lease_keeper.LeaseKeeper`, and a handler that does
 nothing (``--delay 0``) or sleeps (``--delay 0.001``; ``--async`` for an
 ``async def`` handler). With a sleeping handler it also prints the share of the
 ideal ``concurrency / delay`` items/s (every slot busy all the time). With
@@ -43,8 +43,9 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.bench_fleet import redis_for  # noqa: E402
 from redis_lease.fleet.job import Job  # noqa: E402
-from redis_lease.fleet.live_lease import ActiveLease, LeaseKeeper  # noqa: E402
+from redis_lease.fleet.live_lease import ActiveLease  # noqa: E402
 from redis_lease.fleet.shard_jobs import enqueue_shard, purge_queue  # noqa: E402
+from redis_lease.fleet.worker.lease_keeper import LeaseKeeper  # noqa: E402
 from redis_lease.fleet.worker.shard_job import work_shard  # noqa: E402
 from redis_lease.protocol.store.lease_store import LeaseStore  # noqa: E402
 from redis_lease.protocol.values import Item  # noqa: E402

@@ -32,16 +32,18 @@ from .errors import (
     Throttled,
     TLSFailed,
 )
-from .fleet.capacity import CapacityPlan, Measured, RunNeed
+from .fleet.capacity import CapacityPlan
 from .fleet.capacity_ask import CapacityAsk
 from .fleet.effects import not_sent, resolve_effect
 from .fleet.gate import ProviderGate
 from .fleet.job import Job
 from .fleet.job_tallies import Tallies
-from .fleet.live_lease import ActiveLease, LeaseKeeper
+from .fleet.live_lease import ActiveLease
+from .fleet.run_capacity import Measured, RunNeed
 from .fleet.runs import Decision, Runs
 from .fleet.shard_job_failures import JobFailures
-from .fleet.worker.shard_loop import HandlerResult, ShardReport
+from .fleet.worker.lease_keeper import LeaseKeeper
+from .fleet.worker.settlements import HandlerResult, ShardReport
 from .limits import lua_dir
 from .protocol.connection.cluster import FollowingPool
 from .protocol.connection.server_checks import EvictionPolicyWarning

@@ -19,10 +19,8 @@ MOVED_MODULES = {
     "redis_lease.age_history": "redis_lease.fleet.run_ages",
     "redis_lease.attempt_log": "redis_lease.protocol.store.attempt_log",
     "redis_lease.backfill": "redis_lease.fleet.tick.backfill",
-    "redis_lease.backoff": "redis_lease.fleet.dispatch_backoff",
-    "redis_lease.bad_job_counts": "redis_lease.fleet.worker.bad_job_counts",
+    "redis_lease.backoff": "redis_lease.fleet.shard_job_failures",
     "redis_lease.bad_jobs": "redis_lease.fleet.worker.bad_jobs",
-    "redis_lease.capacity": "redis_lease.fleet.capacity",
     "redis_lease.cluster": "redis_lease.protocol.connection.cluster",
     "redis_lease.connection": "redis_lease.protocol.connection.clients",
     "redis_lease.dashboard": "redis_lease.operate.dashboard",
@@ -45,13 +43,12 @@ MOVED_MODULES = {
     "redis_lease.gate": "redis_lease.fleet.gate",
     "redis_lease.guards": "redis_lease.protocol.guards",
     "redis_lease.job_failures": "redis_lease.fleet.shard_job_failures",
-    "redis_lease.job_store": "redis_lease.fleet.shard_job_store",
+    "redis_lease.job_store": "redis_lease.fleet.shard_jobs",
     "redis_lease.job_tallies": "redis_lease.fleet.job_tallies",
     "redis_lease.jobs": "redis_lease.fleet.job",
-    "redis_lease.keeper": "redis_lease.fleet.live_lease",
     "redis_lease.keys": "redis_lease.protocol.keys",
     "redis_lease.lease": "redis_lease.protocol.values",
-    "redis_lease.locks": "redis_lease.fleet.locks",
+    "redis_lease.locks": "redis_lease.protocol.store.base",
     "redis_lease.lost_records": "redis_lease.fleet.lost_records",
     "redis_lease.lost_runs": "redis_lease.fleet.tick.lost_runs",
     "redis_lease.metrics_history": "redis_lease.operate.metrics.history",
@@ -69,7 +66,6 @@ MOVED_MODULES = {
     "redis_lease.server_checks": "redis_lease.protocol.connection.server_checks",
     "redis_lease.settlement": "redis_lease.protocol.store.settle",
     "redis_lease.shard_jobs": "redis_lease.fleet.shard_jobs",
-    "redis_lease.shard_loop": "redis_lease.fleet.worker.shard_loop",
     "redis_lease.snapshots": "redis_lease.protocol.store.run_status",
     "redis_lease.store_base": "redis_lease.protocol.store.base",
     "redis_lease.store_reads": "redis_lease.protocol.store.reads",
@@ -81,6 +77,16 @@ MOVED_MODULES = {
     "redis_lease.views": "redis_lease.operate.views",
     "redis_lease.watch": "redis_lease.fleet.worker.watch",
     "redis_lease.worker_views": "redis_lease.operate.worker_views",
+}
+#: Old module path -> the modules its names went to, when it was split by concept: the old
+#: path imports as a module that hands on the names of each (with a warning).
+SPLIT_MODULES = {
+    "redis_lease.capacity": ("redis_lease.fleet.capacity", "redis_lease.fleet.run_capacity"),
+    "redis_lease.keeper": ("redis_lease.fleet.live_lease", "redis_lease.fleet.worker.lease_keeper"),
+    "redis_lease.shard_loop": (
+        "redis_lease.fleet.worker.shard_loop",
+        "redis_lease.fleet.worker.settlements",
+    ),
 }
 
 #: Old ``module.name`` -> the module that holds the name now; each use warns.
@@ -122,19 +128,45 @@ def moved_name(module: str, name: str) -> Any:
     return getattr(importlib.import_module(new), name)
 
 
+def joined_module(name: str, parts: Sequence[ModuleType]) -> ModuleType:
+    """A module ``name`` that hands on every public name of ``parts`` (the first part's
+    where two share one), and the old names each part still answers to."""
+    joined = ModuleType(name, f"Split into {', '.join(part.__name__ for part in parts)}.")
+    for part in reversed(parts):
+        public = {key: value for key, value in vars(part).items() if not key.startswith("_")}
+        joined.__dict__.update(public)
+
+    def __getattr__(attr: str) -> Any:  # an old name a part renamed warns as it does there
+        for part in parts:
+            try:
+                return getattr(part, attr)
+            except AttributeError:
+                continue
+        raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+
+    joined.__dict__["__getattr__"] = __getattr__
+    return joined
+
+
 class MovedModules(MetaPathFinder, Loader):
     """Imports a moved module under its old path (:data:`MOVED_MODULES`), with a warning: the
-    old name is bound to the moved module itself, so it is one module under two names."""
+    old name is bound to the moved module itself, so it is one module under two names. A
+    module split by concept (:data:`SPLIT_MODULES`) imports as one that joins its parts."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
         """A spec for an old path, else None (the usual finders go first)."""
-        return ModuleSpec(fullname, self) if fullname in MOVED_MODULES else None
+        moved = fullname in MOVED_MODULES or fullname in SPLIT_MODULES
+        return ModuleSpec(fullname, self) if moved else None
 
     def create_module(self, spec: ModuleSpec) -> ModuleType:
-        """The moved module, after a warning that names its new path."""
-        new = MOVED_MODULES[spec.name]
+        """The moved module (or its parts joined), after a warning that names the new paths."""
+        new = MOVED_MODULES.get(spec.name)
+        if new is None:
+            parts = SPLIT_MODULES[spec.name]
+            warn_renamed(f"module {spec.name}", f"{' and '.join(parts)} (or redis_lease)")
+            return joined_module(spec.name, [importlib.import_module(p) for p in parts])
         warn_renamed(f"module {spec.name}", f"{new} (or import its names from redis_lease)")
         return importlib.import_module(new)
 

@@ -56,6 +56,21 @@ TEXT_MAX_BYTES = bound("text_bytes")[1]
 GUARD_SPECS_MAX = bound("guard_specs")[1]
 JSON_MAX_DEPTH = bound("json_depth")[1]
 CONCURRENCY_MAX = bound("concurrency")[1]
+#: The bounds of a job's options (:class:`redis_lease.fleet.job.JobOptions`).
+CATCH_UP_DAYS_MAX = bound("catch_up_days")[1]
+WORKERS_PER_SHARD_MAX = bound("workers_per_shard")[1]
+MAX_WORKERS_MAX = bound("max_workers")[1]
+RETENTION_DAYS_MAX = bound("retention_days")[1]
+SPARE_NODES_MAX = bound("spare_nodes")[1]
+WORKERS_PER_NODE_MAX = bound("workers_per_node")[1]
+#: The longest last shard job error kept in a run's record, in UTF-8 bytes.
+JOB_ERROR_MAX_BYTES = bound("job_error_bytes")[1]
+#: The most business dates one backfill covers.
+BACKFILL_DAYS_MAX = bound("backfill_days")[1]
+#: The most rows one page of the command line or the dashboard shows.
+PAGE_MAX = bound("page_size")[1]
+#: The most jobs one page of the dashboard's RQ views shows.
+RQ_PAGE_MAX = bound("rq_page_size")[1]
 
 DEFAULT_PREFIX: str = default("prefix")
 DEFAULT_TTL: float = default("lease_ttl_ms") / 1000
@@ -72,3 +87,29 @@ DEFAULT_RETENTION_DAYS: int = default("retention_days")
 DEFAULT_SWEEP: int = default("sweep")
 ATTEMPT_LOG_CAP: int = default("attempt_log")
 ERROR_HISTORY: int = default("error_history")
+#: The newest final runs the metrics export (open runs always are).
+METRICS_RUNS: int = default("metrics_runs")
+#: Shard jobs failed in a row before the tick backs off dispatching to the run.
+DISPATCH_FAILURE_STREAK: int = default("dispatch_failure_streak")
+#: Seconds of the first dispatch back-off; each further failure doubles it, up to the cap.
+DISPATCH_BACKOFF_BASE: float = default("dispatch_backoff_base_ms") / 1000
+DISPATCH_BACKOFF_CAP: float = default("dispatch_backoff_cap_ms") / 1000
+#: Samples of a run's oldest eligible age kept (XADD MAXLEN ~), and the least time between two.
+AGE_SAMPLES: int = default("age_samples")
+AGE_INTERVAL_MS: int = default("age_interval_ms")
+#: Days a lost run's record is kept after it was noticed.
+LOST_KEPT_DAYS: int = default("lost_kept_days")
+#: Entries kept in a run's decision log (a stream, XADD MAXLEN ~).
+RUN_LOG_CAP: int = default("run_log")
+#: Takeovers kept in the list of the latest ones.
+TAKEOVER_LOG_CAP: int = default("takeover_log")
+#: Rows of a page of the command line and the dashboard when none is asked for.
+PAGE_SIZE: int = default("page_size")
+#: Attempts of an item the command line shows when no number is asked for.
+ATTEMPTS_PAGE_SIZE: int = default("attempts_page_size")
+#: Jobs of a page of the dashboard's RQ views when none is asked for.
+RQ_PAGE_SIZE: int = default("rq_page_size")
+#: The dashboard's new deadline on resume, in hours from now, when the run's has passed.
+RESUME_HOURS: int = default("resume_hours")
+#: The latest new deadline the dashboard's resume takes, in hours from now.
+RESUME_HOURS_MAX: int = default("resume_hours_max")

@@ -1,12 +1,11 @@
 """Kept where it was, because installed schedules name ``redis_lease.tick.tick_entry``: the
-code lives in :mod:`redis_lease.fleet.tick.scheduler_tick`, whose public names this
-module hands on."""
+code lives in :mod:`redis_lease.fleet.tick.scheduler_tick` and
+:mod:`redis_lease.fleet.tick.open_runs`, whose public names this module hands on."""
 
+from .fleet.tick.open_runs import RATE_WINDOW, UNKNOWN, tick_run
 from .fleet.tick.scheduler_tick import (
     FAILURE_KINDS,
-    RATE_WINDOW,
     TICK_LOCK_SECONDS,
-    UNKNOWN,
     TickProgress,
     TickResult,
     log,
@@ -26,4 +25,5 @@ __all__ = [
     "tick",
     "tick_entry",
     "tick_job",
+    "tick_run",
 ]

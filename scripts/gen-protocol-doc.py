@@ -67,6 +67,8 @@ _OWN_KEY = re.compile(rf"^([a-z_]+): ({KEY_TYPES}), (.*)$")
 #: A shard key in include/shard.lua's header: ``KEYS[n] name     type: what``.
 _SHARD_KEY = re.compile(rf"^--\s+KEYS\[\d+\] ([a-z]+) +({KEY_TYPES}):", re.MULTILINE)
 SHARD_TAG = "<prefix>:{<run_id>#<shard>}"
+_JOB, _ADHOC = "`<prefix>:job:{<job>}", "`<prefix>:adhoc:{adhoc}"
+_TALLIES = f"{_JOB}:tallies` (ad-hoc runs: {_ADHOC}:tallies`)"
 #: Key patterns of the keys that are not a shard's seven or its attempt log.
 OTHER_KEYS = {
     ("commit", "9..."): (
@@ -84,6 +86,18 @@ OTHER_KEYS = {
     ("slot_release", "1"): "`<prefix>:provider:{<name>}:slots`",
     ("slot_release", "2"): "`<prefix>:provider:{<name>}:state`",
     ("release_lock", "1"): "any lock key, e.g. `<prefix>:run:{<run_id>}:planner`",
+    ("record_job_failure", "1"): "`<prefix>:run:{<run_id>}`",
+    ("end_failure_streak", "1"): "`<prefix>:run:{<run_id>}`",
+    ("start_backoff", "1"): "`<prefix>:run:{<run_id>}`",
+    ("record_age", "1"): "`<prefix>:run:{<run_id>}`",
+    ("record_age", "2"): "`<prefix>:run:{<run_id>}:ages`",
+    ("count_finished", "1"): _TALLIES,
+    ("count_finished", "2"): f"{_JOB}:finished_runs` (ad-hoc runs: {_ADHOC}:finished_runs`)",
+    ("count_missed", "1"): _TALLIES,
+    ("count_missed", "2"): f"{_JOB}:dates`",
+    ("record_lost_run", "1"): _TALLIES,
+    ("record_lost_run", "2"): f"{_JOB}:lost` (ad-hoc runs: {_ADHOC}:lost`)",
+    ("observe_data_set", "1"): "`<prefix>:dataset`",
 }
 _START = re.compile(r"^(KEYS\[[^\]]+\]|ARGV\[[^\]]+\]|\(no ARGV\)|Counters:|Log:|Returns:|Errors:)")
 _KIND = re.compile(r"\((id\??|int|num|json|text|one of [^)]+)(?:, bound ([a-z_]+))?\)")

@@ -25,7 +25,7 @@ from redis_lease.fleet.job import Job
 from redis_lease.fleet.runs import Runs
 from redis_lease.fleet.shard_jobs import JsonJob, JsonQueue
 from redis_lease.fleet.tick.schedule import TICK_FUNC
-from redis_lease.fleet.worker.bad_job_counts import UNIMPORTABLE, UNREADABLE
+from redis_lease.fleet.worker.bad_jobs import UNIMPORTABLE, UNREADABLE
 from redis_lease.operate.dashboard import create_app
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, Processes, drive, fleet_env, purge_queue, text, wait_for

@@ -21,15 +21,21 @@ import redis
 from redis.crc import key_slot
 
 from redis_lease import InvalidInput, Item, LeaseStore, PermissionDenied, ProviderGate
-from redis_lease.fleet.job_tallies import counted_runs_key, tallies_key
-from redis_lease.fleet.locks import lock
+from redis_lease.fleet import data_set, job_tallies, lost_records, run_ages
+from redis_lease.fleet.lost_records import LostRun
 from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.shard_job_failures import (
+    end_failure_streak,
+    record_job_failure,
+    start_backoff,
+)
 from redis_lease.fleet.shard_jobs import purge_queue, queue
 from redis_lease.fleet.worker.watch import beat_worker
 from redis_lease.operate.dashboard.app import create_app
 from redis_lease.protocol.connection.clients import client_from_url
 from redis_lease.protocol.connection.server_checks import eviction_danger
 from redis_lease.protocol.scripts import KEY_COUNTS, observe
+from redis_lease.protocol.store.base import lock
 from redis_lease.protocol.values import CommitRequest
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, REPO, Processes, all_records, drive, fleet_env
@@ -93,22 +99,22 @@ def test_every_script_touches_one_hash_slot(
         assert taken
     with ProviderGate(store, "provider", max_concurrency=2).slot(wait=1):
         pass
+    # The fleet's records: a run's failed shard jobs and ages, a job's tallies, the data set.
+    assert record_job_failure(store, "r", 0, "RuntimeError: boom")
+    start_backoff(store, "r", 1, 1000)
+    end_failure_streak(store, "r")
+    Runs(store).transition("r", ("partial",), "running", "test")
+    assert run_ages.record(store, store.status("r"), 1000)
+    for job in ("nightly", ""):
+        assert job_tallies.count_finished(store, job, "r", "partial", 1000, 1)
+        lost = LostRun(f"{job}:gone", job, "2024-01-01", 1, 2, "open", "why", "todo")
+        assert lost_records.record(store, lost)
+    assert job_tallies.count_missed(store, "nightly", ["2024-01-01"]) == ["2024-01-01"]
+    assert data_set.observe(store, "nightly").loss is None
     names = {name for name, _ in recorder.calls}
     assert names == set(KEY_COUNTS), f"not exercised: {set(KEY_COUNTS) - names}"
     spanning = [(name, slots) for name, slots in recorder.calls if len(slots) != 1]
     assert not spanning, spanning
-
-
-def test_the_keys_of_the_inline_scripts_share_a_slot(cluster_store: LeaseStore) -> None:
-    store = cluster_store
-    pairs = [
-        (tallies_key(store, "nightly"), counted_runs_key(store, "nightly")),
-        (tallies_key(store, "nightly"), store.keys.job_dates("nightly")),
-        (tallies_key(store, ""), counted_runs_key(store, "")),
-        (store.keys.run("r"), f"{store.keys.run('r')}:ages"),
-    ]
-    for one, other in pairs:
-        assert key_slot(one.encode()) == key_slot(other.encode()), (one, other)
 
 
 def test_a_16_shard_fleet_run_completes_once_with_work_on_every_primary(

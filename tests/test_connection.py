@@ -409,3 +409,15 @@ def test_a_url_key_file_without_a_certificate_is_refused(tmp_path: Path) -> None
     assert "ssl_keyfile needs ssl_certfile" in one_error_line(cli(url, "runs"), 2)
     odd = cli("rediss://127.0.0.1:6380/0?ssl_cert_reqs=OPTIONAL", "runs")
     assert "ssl_cert_reqs=OPTIONAL is not a TLS requirement" in one_error_line(odd, 2)
+
+
+def test_the_server_clock_in_ms_is_one_formula_for_a_reply_and_a_client(redis_url: str) -> None:
+    from redis_lease.protocol.connection.clients import server_ms, time_ms
+
+    assert time_ms((1_700_000_000, 999_999)) == 1_700_000_000_999
+    assert time_ms((b"1700000000", b"5000")) == 1_700_000_000_005
+    client = redis.Redis.from_url(redis_url)
+    before = time_ms(client.time())
+    now = server_ms(client)
+    assert before <= now <= time_ms(client.time())
+    client.close()

@@ -25,6 +25,7 @@ from redis_lease import LeaseStore
 from redis_lease.errors import NotClaimable
 from redis_lease.fleet import run_ages, shard_jobs
 from redis_lease.fleet.gate import ProviderGate
+from redis_lease.fleet.run_states import FINAL_STATES, OPEN_STATES, RESUMABLE_STATES
 from redis_lease.fleet.runs import Runs
 from redis_lease.fleet.shard_job_failures import record_job_failure
 from redis_lease.operate.dashboard import create_app
@@ -402,6 +403,31 @@ def test_resume_reopens_a_partial_run_with_a_new_deadline(
     assert "run r resumed" in after.text
     assert not after.has("button", data_action="resume")
     assert store.claim("r", "b", "w1").item_id == "b"  # claims are granted again
+
+
+@pytest.mark.parametrize("state", [*OPEN_STATES, *FINAL_STATES])
+def test_resume_is_offered_exactly_for_the_resumable_states(
+    real_store: LeaseStore, client: FlaskClient, state: str
+) -> None:
+    real_store.add("r", [Item("a")])
+    if state != "running":
+        assert Runs(real_store).transition("r", "running", state, "set by the test")
+    offered = page(client, "/runs/r").has("button", data_action="resume")
+    assert offered == (state in RESUMABLE_STATES)
+
+
+def test_resume_of_a_canceled_run_is_refused_with_its_reason(
+    real_store: LeaseStore, client: FlaskClient
+) -> None:
+    job_run(real_store, "j:2026-12-03", ["a"], deadline_at=str(server_ms(real_store) + 60_000))
+    dead_item(real_store, "j:2026-12-03", "a", "boom")  # its requeue form carries a token
+    assert Runs(real_store).cancel("j:2026-12-03")
+    view = page(client, "/runs/j:2026-12-03")
+    response = client.post("/runs/j:2026-12-03/resume", data={"csrf_token": csrf_of(view)})
+    assert response.status_code == 303
+    shown = page(client, "/runs/j:2026-12-03").text
+    assert "not resumed: run 'j:2026-12-03' is canceled, which is final" in shown
+    assert real_store.status("j:2026-12-03").state == "canceled"
 
 
 def test_resume_keeps_a_deadline_still_ahead(real_store: LeaseStore, client: FlaskClient) -> None:

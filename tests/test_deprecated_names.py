@@ -29,7 +29,7 @@ RENAMED_CLASSES = [
     ("redis_lease", "Outcome", HandlerResult),
     ("redis_lease.protocol.values", "CommitOutcome", CommitReply),
     ("redis_lease.protocol.values", "FailOutcome", FailReply),
-    ("redis_lease.fleet.worker.shard_loop", "Outcome", HandlerResult),
+    ("redis_lease.fleet.worker.settlements", "Outcome", HandlerResult),
     ("redis_lease.worker", "Outcome", HandlerResult),
 ]
 

@@ -32,11 +32,15 @@ from pathlib import Path
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.dispatch_backoff import BACKOFF_BASE, FAILURE_STREAK_LIMIT
 from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_job_failures import job_failures
+from redis_lease.fleet.shard_job_failures import (
+    BACKOFF_BASE,
+    FAILURE_STREAK_LIMIT,
+    job_failures,
+)
 from redis_lease.fleet.shard_jobs import live_jobs
-from redis_lease.fleet.tick.scheduler_tick import RATE_WINDOW, tick
+from redis_lease.fleet.tick.open_runs import RATE_WINDOW
+from redis_lease.fleet.tick.scheduler_tick import tick
 from redis_lease.protocol.values import Item
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, Processes, fleet_env, wait_for

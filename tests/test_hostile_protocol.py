@@ -81,6 +81,8 @@ class Scene:
         self.run = [store.keys.run(RUN), store.keys.run_events(RUN)]
         self.lock = f"{store.prefix}:lock"
         self.client.set(self.lock, "owner")
+        job = store.keys.job("nightly")
+        self.tallies = [f"{job}:tallies", f"{job}:finished_runs", f"{job}:dates", f"{job}:lost"]
 
     def valid_calls(self) -> dict[str, tuple[list[str], list[Any]]]:
         """One call per script that succeeds in this scene."""
@@ -115,6 +117,14 @@ class Scene:
             ),
             "slot_acquire": (self.provider, ["h1", 60000, 4, 1]),
             "slot_release": (self.provider, ["h1", "throttled", 1000]),
+            "record_job_failure": (self.run[:1], ["shard 0: RuntimeError: boom"]),
+            "end_failure_streak": (self.run[:1], []),
+            "start_backoff": (self.run[:1], ["0", 1000]),
+            "record_age": ([self.run[0], f"{self.run[0]}:ages"], [1000, 10000, 1440, "1.5", 1, 3]),
+            "count_finished": (self.tallies[:2], [f"{RUN}@1000", "succeeded", 60000]),
+            "count_missed": ([self.tallies[0], self.tallies[2]], ["2024-01-01", "2024-01-02"]),
+            "record_lost_run": ([self.tallies[0], self.tallies[3]], [RUN, '{"run_id": "x"}']),
+            "observe_data_set": ([self.store.keys.data_set], ["", 0, 0, "", "d1"]),
         }
 
     def dump(self) -> dict[str, tuple[Any, int]]:

@@ -23,6 +23,7 @@ from redis_lease.fleet.run_states import DAY_MS
 from redis_lease.fleet.runs import FINAL_STATES, Runs, to_ms
 from redis_lease.fleet.shard_job_failures import end_failure_streak
 from redis_lease.fleet.tick.scheduler_tick import tick
+from redis_lease.limits import BATCH_MAX
 from redis_lease.operate.metrics.collector import (
     WORKERS_NEEDED,
     WORKERS_NEEDED_UNKNOWN,
@@ -310,6 +311,17 @@ def test_counted_ends_leave_at_their_own_expiry(real_store: LeaseStore) -> None:
     assert real_store.client.zscore(key, "past@1") is None
     assert real_store.client.zscore(key, "long@1") == kept_until
     assert not job_tallies.count_finished(real_store, "j", "long", "failed", 1, retention_days=30)
+
+
+def test_missed_dates_past_one_calls_bound_are_all_marked_and_counted_once(
+    real_store: LeaseStore,
+) -> None:
+    """The script takes at most BATCH_MAX dates a call; more are sent in several calls."""
+    days = [f"d{n:05d}" for n in range(BATCH_MAX + 2)]
+    real_store.client.zadd(real_store.keys.job_dates("j"), {days[-1]: 5})  # a run was made
+    assert job_tallies.count_missed(real_store, "j", days) == days[:-1]
+    assert job_tallies.count_missed(real_store, "j", days) == []
+    assert job_tallies.read(real_store, ["j"])["j"].missed == BATCH_MAX + 1
 
 
 def test_a_slow_run_has_a_finite_projected_finish(

@@ -30,8 +30,8 @@ import pytest
 
 from redis_lease import Item, LeaseLost, LeaseStore
 from redis_lease.fleet.job import Job
-from redis_lease.fleet.live_lease import LeaseKeeper
 from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.worker.lease_keeper import LeaseKeeper
 from redis_lease.fleet.worker.shard_loop import work_shard
 from redis_lease.limits import lua_dir
 from redis_lease.protocol.scripts import source

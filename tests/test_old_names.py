@@ -21,21 +21,24 @@ import pytest
 from rq.utils import import_attribute
 
 from redis_lease import LeaseStore
-from redis_lease.deprecation import MOVED_MODULES
+from redis_lease.deprecation import MOVED_MODULES, SPLIT_MODULES
 from redis_lease.fleet import shard_jobs
 from redis_lease.fleet.runs import Runs
 from redis_lease.fleet.tick import schedule, scheduler_tick
-from redis_lease.fleet.worker import rq_worker, shard_job
+from redis_lease.fleet.worker import rq_worker, settlements, shard_job
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, assert_json_job, fleet_env, purge_queue
 from tests.rq_helpers import burst
 
 #: Old module paths that moved and import with a warning (a module, a package's module).
-OLD_PATHS = ["redis_lease.keeper", "redis_lease.jobs", "redis_lease.dashboard.app"]
-#: Where each old module's names live now.
+OLD_PATHS = ["redis_lease.pool", "redis_lease.jobs", "redis_lease.dashboard.app"]
+#: Where each old module's names live now (a module split by concept: each of its parts).
 MOVED = {
     "redis_lease.worker": "redis_lease.fleet.worker.shard_job",
-    "redis_lease.tick": "redis_lease.fleet.tick.scheduler_tick",
+    "redis_lease.tick": (
+        "redis_lease.fleet.tick.scheduler_tick",
+        "redis_lease.fleet.tick.open_runs",
+    ),
     "redis_lease.effects": "redis_lease.fleet.effects",
     "redis_lease.metrics": "redis_lease.operate.metrics.collector",
     "redis_lease.scripts": "redis_lease.protocol.scripts",
@@ -45,12 +48,15 @@ MOVED = {
 
 @pytest.mark.parametrize("old", sorted(MOVED))
 def test_an_old_module_hands_on_every_public_name_of_the_new_one(old: str) -> None:
-    before, now = importlib.import_module(old), importlib.import_module(MOVED[old])
-    public = [name for name in vars(now) if not name.startswith("_")]
-    defined = [n for n in public if getattr(getattr(now, n), "__module__", "") == now.__name__]
-    assert defined, f"{now.__name__} defines nothing public?"
-    for name in defined:
-        assert getattr(before, name) is getattr(now, name), f"{old}.{name}"
+    before = importlib.import_module(old)
+    moved = MOVED[old]
+    for new in (moved,) if isinstance(moved, str) else moved:
+        now = importlib.import_module(new)
+        public = [name for name in vars(now) if not name.startswith("_")]
+        defined = [n for n in public if getattr(getattr(now, n), "__module__", "") == new]
+        assert defined, f"{new} defines nothing public?"
+        for name in defined:
+            assert getattr(before, name) is getattr(now, name), f"{old}.{name}"
 
 
 def test_the_readme_imports_and_the_stored_names_resolve() -> None:
@@ -101,7 +107,7 @@ def test_a_shard_job_and_a_tick_entry_stored_by_old_names_run_on_this_layout(
 
 
 @pytest.mark.parametrize(
-    "old", ["redis_lease.keeper", "redis_lease.jobs", "redis_lease.dashboard.app"]
+    "old", ["redis_lease.pool", "redis_lease.jobs", "redis_lease.dashboard.app"]
 )
 def test_an_old_module_path_imports_the_moved_module_with_a_warning(old: str) -> None:
     new = MOVED_MODULES[old]
@@ -118,6 +124,39 @@ def test_an_old_module_path_imports_the_moved_module_with_a_warning(old: str) ->
 
 
 def test_every_old_module_path_leads_to_a_module_that_exists() -> None:
-    for old, new in MOVED_MODULES.items():
+    for old, new in [
+        *MOVED_MODULES.items(),
+        *((o, n) for o, p in SPLIT_MODULES.items() for n in p),
+    ]:
         assert importlib.util.find_spec(new) is not None, f"{old} -> {new}"
         assert old.rpartition(".")[2] not in ("worker", "tick", "dispatch"), "kept as files"
+        assert old not in MOVED_MODULES or old not in SPLIT_MODULES, f"{old}: moved or split"
+
+
+@pytest.mark.parametrize("old", sorted(SPLIT_MODULES))
+def test_a_split_module_path_hands_on_the_names_of_each_part_with_a_warning(old: str) -> None:
+    sys.modules.pop(old, None)  # imported already by an earlier test: import it again
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        exec(compile(f"import {old}", __file__, "exec"), {})  # an import statement of a user's
+    [warned] = [w for w in seen if f"module {old} is deprecated" in str(w.message)]
+    assert warned.category is DeprecationWarning and warned.filename == __file__
+    joined = sys.modules[old]
+    for new in SPLIT_MODULES[old]:
+        assert new in str(warned.message)
+        part = importlib.import_module(new)
+        defined = [n for n, v in vars(part).items() if getattr(v, "__module__", "") == new]
+        assert defined, f"{new} defines nothing?"
+        for name in defined:
+            if not name.startswith("_"):
+                assert getattr(joined, name) is getattr(part, name), f"{old}.{name}"
+    with pytest.raises(AttributeError):
+        joined.no_such_name  # noqa: B018
+
+
+def test_a_split_module_path_answers_to_an_old_name_one_of_its_parts_renamed() -> None:
+    sys.modules.pop("redis_lease.shard_loop", None)
+    with pytest.warns(DeprecationWarning, match="module redis_lease.shard_loop is deprecated"):
+        old = importlib.import_module("redis_lease.shard_loop")
+    with pytest.warns(DeprecationWarning, match="Outcome is deprecated.*HandlerResult"):
+        assert old.Outcome is settlements.HandlerResult

@@ -26,8 +26,8 @@ import pytest
 
 import redis_lease
 from redis_lease import Item, Job, LeaseStore, Runs
-from redis_lease.fleet.live_lease import LeaseKeeper
 from redis_lease.fleet.runs import FINAL_STATES
+from redis_lease.fleet.worker.lease_keeper import LeaseKeeper
 from redis_lease.fleet.worker.shard_loop import work_shard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,7 +196,8 @@ def public_classes() -> dict[str, str]:
         "fleet.live_lease",
         "protocol.values",
         "fleet.runs",
-        "fleet.worker.shard_loop",
+        "fleet.worker.lease_keeper",
+        "fleet.worker.settlements",
         "protocol.store.lease_store",
     ]
     found: dict[str, str] = {}

@@ -23,6 +23,7 @@ from redis_lease import InvalidInput, Item, LeaseStore, RedisUnavailable
 from redis_lease.cli import app
 from redis_lease.errors import RunClosed
 from redis_lease.fleet.job import Job
+from redis_lease.fleet.run_states import RESUMABLE_STATES, in_words
 from redis_lease.fleet.runs import Runs, to_ms
 from redis_lease.fleet.tick.scheduler_tick import tick
 from tests import fleet_jobs
@@ -237,6 +238,35 @@ def test_a_resume_cut_short_leaves_the_run_to_resume_again(
     runs.resume(RUN, until)
     assert runs.info(RUN)["state"] == "running"
     assert len(store.claim_next(RUN, "w", limit=10)) == 2
+
+
+def test_a_canceled_run_is_final_resume_refuses_it_and_names_the_fix(
+    real_store: LeaseStore, redis_url: str, nightly: Configure
+) -> None:
+    """An operator ended the run on purpose: resuming it would re-apply work they meant to
+    stop. The library and the command line refuse it in one line that says what to do."""
+    runs, _ = planned_run(real_store, nightly(), items=2, seconds=3600)
+    assert runs.cancel(RUN)
+    expected = (
+        f"run {RUN!r} is canceled, which is final (only partial or failed runs resume); "
+        f"to run {DAY} again, `redis-lease start JOB --date {DAY}` once its retention has ended"
+    )
+    with pytest.raises(InvalidInput) as refused:
+        runs.resume(RUN, runs.server_now() + timedelta(hours=1))
+    assert str(refused.value) == expected
+    args = ["--url", redis_url, "--prefix", real_store.prefix, "resume", RUN, "--deadline", "1h"]
+    shown = CliRunner().invoke(app, args)
+    assert shown.exit_code == InvalidInput.exit_code == 2
+    assert shown.stderr.strip().splitlines() == [f"error: {expected}"]
+    assert runs.info(RUN)["state"] == "canceled"
+    with pytest.raises(RunClosed):  # its items stay unclaimable
+        real_store.claim_next(RUN, "w1", limit=10)
+
+
+def test_the_resume_command_help_names_the_resumable_states(redis_url: str) -> None:
+    shown = CliRunner().invoke(app, ["resume", "--help"], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert f"Reopen a {in_words(RESUMABLE_STATES)} run;" in " ".join(shown.stdout.split())
 
 
 def test_status_shows_the_accounting(

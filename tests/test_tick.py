@@ -23,10 +23,13 @@ import pytest
 
 from redis_lease import LeaseStore
 from redis_lease.errors import InvalidInput, RunClosed
-from redis_lease.fleet.capacity import record_pass
-from redis_lease.fleet.dispatch_backoff import FAILURE_STREAK_LIMIT
+from redis_lease.fleet.run_capacity import record_pass
 from redis_lease.fleet.runs import PLAN_BATCH, Decision, Runs, to_ms
-from redis_lease.fleet.shard_job_failures import job_failures, record_job_failure
+from redis_lease.fleet.shard_job_failures import (
+    FAILURE_STREAK_LIMIT,
+    job_failures,
+    record_job_failure,
+)
 from redis_lease.fleet.shard_jobs import live_jobs, queue
 from redis_lease.fleet.tick import missed_runs
 from redis_lease.fleet.tick.backfill import backfill
@@ -255,7 +258,7 @@ def test_api_resume_reopens_a_partial_run(real_store: LeaseStore, nightly: Confi
     assert decision.kind == "resume"
     assert runs.info(RUN)["state"] == "running"
     assert len(real_store.claim_next(RUN, "w3", limit=10)) == 2
-    with pytest.raises(InvalidInput, match="only partial, failed or canceled"):
+    with pytest.raises(InvalidInput, match="only partial or failed runs resume"):
         runs.resume(RUN)
 
 

@@ -26,8 +26,8 @@ import pytest
 
 from redis_lease import LeaseStore
 from redis_lease.fleet.job import Job
-from redis_lease.fleet.live_lease import LeaseKeeper
 from redis_lease.fleet.runs import Runs, to_ms
+from redis_lease.fleet.worker.lease_keeper import LeaseKeeper
 from redis_lease.fleet.worker.shard_job import ActiveLease
 from redis_lease.fleet.worker.shard_loop import work_shard
 from redis_lease.protocol.values import Item

@@ -34,8 +34,8 @@ import pytest
 
 from redis_lease import LeaseStore
 from redis_lease.errors import InvalidInput, LeaseLost
-from redis_lease.fleet.capacity import measured
 from redis_lease.fleet.job import Job, JobOptions
+from redis_lease.fleet.run_capacity import measured
 from redis_lease.fleet.runs import Runs
 from redis_lease.fleet.shard_jobs import enqueue_shard
 from redis_lease.fleet.worker import shard_loop

@@ -11,8 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from ..fleet.capacity import CapacityPlan, Measured
+from ..fleet.capacity import CapacityPlan
 from ..fleet.capacity_ask import CapacityAsk, measured_run
+from ..fleet.run_capacity import Measured
 from ..operate.output import print_json, print_table
 from .app import app
 from .shared import open_store

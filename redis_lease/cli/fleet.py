@@ -12,9 +12,11 @@ import typer
 from ..errors import InvalidInput
 from ..fleet.job import load_job
 from ..fleet.run_control import finalize_if_open, new_deadline
+from ..fleet.run_states import RESUMABLE_STATES, in_words
 from ..fleet.runs import Runs
 from ..fleet.tick.schedule import job_paths
 from ..fleet.tick.scheduler_tick import tick as run_tick
+from ..limits import METRICS_RUNS
 from ..operate.output import error_line, print_json, print_table, same_times
 from ..protocol.connection.urls import safe_url
 from ..protocol.validation import check_id
@@ -178,7 +180,9 @@ def worker(
         raise typer.Exit(JOBS_FAILED_EXIT)
 
 
-@app.command()
+@app.command(
+    help=f"Reopen a {in_words(RESUMABLE_STATES)} run; the next tick dispatches its remaining items."
+)
 def resume(
     ctx: typer.Context,
     run: RunArg,
@@ -187,7 +191,6 @@ def resume(
         typer.Option("--deadline", help="New deadline: ISO 8601 time, or a duration (2h, 30m)."),
     ] = None,
 ) -> None:
-    """Reopen a partial or failed run; the next tick dispatches its remaining items."""
     check_id(run, "run id")
     runs = Runs(open_store(ctx))
     moment = new_deadline(deadline, runs.server_now()) if deadline else None
@@ -277,7 +280,7 @@ def metrics(
         typer.Option(
             "--max-runs", min=1, help="Newest final runs exported (open runs always are)."
         ),
-    ] = 50,
+    ] = METRICS_RUNS,
 ) -> None:
     """Print Prometheus metrics of runs, jobs and providers, or serve them for scraping.
 

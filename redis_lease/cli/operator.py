@@ -14,8 +14,10 @@ import typer
 
 from ..errors import InvalidInput
 from ..fleet.effects import check_resolve, resolve_effect
+from ..fleet.run_states import RUN_STATES
 from ..fleet.shard_job_failures import job_failures
 from ..fleet.tick.schedule import pause_states
+from ..limits import ATTEMPTS_PAGE_SIZE, PAGE_MAX, PAGE_SIZE
 from ..operate.output import (
     iso_time,
     print_fields,
@@ -26,7 +28,6 @@ from ..operate.output import (
 )
 from ..operate.run_views import attempt_rows, deadline_text, effect_row, loss_text, record_dict
 from ..operate.views import (
-    RUN_STATES,
     SCORE_MEANING,
     Page,
     RunFilter,
@@ -40,7 +41,9 @@ from ..protocol.values import ItemRecord, RunStatus
 from .app import app
 from .shared import ItemArg, JsonOpt, RunArg, json_option, open_store, parse_since
 
-LimitOpt = Annotated[int, typer.Option("--limit", "-n", help="Most items in the page (1-1000).")]
+LimitOpt = Annotated[
+    int, typer.Option("--limit", "-n", help=f"Most items in the page (1-{PAGE_MAX}).")
+]
 CursorOpt = Annotated[
     str | None, typer.Option("--cursor", help="Where the page starts: the cursor a page printed.")
 ]
@@ -66,7 +69,9 @@ def runs(
     since: Annotated[
         str | None, typer.Option("--since", help="Only runs created since: YYYY-MM-DD or ISO time.")
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", help="Most runs shown (1-1000).")] = 50,
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", help=f"Most runs shown (1-{PAGE_MAX}).")
+    ] = PAGE_SIZE,
     as_json: JsonOpt = False,
 ) -> None:
     """List runs, newest first: state, counts, failed shard jobs; paused jobs are named, and
@@ -156,7 +161,7 @@ def items(
     state: Annotated[
         str | None, typer.Option("--state", help="pending, leased, done or dead (default: all).")
     ] = None,
-    limit: LimitOpt = 50,
+    limit: LimitOpt = PAGE_SIZE,
     cursor: CursorOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -192,7 +197,7 @@ def items(
 def dead(
     ctx: typer.Context,
     run: RunArg,
-    limit: LimitOpt = 50,
+    limit: LimitOpt = PAGE_SIZE,
     cursor: CursorOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -240,15 +245,15 @@ def inspect(
     run: RunArg,
     item: ItemArg,
     attempts_limit: Annotated[
-        int, typer.Option("--attempts", help="Most attempts shown, newest first (1-1000).")
-    ] = 20,
+        int, typer.Option("--attempts", help=f"Most attempts shown, newest first (1-{PAGE_MAX}).")
+    ] = ATTEMPTS_PAGE_SIZE,
     as_json: JsonOpt = False,
 ) -> None:
     """One item: its record, its effect records and its attempts (with their trace ids)."""
     check_id(run, "run id")
     check_id(item, "item id")
-    if not 1 <= attempts_limit <= 1000:
-        raise InvalidInput(f"--attempts {attempts_limit} out of range: 1 to 1000")
+    if not 1 <= attempts_limit <= PAGE_MAX:
+        raise InvalidInput(f"--attempts {attempts_limit} out of range: 1 to {PAGE_MAX}")
     store = open_store(ctx)
     record = store.item(run, item)
     effects = item_effects(store, run, item)

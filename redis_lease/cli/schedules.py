@@ -24,6 +24,7 @@ from ..fleet.tick.schedule import (
 )
 from ..fleet.tick.schedule import resume as resume_schedule
 from ..operate.output import print_json, print_table, same_times
+from ..protocol.connection.clients import server_ms
 from ..protocol.validation import check_id
 from ..protocol.values import from_ms
 from .app import app
@@ -73,8 +74,8 @@ def schedule_show(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = False
     rows = entries(store, job)
     paused = pause_state(store, job.name)
     with store.translating_errors():
-        seconds, _micros = store.client.time()
-    upcoming = next_fire(job, from_ms(int(seconds) * 1000))
+        now_ms = server_ms(store.client)
+    upcoming = next_fire(job, from_ms(now_ms))
     if as_json:
         print_json([{**row, "paused": _pause_json(paused)} for row in rows])
         return

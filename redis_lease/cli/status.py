@@ -15,8 +15,8 @@ import typer
 
 from ..errors import NotFound
 from ..fleet.data_set import read_mark
-from ..fleet.run_states import LOST_STATE
-from ..fleet.runs import LOST_HINT, Runs
+from ..fleet.run_states import LOST_HINT, LOST_STATE
+from ..fleet.runs import Runs
 from ..fleet.shard_job_failures import job_failures
 from ..operate.output import (
     iso_time,

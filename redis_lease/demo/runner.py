@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..fleet.gate import ProviderGate
-from ..fleet.runs import FINAL_STATES, Runs
+from ..fleet.run_states import FINAL_STATES, RUNNING
+from ..fleet.runs import Runs
 from ..fleet.shard_jobs import purge_queue
 from ..fleet.tick.scheduler_tick import tick
 from ..protocol.connection.clients import as_text
+from ..protocol.keys import Keys
 from ..protocol.store.lease_store import LeaseStore
 from .backend import demo_backend
 from .provider import ProviderClient, ProviderServer, ProviderState
@@ -304,7 +306,7 @@ def _drive(
             on_progress(status.counts["done"] + status.counts["dead"], status.total)
         if info["state"] in FINAL_STATES:
             return info["state"]
-        if faults is not None and info["state"] == "running":
+        if faults is not None and info["state"] == RUNNING:
             faults.step(store, run_id, fleet, status.counts["done"] / total)
         time.sleep(TICK_INTERVAL)
 
@@ -331,6 +333,6 @@ def _provider_figures(client: ProviderClient) -> dict[str, int]:
 
 
 def _delete_prefix(store: LeaseStore, prefix: str) -> None:
-    keys = list(store.client.scan_iter(match=f"{prefix}:*", count=1000))
+    keys = list(store.client.scan_iter(match=Keys(prefix).everything, count=1000))
     for start in range(0, len(keys), 500):
         store.client.delete(*keys[start : start + 500])

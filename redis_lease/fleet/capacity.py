@@ -26,25 +26,19 @@ The model (every figure in seconds and items per second):
 
 For a run already under way, :func:`workers_needed` is the count that finishes
 the remaining items before the deadline: ceil(remaining * a / (rate * seconds
-left)) plus the spares, where the rate is a worker's measured rate. Workers
-record their passes with :func:`record_pass`; :func:`measured` reads them back
-with the run's retry rate.
+left)) plus the spares. The rates a run's workers measure, and the count it needs
+from them, are in :mod:`redis_lease.fleet.run_capacity`. Nothing here reads Redis.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
-from ..protocol.connection.clients import as_text
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.values import RunStatus
 
-#: The suffix of a run's capacity hash, after the run's record key.
-CAPACITY_SUFFIX = ":capacity"
 #: The highest retry rate a plan accepts: above it an item costs 100+ attempts.
 MAX_RETRY_RATE = 0.99
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")
@@ -87,7 +81,7 @@ def peak_age(
 ) -> float:
     """Predicted peak oldest-eligible age in seconds: ``max(0, E/S - W) + d``."""
     _check_burst(eligible, window, per_worker, concurrency)
-    _check_count(workers, "workers", 1)
+    check_count(workers, "workers", 1)
     attempts = attempts_per_item(retry_rate)
     return _age(eligible, window, workers, concurrency * per_worker, attempts, 1.0 / per_worker)
 
@@ -111,13 +105,13 @@ def plan(
     """
     _check_burst(eligible, window, per_worker, concurrency)
     _check_positive(slo, "SLO")
-    _check_count(spare_nodes, "spare nodes", 0)
-    _check_count(workers_per_node, "workers per node", 1)
+    check_count(spare_nodes, "spare nodes", 0)
+    check_count(workers_per_node, "workers per node", 1)
     attempts = attempts_per_item(retry_rate)
     handler = 1.0 / per_worker
     if slo < handler:
         raise InvalidInput(
-            f"SLO {_secs(slo)} is shorter than one handler duration {_secs(handler)}: "
+            f"SLO {duration(slo)} is shorter than one handler duration {duration(handler)}: "
             "no worker count holds it; raise the SLO or the per-worker rate"
         )
     demand = eligible / window
@@ -163,19 +157,23 @@ def _steps(
     demand = eligible / window
     worker_rate = concurrency * per_worker
     steps = [
-        ("nominal demand", f"{eligible:,} items / {_secs(window)} = {_num(demand)}/s"),
+        (
+            "nominal demand",
+            f"{eligible:,} items / {duration(window)} = {figure(demand)}/s",
+        ),
     ]
     if concurrency != 1:
         steps.append(
             (
                 "per-worker rate",
-                f"{concurrency} slots x {_num(per_worker)}/s = {_num(worker_rate)}/s",
+                f"{concurrency} slots x {figure(per_worker)}/s = {figure(worker_rate)}/s",
             )
         )
     steps += [
         (
             "nominal workers",
-            f"ceil({_num(demand)}/s / {_num(worker_rate)}/s) = {nominal} (keeps up, no headroom)",
+            f"ceil({figure(demand)}/s / {figure(worker_rate)}/s) = {nominal} "
+            "(keeps up, no headroom)",
         ),
         (
             "retry headroom",
@@ -189,10 +187,10 @@ def _steps(
         steps.append(
             (
                 f"burst at {k} worker{'s' if k > 1 else ''}",
-                f"S = {k} x {_num(worker_rate)}/s / {attempts:.4f} = {_num(service)}/s; "
-                f"drains in {eligible:,} / {_num(service)}/s = {_secs(eligible / service)}; "
-                f"peak age max(0, {_secs(eligible / service)} - {_secs(window)}) + "
-                f"{_secs(handler)} = {_secs(age)} ({verdict} the SLO {_secs(slo)})",
+                f"S = {k} x {figure(worker_rate)}/s / {attempts:.4f} = {figure(service)}/s; "
+                f"drains in {eligible:,} / {figure(service)}/s = {duration(eligible / service)}; "
+                f"peak age max(0, {duration(eligible / service)} - {duration(window)}) + "
+                f"{duration(handler)} = {duration(age)} ({verdict} the SLO {duration(slo)})",
             )
         )
     steps += [
@@ -220,176 +218,16 @@ def workers_needed(
     Raises:
         InvalidInput: a figure out of range (``seconds_left`` must be above 0).
     """
-    _check_count(remaining, "remaining items", 0)
+    check_count(remaining, "remaining items", 0)
     _check_positive(seconds_left, "seconds left")
     _check_positive(per_worker, "per-worker rate")
-    _check_count(spare_nodes, "spare nodes", 0)
-    _check_count(workers_per_node, "workers per node", 1)
+    check_count(spare_nodes, "spare nodes", 0)
+    check_count(workers_per_node, "workers per node", 1)
     if remaining == 0:
         return 0
     attempts = attempts_per_item(retry_rate)
     needed = max(1, _ceil(remaining * attempts / (per_worker * seconds_left)))
     return needed + spare_nodes * workers_per_node
-
-
-# -- measured inputs ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Measured:
-    """What the workers of a run recorded, and the run's retry rate.
-
-    Attributes:
-        passes: shard passes recorded.
-        handled: items handled in them.
-        handler_seconds: seconds spent inside handlers (summed over slots).
-        busy_seconds: seconds the workers spent on the passes (wall clock).
-        retry_rate: the share of ended attempts that did not finish their item.
-    """
-
-    passes: int
-    handled: int
-    handler_seconds: float
-    busy_seconds: float
-    retry_rate: float
-
-    @property
-    def per_worker(self) -> float:
-        """Items a worker finishes per second of work: handled / busy seconds."""
-        return self.handled / self.busy_seconds
-
-    @property
-    def handler_duration(self) -> float:
-        """Seconds one handler call takes on average."""
-        return self.handler_seconds / self.handled
-
-    @property
-    def concurrency(self) -> float:
-        """Handler slots busy at once on average: handler seconds / busy seconds."""
-        return self.handler_seconds / self.busy_seconds
-
-    def to_dict(self) -> dict[str, Any]:
-        """The measurement and its derived rates as JSON-ready data."""
-        return {
-            **asdict(self),
-            "per_worker": self.per_worker,
-            "handler_duration": self.handler_duration,
-            "concurrency": self.concurrency,
-        }
-
-
-def capacity_key(store: LeaseStore, run_id: str) -> str:
-    """The run's capacity hash: its record key plus :data:`CAPACITY_SUFFIX`."""
-    return store.keys.run(run_id) + CAPACITY_SUFFIX
-
-
-def record_pass(
-    store: LeaseStore, run_id: str, handled: int, handler_seconds: float, busy_seconds: float
-) -> None:
-    """Adds one shard pass of a worker to the run's capacity hash (one round trip)."""
-    _check_count(handled, "handled", 0)
-    _check_non_negative(handler_seconds, "handler seconds")
-    _check_non_negative(busy_seconds, "busy seconds")
-    key = capacity_key(store, run_id)
-    with store.translating_errors(run_id):
-        pipe = store.client.pipeline(transaction=False)
-        pipe.hincrby(key, "passes", 1)
-        pipe.hincrby(key, "handled", handled)
-        pipe.hincrbyfloat(key, "handler_seconds", handler_seconds)
-        pipe.hincrbyfloat(key, "busy_seconds", busy_seconds)
-        pipe.execute()
-
-
-def measured(store: LeaseStore, run_id: str) -> Measured | None:
-    """The run's measured rates; None before any pass handled an item.
-
-    Raises:
-        NotFound: the run does not exist.
-    """
-    return measured_of(store, store.status(run_id))
-
-
-def measured_of(store: LeaseStore, status: RunStatus) -> Measured | None:
-    """:func:`measured` for a status already read (one round trip)."""
-    run_id = status.run_id
-    with store.translating_errors(run_id):
-        raw = store.client.hgetall(capacity_key(store, run_id))
-    fields = {as_text(k): as_text(v) for k, v in raw.items()}
-    handled = int(fields.get("handled", "0"))
-    busy = float(fields.get("busy_seconds", "0"))
-    if handled <= 0 or busy <= 0:
-        return None
-    return Measured(
-        passes=int(fields.get("passes", "0")),
-        handled=handled,
-        handler_seconds=float(fields.get("handler_seconds", "0")),
-        busy_seconds=busy,
-        retry_rate=retry_rate(status.counters, status.counts),
-    )
-
-
-@dataclass(frozen=True)
-class RunNeed:
-    """The workers a running run needs to finish by its deadline, and why.
-
-    Attributes:
-        workers: the count (spares included), or None when it is unknown.
-        basis: the arithmetic, or why the count is unknown.
-    """
-
-    workers: int | None
-    basis: str
-
-
-def run_need(
-    measure: Measured | None,
-    remaining: int,
-    seconds_left: float | None,
-    *,
-    spare_nodes: int = 0,
-    workers_per_node: int = 1,
-) -> RunNeed:
-    """:func:`workers_needed` from a run's measured rates; unknown before any measurement.
-
-    ``seconds_left`` is the time to the run's deadline (None: the run has none).
-    """
-    if remaining <= 0:
-        return RunNeed(0, "no item left to work")
-    if seconds_left is None:
-        return RunNeed(None, "unknown: the run has no deadline")
-    if seconds_left <= 0:
-        return RunNeed(None, "unknown: the deadline has passed")
-    if measure is None:
-        return RunNeed(None, "unknown: no worker has recorded a pass yet")
-    workers = workers_needed(
-        remaining,
-        seconds_left,
-        measure.per_worker,
-        retry_rate=measure.retry_rate,
-        spare_nodes=spare_nodes,
-        workers_per_node=workers_per_node,
-    )
-    spare = spare_nodes * workers_per_node
-    basis = (
-        f"ceil({remaining:,} items x {attempts_per_item(measure.retry_rate):.4f} attempts / "
-        f"({_num(measure.per_worker)}/s per worker x {_secs(seconds_left)} left)) + {spare} spare "
-        f"= {workers}"
-    )
-    return RunNeed(workers, basis)
-
-
-def retry_rate(events: dict[str, int], counts: dict[str, int]) -> float:
-    """The share of ended attempts that did not finish their item.
-
-    Ended attempts are the claims less the leases still held and the items given
-    back unstarted (releases: a drain, throttling; no attempt counted); the attempts
-    that finished an item are the items done or dead. Capped at :data:`MAX_RETRY_RATE`.
-    """
-    ended = events.get("claims", 0) - counts.get("leased", 0) - events.get("releases", 0)
-    finished = counts.get("done", 0) + counts.get("dead", 0)
-    if ended <= 0 or finished <= 0:
-        return 0.0
-    return min(MAX_RETRY_RATE, max(0.0, 1.0 - finished / ended))
 
 
 # -- parsing and checks -------------------------------------------------------
@@ -404,13 +242,15 @@ def parse_rate(text: str) -> float:
 
 
 def _check_burst(eligible: int, window: float, per_worker: float, concurrency: int) -> None:
-    _check_count(eligible, "eligible items", 1)
+    check_count(eligible, "eligible items", 1)
     _check_positive(window, "window")
     _check_positive(per_worker, "per-worker rate")
-    _check_count(concurrency, "concurrency", 1)
+    check_count(concurrency, "concurrency", 1)
 
 
-def _check_count(value: int, name: str, least: int) -> None:
+def check_count(value: int, name: str, least: int) -> None:
+    """Raises InvalidInput unless ``value`` is a whole number (not a bool) of at least
+    ``least``; ``name`` names it in the message."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise InvalidInput(f"{name} must be a whole number of at least {least}, not {value!r}")
 
@@ -418,13 +258,6 @@ def _check_count(value: int, name: str, least: int) -> None:
 def _check_positive(value: float, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise InvalidInput(f"{name} must be a number above 0, not {value!r}")
-    if not math.isfinite(value):
-        raise InvalidInput(f"{name} must be finite, not {value!r}")
-
-
-def _check_non_negative(value: float, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise InvalidInput(f"{name} must be a number of at least 0, not {value!r}")
     if not math.isfinite(value):
         raise InvalidInput(f"{name} must be finite, not {value!r}")
 
@@ -439,11 +272,13 @@ def _ceil(value: float) -> int:
     return math.ceil(round(value, 9))
 
 
-def _num(value: float) -> str:
+def figure(value: float) -> str:
+    """A figure as the plan's steps show it: whole with thousands separators, else 2 decimals."""
     return f"{value:,.0f}" if value == int(value) else f"{value:,.2f}"
 
 
-def _secs(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds as the plan's steps show them: ms below 1 s, minutes added from 2 min."""
     if seconds < 1:
         return f"{seconds * 1000:.0f}ms"
     if seconds < 120:
@@ -452,19 +287,11 @@ def _secs(seconds: float) -> str:
 
 
 __all__ = [
-    "CAPACITY_SUFFIX",
+    "MAX_RETRY_RATE",
     "CapacityPlan",
-    "Measured",
-    "RunNeed",
     "attempts_per_item",
-    "capacity_key",
-    "measured",
-    "measured_of",
     "parse_rate",
     "peak_age",
     "plan",
-    "record_pass",
-    "retry_rate",
-    "run_need",
     "workers_needed",
 ]

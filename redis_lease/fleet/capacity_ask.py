@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from ..errors import InvalidInput, NotFound
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import check_id
-from .capacity import CapacityPlan, Measured, measured, parse_rate, plan
+from .capacity import CapacityPlan, parse_rate, plan
 from .job import parse_duration
+from .run_capacity import Measured, measured
 from .runs import Runs
 
 

@@ -13,7 +13,7 @@ set it wrote to.
   ``replaces``: the id of the data set this one replaced, once a tick noticed.
 
 Each tick of a job first observes the mark (:func:`observe`), against what its side
-remembers and the job's copy, in one script, and notices:
+remembers and the job's copy, in one script (``lua/observe_data_set.lua``), and notices:
 
 - ``replaced``: the tick side remembers another id, or remembers one while the server has
   no mark and no job record keeps one: the server restarted empty, was flushed, or holds
@@ -37,6 +37,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from ..protocol.connection.clients import as_text
+from ..protocol.replies import MarkObserved
 from ..protocol.store.lease_store import LeaseStore
 from .remembered import Remembered, keep, recall
 
@@ -59,50 +60,6 @@ LOSS_REASONS = {
         "(eviction or deletion; check maxmemory-policy: docs/durability.md)"
     ),
 }
-
-#: KEYS[1] the mark; ARGV: [1] remembered id ('' none), [2] remembered epoch, [3] remembered
-#: seq, [4] the job record's copy of the id ('' none), [5] a new id. Returns {id, epoch, seq
-#: (after this tick's), kind noticed now or '', previous id, 1 when a loss happened since
-#: what was remembered, created_at}.
-_OBSERVE = """
-local m = KEYS[1]
-local rid, repoch, rseq, copy = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local id = redis.call('HGET', m, 'id')
-local kind, previous, since = '', '', 0
-if not id then
-  if copy ~= '' then
-    id, kind, previous = copy, 'mark_lost', copy
-  else
-    id = ARGV[5]
-    if rid ~= '' then kind, previous = 'replaced', rid end
-  end
-  redis.call('HSET', m, 'id', id, 'created_at', now, 'epoch', 0, 'seq', 0)
-elseif rid ~= '' and id ~= rid then
-  if redis.call('HGET', m, 'replaces') == rid then
-    since = 1
-  else
-    kind, previous = 'replaced', rid
-  end
-elseif rid ~= '' then
-  if (redis.call('HGET', m, 'epoch') or '0') ~= repoch then
-    since = 1
-  elseif tonumber(redis.call('HGET', m, 'seq') or '0') < rseq then
-    kind, previous = 'rolled_back', id
-  end
-end
-if kind ~= '' then
-  since = 1
-  if kind == 'replaced' then redis.call('HSET', m, 'replaces', rid) end
-  redis.call('HINCRBY', m, 'epoch', 1)
-  redis.call('HINCRBY', m, 'losses:' .. kind, 1)
-  redis.call('HSET', m, 'last_loss', kind, 'last_loss_at', now)
-end
-local seq = redis.call('HINCRBY', m, 'seq', 1)
-local epoch = tonumber(redis.call('HGET', m, 'epoch') or '0')
-return {id, epoch, seq, kind, previous, since, tonumber(redis.call('HGET', m, 'created_at') or now)}
-"""
 
 
 @dataclass(frozen=True)
@@ -151,7 +108,6 @@ def observe(store: LeaseStore, job: str) -> Observation:
     tick side remembers and the job's copy of the id, and remembers the mark as it is now
     (the runs remembered are kept; the tick replaces them, :func:`remember_runs`)."""
     memory = recall(store)
-    script = store.client.register_script(_OBSERVE)
     with store.translating_errors():
         copy = store.client.hget(store.keys.job(job), "dataset")
         args: list[str | int] = [
@@ -161,17 +117,14 @@ def observe(store: LeaseStore, job: str) -> Observation:
             as_text(copy) if copy else "",
             secrets.token_hex(8),
         ]
-        mark_id, epoch, seq, kind, previous, since, created = script(
-            keys=[store.keys.data_set], args=args
-        )
+        mark: MarkObserved = store.scripts.call("observe_data_set", [store.keys.data_set], args)
         loss = None
-        if kind:
-            text = as_text(kind)
-            reason = LOSS_REASONS[text].format(previous=as_text(previous), id=as_text(mark_id))
-            loss = Loss(text, reason, as_text(previous))
+        if mark.kind:
+            reason = LOSS_REASONS[mark.kind].format(previous=mark.previous, id=mark.id)
+            loss = Loss(mark.kind, reason, mark.previous)
             store.client.hset(store.keys.data_set, "last_loss_reason", reason)
     seen = Observation(
-        as_text(mark_id), int(epoch), int(seq), int(created), loss, bool(since), memory
+        mark.id, mark.epoch, mark.seq, mark.created_at_ms, loss, mark.since_loss, memory
     )
     runs = memory.runs if memory is not None else {}
     keep(store, Remembered(seen.id, seen.epoch, seen.seq, dict(runs)))

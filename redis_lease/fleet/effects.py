@@ -49,8 +49,8 @@ from ..errors import (
     SlotTimeout,
     Throttled,
 )
-from ..limits import bound
-from ..protocol.connection.clients import queue_time
+from ..limits import TEXT_MAX_BYTES, bound
+from ..protocol.connection.clients import queue_time, time_ms
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import check_id, clip
 
@@ -92,7 +92,7 @@ CONNECT_ERRORS = frozenset(
     }
 )
 _CHAIN_MAX = 16  # wrappers followed at most
-_ERROR_TEXT_MAX = 4000  # bytes of an error text kept; escaped, well within the JSON bound
+_ERROR_TEXT_MAX = TEXT_MAX_BYTES  # bytes of an error text kept; escaped, well within the JSON bound
 
 
 def idempotency_key(run_id: str, item_id: str, effect: str) -> str:
@@ -366,8 +366,8 @@ def _check_claimable(store: LeaseStore, run_id: str, item_id: str) -> None:
         pipe = store.client.pipeline(transaction=not store.on_cluster)
         pipe.hmget(meta, "closed", "deadline_at")
         queue_time(pipe)
-        (closed, deadline), (seconds, micros) = pipe.execute()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+        (closed, deadline), now = pipe.execute()
+    now_ms = time_ms(now)
     deadline_ms = int(deadline or 0)
     if closed in (b"1", "1"):
         raise RunClosed(f"run {run_id!r} is closed: resume it first", reason="closed", **context)

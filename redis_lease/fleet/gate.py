@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import SlotTimeout as SlotTimeout  # re-exported: its earlier home
 from ..errors import Throttled
 from ..limits import CAP_MAX
-from ..protocol.connection.clients import as_text, queue_time
+from ..protocol.connection.clients import as_text, queue_time, time_ms
 from ..protocol.connection.translate import translating_errors
 from ..protocol.replies import SlotAnswer
 from ..protocol.store.lease_store import LeaseStore
@@ -150,8 +150,8 @@ class ProviderGate:
             queue_time(pipe)
             pipe.zrange(self.keys[0], 0, -1, withscores=True)
             pipe.hgetall(self.keys[1])
-            (seconds, micros), slots, raw = pipe.execute()
-        now = seconds * 1000 + micros // 1000
+            now_reply, slots, raw = pipe.execute()
+        now = time_ms(now_reply)
         fields: dict[str, Any] = {as_text(k): int(float(v)) for k, v in raw.items()}
         return GateState(
             name=self.name,

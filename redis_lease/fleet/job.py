@@ -33,13 +33,19 @@ from ..errors import PermanentError as PermanentError  # re-exported: its earlie
 from ..limits import (
     ATTEMPTS_MAX,
     BATCH_MAX,
+    CATCH_UP_DAYS_MAX,
     CONCURRENCY_MAX,
     DEFAULT_BACKOFF_BASE,
     DEFAULT_BACKOFF_CAP,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RETENTION_DAYS,
     DEFAULT_TTL,
+    MAX_WORKERS_MAX,
+    RETENTION_DAYS_MAX,
     SHARD_COUNT_MAX,
+    SPARE_NODES_MAX,
+    WORKERS_PER_NODE_MAX,
+    WORKERS_PER_SHARD_MAX,
 )
 from ..protocol.validation import check_id, check_positive, ttl_to_ms
 from ..protocol.values import Item
@@ -131,15 +137,15 @@ class JobOptions:
     def __post_init__(self) -> None:
         check_positive(self.shards, "shards", SHARD_COUNT_MAX)
         check_positive(self.max_attempts, "max_attempts", ATTEMPTS_MAX)
-        check_positive(self.catch_up_days, "catch_up_days", 366)
-        check_positive(self.workers_per_shard, "workers_per_shard", 64)
-        check_positive(self.max_workers, "max_workers", 10_000)
+        check_positive(self.catch_up_days, "catch_up_days", CATCH_UP_DAYS_MAX)
+        check_positive(self.workers_per_shard, "workers_per_shard", WORKERS_PER_SHARD_MAX)
+        check_positive(self.max_workers, "max_workers", MAX_WORKERS_MAX)
         check_positive(self.batch_size, "batch_size", BATCH_MAX)
-        check_positive(self.retention_days, "retention_days", 3650)
+        check_positive(self.retention_days, "retention_days", RETENTION_DAYS_MAX)
         check_concurrency(self.concurrency)
         if self.spare_nodes != 0:  # none spare is allowed
-            check_positive(self.spare_nodes, "spare_nodes (0 for none)", 1000)
-        check_positive(self.workers_per_node, "workers_per_node", 1000)
+            check_positive(self.spare_nodes, "spare_nodes (0 for none)", SPARE_NODES_MAX)
+        check_positive(self.workers_per_node, "workers_per_node", WORKERS_PER_NODE_MAX)
         if self.catch_up not in CATCH_UP_POLICIES:
             raise InvalidInput(f"catch_up must be one of {', '.join(CATCH_UP_POLICIES)}")
         if not croniter.is_valid(self.schedule):

@@ -3,7 +3,8 @@ scheduled runs that were never created (missed), and runs lost.
 
 One hash per job, ``<prefix>:job:{<job>}:tallies``, with the fields ``finished:<state>``,
 ``missed`` and ``lost``; ad-hoc runs (no job) count under ``<prefix>:adhoc:{adhoc}:tallies``.
-Each count is one script on the job's slot, so it is counted once:
+Each count is one script on the job's slot (``lua/count_finished.lua``,
+``count_missed.lua``, ``record_lost_run.lua``), so it is counted once:
 
 - a run is counted each time it becomes final, once per end: the job's ``finished_runs``
   sorted set holds ``<run>@<state_at>`` (the end's time, set by the state change) with
@@ -22,31 +23,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ..limits import BATCH_MAX
 from ..protocol.connection.clients import as_text
 from ..protocol.store.lease_store import LeaseStore
 from .run_states import DAY_MS, FINAL_STATES
-
-#: KEYS[1] the tallies hash, KEYS[2] the counted ends (zset: member -> ms it may go);
-#: ARGV[1] the end (``<run>@<state_at>``), ARGV[2] final state, ARGV[3] ms the entry is
-#: kept. Returns 1 when counted now, 0 when counted before.
-_COUNT_FINISHED = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-if redis.call('ZADD', KEYS[2], 'NX', now + tonumber(ARGV[3]), ARGV[1]) == 0 then return 0 end
-redis.call('HINCRBY', KEYS[1], 'finished:' .. ARGV[2], 1)
-return 1
-"""
-#: KEYS[1] the tallies hash, KEYS[2] the job's dates (zset); ARGV the dates to mark
-#: skipped (score 0). Returns the dates marked now (those with no entry before).
-_COUNT_MISSED = """
-local marked = {}
-for _, day in ipairs(ARGV) do
-  if redis.call('ZADD', KEYS[2], 'NX', 0, day) == 1 then marked[#marked + 1] = day end
-end
-if #marked > 0 then redis.call('HINCRBY', KEYS[1], 'missed', #marked) end
-return marked
-"""
 
 
 @dataclass(frozen=True)
@@ -58,18 +38,14 @@ class Tallies:
     lost: int = 0
 
 
-def _base(store: LeaseStore, job: str) -> str:
-    return store.keys.job(job) if job else f"{store.prefix}:adhoc:{{adhoc}}"
-
-
 def tallies_key(store: LeaseStore, job: str) -> str:
     """The job's counters (hash); ``job`` "" for ad-hoc runs."""
-    return f"{_base(store, job)}:tallies"
+    return store.keys.job_tallies(job)
 
 
 def counted_runs_key(store: LeaseStore, job: str) -> str:
     """The job's counted ends (sorted set: ``<run>@<state_at>`` -> ms the entry may go)."""
-    return f"{_base(store, job)}:finished_runs"
+    return store.keys.job_counted_runs(job)
 
 
 def count_finished(
@@ -77,23 +53,26 @@ def count_finished(
 ) -> bool:
     """Counts the end of a run in ``state`` at ``ended_ms`` (its ``state_at``), once per
     end; True when counted now."""
-    script = store.client.register_script(_COUNT_FINISHED)
     keep_ms = (retention_days + 1) * DAY_MS
     keys = [tallies_key(store, job), counted_runs_key(store, job)]
     with store.translating_errors(run_id):
-        return bool(script(keys=keys, args=[f"{run_id}@{ended_ms}", state, keep_ms]))
+        counted: bool = store.scripts.call(
+            "count_finished", keys, [f"{run_id}@{ended_ms}", state, keep_ms]
+        )
+    return counted
 
 
 def count_missed(store: LeaseStore, job: str, days: Sequence[str]) -> list[str]:
     """Marks the job's ``days`` (ISO dates) skipped and counts those not marked or made
     before as missed; returns them."""
-    if not days:
-        return []
-    script = store.client.register_script(_COUNT_MISSED)
     keys = [tallies_key(store, job), store.keys.job_dates(job)]
+    marked: list[str] = []
     with store.translating_errors():
-        marked = script(keys=keys, args=list(days))
-    return [as_text(day) for day in marked or []]
+        for start in range(0, len(days), BATCH_MAX):  # the script takes at most BATCH_MAX
+            marked += store.scripts.call(
+                "count_missed", keys, list(days[start : start + BATCH_MAX])
+            )
+    return marked
 
 
 def read(store: LeaseStore, jobs: Iterable[str]) -> dict[str, Tallies]:

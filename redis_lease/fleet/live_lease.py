@@ -1,8 +1,8 @@
-"""The lease a handler works under, and the thread that keeps it renewed.
+"""The lease a handler works under: an :class:`ActiveLease`, renewed in the background, and
+the :class:`Heartbeat` it is trusted by.
 
-A :class:`LeaseKeeper` renews every held lease (conditional on its token),
-beats a shard job's heartbeat and reads the worker's stop request, all in one
-round trip per tick (renewals every third of the TTL, beats every second). A lease
+The worker's :class:`~redis_lease.fleet.worker.lease_keeper.LeaseKeeper` renews every held
+lease (conditional on its token) and beats a shard job's heartbeat. A lease
 that cannot be renewed is marked lost: a thread handler then gets
 :class:`~redis_lease.errors.LeaseLost` at its next :meth:`ActiveLease.check`,
 :meth:`~ActiveLease.effect` or :meth:`~ActiveLease.renew`, and an async handler's task
@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -23,13 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-import redis
-
-from ..errors import EffectFailed, LeaseLost, RedisLeaseError
-from ..limits import CONCURRENCY_MAX, DEAD_AFTER, DEAD_AFTER_MS, HEARTBEAT
-from ..protocol.connection.clients import as_text, describe
-from ..protocol.connection.translate import REDIS_FAILURES, translating_errors
-from ..protocol.scripts import Command
+from ..errors import EffectFailed, LeaseLost
+from ..limits import CONCURRENCY_MAX, DEAD_AFTER
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.values import Lease
 from .effects import apply_effect
@@ -312,129 +305,3 @@ async def _awaited(awaitable: Awaitable[Any], before: Callable[[], None]) -> Any
             awaitable.close()  # never started: nothing was sent
         raise
     return await awaitable
-
-
-class LeaseKeeper(threading.Thread):
-    """Renews held leases every third of their TTL, beats a heartbeat every
-    :data:`~redis_lease.limits.HEARTBEAT` seconds, reads a stop request.
-
-    The heartbeat is what the fleet watches: when it stops for
-    :data:`~redis_lease.limits.DEAD_AFTER` seconds, another worker ends this process's
-    leases and takes its items over (:mod:`redis_lease.fleet.takeover`). It lives in its own
-    thread, so a handler that is slow (but lets Python run its threads) is never taken
-    for dead.
-
-    Args:
-        store: the store of the leases.
-        ttl: seconds each renewal extends a lease by.
-        beat_key: a key set on every beat to what the beat says (lives
-            :data:`~redis_lease.limits.DEAD_AFTER` seconds).
-        stop_flag: ``(hash key, field)``: when the field is set, :attr:`on_stop_requested`
-            is called (an RQ worker's warm shutdown request).
-    """
-
-    def __init__(
-        self,
-        store: LeaseStore,
-        ttl: float,
-        beat_key: str | None = None,
-        stop_flag: tuple[str, str] | None = None,
-    ) -> None:
-        super().__init__(name="redis-lease-keeper", daemon=True)
-        self.store = store
-        self.ttl = ttl
-        #: Seconds between renewals of the held leases.
-        self.renew_every = max(0.05, ttl / 3)
-        #: Seconds between ticks: beats (and stop-request reads), renewals when due.
-        self.interval = min(self.renew_every, HEARTBEAT) if beat_key else self.renew_every
-        self.beat_key = beat_key
-        self.stop_flag = stop_flag
-        self.on_stop_requested: Callable[[], None] = lambda: None
-        self._held: dict[tuple[str, str], ActiveLease] = {}  # by (run, item)
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._renewed_at = time.monotonic()
-        #: Until when the beats surely live; leases taken under this keeper share it.
-        self.heartbeat: Heartbeat | None = Heartbeat() if beat_key else None
-
-    def hold(self, active: ActiveLease) -> None:
-        """Keeps ``active`` renewed until :meth:`drop`."""
-        with self._lock:
-            self._held[active.run_id, active.item_id] = active
-
-    def drop(self, active: ActiveLease) -> None:
-        """Stops renewing ``active`` (not a newer lease on the same item)."""
-        with self._lock:
-            if self._held.get((active.run_id, active.item_id)) is active:
-                del self._held[active.run_id, active.item_id]
-
-    def beat(self) -> None:
-        """Sets the heartbeat key now (it lives :data:`~redis_lease.limits.DEAD_AFTER` s)."""
-        if self.beat_key and self.heartbeat is not None:
-            sent_at = time.monotonic()
-            with translating_errors(self.store.url):
-                self.store.client.set(self.beat_key, self._beat_value(), px=DEAD_AFTER_MS)
-            self.heartbeat.beaten(sent_at)
-
-    def _beat_value(self) -> str:
-        """What a beat says: this process and the leases it holds (``redis-lease workers``)."""
-        with self._lock:
-            held = len(self._held)
-        return json.dumps({"pid": os.getpid(), "held": held})
-
-    def run(self) -> None:
-        while not self._done.wait(self.interval):
-            try:
-                self.tick()
-            except (RedisLeaseError, *REDIS_FAILURES) as error:
-                log.warning("lease keeper: %s", error)
-
-    def tick(self) -> None:
-        """One round trip: beats, reads the stop request and, every third of the TTL,
-        renews every held lease (one script call per shard)."""
-        due = time.monotonic() - self._renewed_at >= self.renew_every - self.interval / 2
-        # Beats stopped long enough for a watcher to end the leases (the process was
-        # paused, Redis out of reach): renew them all now to learn which are still held.
-        lapsed = self.heartbeat is not None and not self.heartbeat.alive
-        due = due or lapsed
-        with self._lock:
-            held = list(self._held.values()) if due else []
-        commands: list[Command] = []
-        if self.beat_key:
-            commands.append(
-                Command(("SET", self.beat_key, self._beat_value(), "PX", DEAD_AFTER_MS))
-            )
-        # RQ's worker record rides along unless RQ has a Redis of its own (a cluster's store).
-        flag_apart = self.stop_flag is not None and self.store.rq is not self.store.client
-        if self.stop_flag and not flag_apart:
-            commands.append(Command(("HGET", *self.stop_flag)))
-        if due:
-            self._renewed_at = time.monotonic()
-        if held or commands:
-            leases = [active.lease for active in held]
-            sent_at = time.monotonic()
-            renewed, replies = self.store.renew_with(leases, self.ttl, commands)
-            heartbeat = self.heartbeat
-            epoch = None if heartbeat is None else heartbeat.epoch + (1 if lapsed else 0)
-            for active, lease in zip(held, renewed, strict=True):
-                if lease is None:
-                    self.drop(active)
-                    active.mark_lost()
-                else:
-                    active.renewed(lease, sent_at, epoch)
-            if heartbeat is not None and replies[0] is True:  # the beat was stored
-                heartbeat.beaten(sent_at, lapsed)
-        if self.stop_flag:
-            if flag_apart:
-                with translating_errors(describe(self.store.rq)):  # RQ's server, not the store's
-                    flag = self.store.rq.hget(*self.stop_flag)
-            else:
-                flag = replies[-1]
-            if flag is not None and not isinstance(flag, redis.ResponseError) and as_text(flag):
-                self.on_stop_requested()
-
-    def close(self) -> None:
-        """Stops the thread."""
-        self._done.set()
-        if self.is_alive():
-            self.join(timeout=5)

@@ -8,8 +8,8 @@ deleted, a server restarted empty or restored from an older copy. The tick finds
 - ``<prefix>:job:{<job>}:lost`` (hash; ad-hoc runs: ``<prefix>:adhoc:{adhoc}:lost``): run
   id -> its :class:`LostRun` as JSON;
 - each loss counted once in its job's tallies (field ``lost``, exported as
-  ``redis_lease_lost_runs_total``), in the same script: a run lost, made again by the
-  tick (``rerun_at``) and lost again counts twice.
+  ``redis_lease_lost_runs_total``), in the same script (``lua/record_lost_run.lua``): a
+  run lost, made again by the tick (``rerun_at``) and lost again counts twice.
 
 Views show a lost run that was not made again as a run in the state ``lost``
 (:func:`lost_status`), and ``status RUN`` names it with what to do (:meth:`LostRun.describe`).
@@ -21,28 +21,13 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ..protocol.connection.clients import as_text
+from ..errors import NotFound
+from ..limits import LOST_KEPT_DAYS as LOST_KEPT_DAYS  # days a lost run's record is kept
+from ..protocol.connection.clients import as_text, queue_time, time_ms
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.values import COUNT_STATES, RunStatus, from_ms
 from .job_tallies import tallies_key
-from .run_states import DAY_MS, LOST_STATE
-
-#: Days a lost run's record is kept after it was noticed (past it, views forget the run).
-LOST_KEPT_DAYS = 30
-
-#: KEYS[1] the tallies hash, KEYS[2] the lost runs hash; ARGV[1] run id, ARGV[2] its record
-#: (JSON). Writes the record and counts the loss when the run has no record there yet, or
-#: its record says the tick made it again since. Returns 1 when counted now.
-_RECORD = """
-local seen = redis.call('HGET', KEYS[2], ARGV[1])
-if seen then
-  local ok, old = pcall(cjson.decode, seen)
-  if ok and type(old) == 'table' and (tonumber(old['rerun_at_ms']) or 0) == 0 then return 0 end
-end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('HINCRBY', KEYS[1], 'lost', 1)
-return 1
-"""
+from .run_states import DAY_MS, LOST_STATE, retention_days
 
 
 @dataclass(frozen=True)
@@ -84,15 +69,15 @@ class LostRun:
 
 def lost_key(store: LeaseStore, job: str) -> str:
     """The lost runs of ``job`` (hash; ``job`` "" for ad-hoc runs)."""
-    return store.keys.job_lost(job) if job else f"{store.prefix}:adhoc:{{adhoc}}:lost"
+    return store.keys.job_lost(job)
 
 
 def record(store: LeaseStore, lost: LostRun) -> bool:
     """Keeps the record of a lost run and counts the loss, once per loss; True when counted now."""
-    script = store.client.register_script(_RECORD)
     keys = [tallies_key(store, lost.job), lost_key(store, lost.job)]
     with store.translating_errors(lost.run_id):
-        return bool(script(keys=keys, args=[lost.run_id, lost.to_json()]))
+        counted: bool = store.scripts.call("record_lost_run", keys, [lost.run_id, lost.to_json()])
+    return counted
 
 
 def read(store: LeaseStore, run_id: str) -> LostRun | None:
@@ -158,10 +143,44 @@ def lost_status(lost: LostRun, now_ms: int) -> RunStatus:
     )
 
 
+def gone(store: LeaseStore, run_id: str) -> NotFound | None:
+    """The error for a run with no record when something shows it existed, else None.
+
+    A run the tick found lost and did not make again is named lost, with what to do.
+    Other evidence: the run index, the job's open runs, or the run's event log.
+    """
+    lost = read(store, run_id)
+    if lost is not None and not lost.rerun_at_ms:
+        return NotFound(f"run {run_id!r} was lost: {lost.describe()}", run_id=run_id)
+    job = run_id.split(":", 1)[0]
+    with store.translating_errors(run_id):
+        pipe = store.client.pipeline(transaction=False)
+        pipe.zscore(store.keys.runs, run_id)
+        pipe.sismember(store.keys.job_open_runs(job), run_id)
+        pipe.exists(store.keys.run_events(run_id))
+        pipe.hget(store.keys.job(job), "retention_days")
+        queue_time(pipe)
+        created, listed_open, logged, retention, now = pipe.execute()
+    if created is None and not listed_open and not logged:
+        return None
+    days = retention_days({"retention_days": as_text(retention) if retention else ""})
+    kept_until = (created or 0) + days * DAY_MS
+    if not listed_open and not logged and kept_until < time_ms(now):
+        return NotFound(
+            f"run {run_id!r} is gone: its retention has ended; nothing to do", run_id=run_id
+        )
+    return NotFound(
+        f"run {run_id!r} is gone: the server may have lost its data: check persistence "
+        "(docs/durability.md)",
+        run_id=run_id,
+    )
+
+
 __all__ = [
     "LOST_KEPT_DAYS",
     "LostRun",
     "forget_old",
+    "gone",
     "lost_key",
     "lost_status",
     "mark_rerun",

@@ -163,7 +163,7 @@ def _queue_redis(store: LeaseStore) -> redis.Redis | None:
 
 
 def _queue_key(store: LeaseStore) -> str:
-    return f"{store.keys.data_set}:remembered"
+    return store.keys.data_set_remembered
 
 
 def _from_queue_redis(store: LeaseStore) -> Remembered | None:

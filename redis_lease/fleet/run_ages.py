@@ -5,9 +5,10 @@ Each sample is one stream entry at ``<prefix>:run:{<run>}:ages`` with the age in
 seconds and the done and unfinished counts. Samples closer together than
 ``MIN_INTERVAL_MS`` are skipped, so two ticks in the same moment add one point; the
 stream keeps about ``CAP`` entries (a day at one a minute) and expires with the run's
-other keys. A sample is one script on the run's slot: none is added once the run is
-final or its record is gone, and the series takes the record's time to live, so a
-sample racing the run's retirement never leaves a key that does not expire.
+other keys. A sample is one script on the run's slot (``lua/record_age.lua``): none is
+added once the run is final or its record is gone, and the series takes the record's
+time to live, so a sample racing the run's retirement never leaves a key that does not
+expire.
 """
 
 from __future__ import annotations
@@ -15,36 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ..limits import AGE_INTERVAL_MS, AGE_SAMPLES
 from ..protocol.connection.clients import as_text
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.values import RunStatus
 
 #: Entries kept per run (XADD MAXLEN ~).
-CAP = 1440
+CAP = AGE_SAMPLES
 #: The least time between two samples.
-MIN_INTERVAL_MS = 10_000
-#: KEYS[1] the run's record, KEYS[2] its series; ARGV[1] the sample's ms, ARGV[2] the
-#: least interval, ARGV[3] the cap, ARGV[4..6] age, done, unfinished. Returns 1 when
-#: added, 0 when the run is final or gone or the last sample is too recent.
-_RECORD = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'planning' and state ~= 'running' then return 0 end
-local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
-if last then
-  local fields = last[2]
-  for i = 1, #fields, 2 do
-    if fields[i] == 'at' and math.abs(tonumber(ARGV[1]) - tonumber(fields[i + 1]))
-        < tonumber(ARGV[2]) then
-      return 0
-    end
-  end
-end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'at', ARGV[1], 'age', ARGV[4],
-  'done', ARGV[5], 'unfinished', ARGV[6])
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
-return 1
-"""
+MIN_INTERVAL_MS = AGE_INTERVAL_MS
 
 
 @dataclass(frozen=True)
@@ -59,13 +39,12 @@ class AgeSample:
 
 def key(store: LeaseStore, run_id: str) -> str:
     """The run's series key (same hash tag as the run's record)."""
-    return f"{store.keys.run(run_id)}:ages"
+    return store.keys.run_ages(run_id)
 
 
 def record(store: LeaseStore, status: RunStatus, now_ms: int) -> bool:
     """Adds a sample of ``status`` at ``now_ms``; False when the last one is too recent or
     the run is no longer open (final, or its record gone)."""
-    script = store.client.register_script(_RECORD)
     keys = [store.keys.run(status.run_id), key(store, status.run_id)]
     args: list[int | str] = [
         now_ms,
@@ -76,7 +55,8 @@ def record(store: LeaseStore, status: RunStatus, now_ms: int) -> bool:
         status.unfinished,
     ]
     with store.translating_errors(status.run_id):
-        return bool(script(keys=keys, args=args))
+        added: bool = store.scripts.call("record_age", keys, args)
+    return added
 
 
 def read(store: LeaseStore, run_id: str, limit: int = CAP) -> list[AgeSample]:

@@ -11,21 +11,34 @@ from typing import Any
 
 from ..deprecation import warn_renamed
 from ..errors import InvalidInput, NotFound
-from ..limits import TEXT_MAX_BYTES
-from ..protocol.connection.clients import as_text, queue_time
+from ..limits import RUN_LOG_CAP, TEXT_MAX_BYTES
+from ..protocol.connection.clients import as_text, server_ms
 from ..protocol.replies import Transition
+from ..protocol.store.base import lock
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import clip
-from ..protocol.values import Item, RunStatus, from_ms
-from . import job_tallies, lost_records, run_ages
-from .capacity import capacity_key
+from ..protocol.values import Item, from_ms
+from . import job_tallies, lost_records
 from .job import Job, Planner
-from .locks import lock
-from .run_states import DAY_MS, FINAL_STATES, OPEN_STATES, retention_days
+from .run_states import (
+    CANCELABLE_STATES,
+    CANCELED,
+    FAILED,
+    FINAL_STATES,
+    OPEN_STATES,
+    PLANNING,
+    RESUMABLE_STATES,
+    RUNNING,
+    accounting,
+    final_state,
+    not_resumable,
+    reopen,
+    retention_days,
+    retire,
+)
 
 PLAN_BATCH = 500
 PLANNER_LOCK_MS = 120_000
-LOST_HINT = "records vanished: check maxmemory-policy and persistence"
 #: Told the items planned so far, each batch (see :meth:`Runs.plan`).
 PlanProgress = Callable[[int], None]
 
@@ -58,8 +71,7 @@ class Runs:
     def server_now(self) -> datetime:
         """The Redis server's clock."""
         with self.store.translating_errors():
-            seconds, micros = self.client.time()
-        return from_ms(seconds * 1000 + micros // 1000)
+            return from_ms(server_ms(self.client))
 
     def info(self, run_id: str) -> dict[str, str]:
         """The run's record; raises NotFound."""
@@ -73,7 +85,8 @@ class Runs:
         """Appends a decision to the run's decision log (its ``events`` stream)."""
         entry = {"kind": kind, "reason": reason, **{k: str(v) for k, v in fields.items()}}
         with self.store.translating_errors(run_id):
-            self.client.xadd(self.keys.run_events(run_id), entry, maxlen=1000, approximate=True)  # type: ignore[arg-type]
+            events = self.keys.run_events(run_id)
+            self.client.xadd(events, entry, maxlen=RUN_LOG_CAP, approximate=True)  # type: ignore[arg-type]
         return Decision(kind, run_id, reason)
 
     def decisions(self, run_id: str, count: int = 20) -> list[dict[str, str]]:
@@ -191,8 +204,8 @@ class Runs:
         planned = sum(counts.get("added", 0) for counts in self.store.shard_counts(run_id))
         self.transition(
             run_id,
-            "planning",
-            "running",
+            PLANNING,
+            RUNNING,
             f"planned {planned} items",
             planned="1",
             planned_items=planned,
@@ -240,11 +253,9 @@ class Runs:
                 progress(streamed)
 
     def _fail_planning(self, job: Job, run_id: str, error: Exception) -> None:
-        ended = self._transition(run_id, OPEN_STATES, "failed", f"planning error: {error!r}")
+        ended = self._transition(run_id, OPEN_STATES, FAILED, f"planning error: {error!r}")
         if ended.changed:
-            self._count_finished(
-                job.name, run_id, "failed", ended.now_ms, job.options.retention_days
-            )
+            self._count_finished(job.name, run_id, FAILED, ended.now_ms, job.options.retention_days)
         self._retire(job.name, run_id, job.options.retention_days)
 
     # -- closing and reopening ------------------------------------------------
@@ -295,70 +306,25 @@ class Runs:
         job_tallies.count_finished(self.store, job_name, run_id, state, ended_ms, retention)
 
     def gone(self, run_id: str) -> NotFound | None:
-        """The error for a run with no record when something shows it existed, else None.
-
-        A run the tick found lost (:mod:`redis_lease.fleet.lost_records`) and did not make again
-        is named lost, with what to do. Other evidence: the run index, the job's open
-        runs, or the run's event log.
-        """
-        lost = lost_records.read(self.store, run_id)
-        if lost is not None and not lost.rerun_at_ms:
-            return NotFound(f"run {run_id!r} was lost: {lost.describe()}", run_id=run_id)
-        job = run_id.split(":", 1)[0]
-        with self.store.translating_errors(run_id):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.zscore(self.keys.runs, run_id)
-            pipe.sismember(self.keys.job_open_runs(job), run_id)
-            pipe.exists(self.keys.run_events(run_id))
-            pipe.hget(self.keys.job(job), "retention_days")
-            queue_time(pipe)
-            created, listed_open, logged, retention, (seconds, _micros) = pipe.execute()
-        if created is None and not listed_open and not logged:
-            return None
-        days = retention_days({"retention_days": as_text(retention) if retention else ""})
-        kept_until = (created or 0) + days * DAY_MS
-        if not listed_open and not logged and kept_until < int(seconds) * 1000:
-            return NotFound(
-                f"run {run_id!r} is gone: its retention has ended; nothing to do", run_id=run_id
-            )
-        return NotFound(
-            f"run {run_id!r} is gone: the server may have lost its data: check persistence "
-            "(docs/durability.md)",
-            run_id=run_id,
-        )
+        """The error for a run with no record when something shows it existed, else None
+        (:func:`redis_lease.fleet.lost_records.gone`)."""
+        return lost_records.gone(self.store, run_id)
 
     def _retire(self, job_name: str, run_id: str, retention_days: int) -> None:
         """Drops the run from its job's open runs and lets its keys expire."""
-        ttl_ms = retention_days * DAY_MS
-        with self.store.translating_errors(run_id):
-            pipe = self.client.pipeline(transaction=False)
-            if job_name:
-                pipe.srem(self.keys.job_open_runs(job_name), run_id)
-            for key in self._run_keys(run_id):
-                pipe.pexpire(key, ttl_ms)
-            pipe.execute()
-
-    def _run_keys(self, run_id: str) -> list[str]:
-        """Every key of a run: its record, log, RQ jobs and measured capacity, and each
-        shard's keys, attempt log and ledger."""
-        keys = [self.keys.run(run_id), self.keys.run_events(run_id), self.keys.run_jobs(run_id)]
-        keys += [self.keys.run_jobs_missing(run_id), capacity_key(self.store, run_id)]
-        keys.append(run_ages.key(self.store, run_id))
-        for shard in range(self.store.shard_count(run_id)):
-            keys += self.keys.logged(run_id, shard) + self.keys.effects(run_id, shard)
-        return keys
+        retire(self.store, job_name, run_id, retention_days)
 
     def resume(self, run_id: str, deadline: datetime | None = None) -> Decision:
-        """Reopens a partial, failed or canceled run (optionally with a new deadline).
+        """Reopens a partial or failed run (optionally with a new deadline); a canceled
+        run is final (:data:`~redis_lease.fleet.run_states.RESUMABLE_STATES`).
 
         An operator's explicit act: it lifts the deadline bar on every shard, so
         claims are granted again until the (new) deadline, and records that it did.
         """
         info = self.info(run_id)
-        if info["state"] not in ("partial", "failed", "canceled"):
-            raise InvalidInput(
-                f"run {run_id!r} is {info['state']}; only partial, failed or canceled runs resume"
-            )
+        refused = not_resumable(run_id, info)
+        if refused is not None:
+            raise InvalidInput(refused, run_id=run_id)
         until_ms = to_ms(deadline) if deadline is not None else int(info.get("deadline_at", "0"))
         if until_ms <= to_ms(self.server_now()):
             if deadline is not None:
@@ -371,37 +337,29 @@ class Runs:
             f"{from_ms(until_ms).isoformat(timespec='seconds')}"
         )
         # A run whose plan never completed goes back to planning (re-planning adds what is missing).
-        state = "running" if info.get("planned", "1") == "1" else "planning"
+        state = RUNNING if info.get("planned", "1") == "1" else PLANNING
         # The shards first, the run's state last: a failure midway leaves the run as it
-        # was (partial, failed or canceled), so resuming again finishes the job.
+        # was (partial or failed), so resuming again finishes the job.
         self.store.set_deadline(run_id, until_ms)
         self.store.set_closed(run_id, False)
-        with self.store.translating_errors(run_id):
-            pipe = self.client.pipeline(transaction=False)
-            if info.get("job"):
-                pipe.sadd(self.keys.job_open_runs(info["job"]), run_id)
-            for key in self._run_keys(run_id):
-                pipe.persist(key)
-            pipe.execute()
-        self.transition(
-            run_id, ("partial", "failed", "canceled"), state, reason, deadline_at=until_ms
-        )
+        reopen(self.store, info.get("job", ""), run_id)
+        self.transition(run_id, RESUMABLE_STATES, state, reason, deadline_at=until_ms)
         return self.record_decision(run_id, "resume", reason)
 
     def cancel(self, run_id: str, reason: str = "canceled by an operator") -> bool:
         """Closes an open run as canceled."""
         self.store.set_closed(run_id, True)
         info = self.info(run_id)
-        ended = self._transition(run_id, OPEN_STATES, "canceled", reason)
+        ended = self._transition(run_id, CANCELABLE_STATES, CANCELED, reason)
         if ended.changed:
             job, days = info.get("job", ""), retention_days(info)
-            self._count_finished(job, run_id, "canceled", ended.now_ms, days)
+            self._count_finished(job, run_id, CANCELED, ended.now_ms, days)
             self._retire(job, run_id, days)
             self.record_decision(run_id, "cancel", reason)
         return ended.changed
 
     def open_runs(self, job_name: str) -> list[str]:
-        """The job's runs that are planning or running."""
+        """The job's open runs (planning or running)."""
         with self.store.translating_errors():
             return sorted(
                 as_text(r) for r in self.client.smembers(self.keys.job_open_runs(job_name))
@@ -417,24 +375,6 @@ class _Planned:
     business_date: date
     deadline_ms: int
     rerun: bool = False
-
-
-def final_state(status: RunStatus) -> str:
-    """succeeded when the run is complete, else partial (some done) or failed (none)."""
-    if status.complete:
-        return "succeeded"
-    return "partial" if status.counts["done"] > 0 else "failed"
-
-
-def accounting(status: RunStatus) -> str:
-    """The run's counts in words, e.g. ``90 done of 100 planned, 5 pending, 5 lost (...)``."""
-    parts = [f"{status.counts['done']} done of {status.planned} planned"]
-    parts += [f"{status.counts[s]} {s}" for s in ("pending", "leased", "dead") if status.counts[s]]
-    if status.lost:
-        parts.append(f"{status.lost} lost ({LOST_HINT})")
-    if status.late:
-        parts.append(f"{status.late} committed after the deadline")
-    return ", ".join(parts)
 
 
 __all__ = [

@@ -1,10 +1,14 @@
-"""Shard jobs that fail, counted on their run.
+"""Shard jobs that fail, counted on their run, and the tick's dispatch back-off for a run
+whose shard jobs keep failing.
 
 A shard job that raises (or whose work horse dies) is counted in its run's record with
 its last error (:func:`record_job_failure`); one that ends normally ends the streak
-and the dispatch back-off together (:func:`end_failure_streak`); the tick starts a
-back-off (:func:`start_backoff`, see :mod:`redis_lease.fleet.dispatch_backoff`). Each is one small
-script on the run's record, so a run deleted meanwhile is never made again.
+and the dispatch back-off together (:func:`end_failure_streak`). After
+:data:`FAILURE_STREAK_LIMIT` failures in a row the tick dispatches nothing for a while
+(:func:`hold_dispatch`, which starts the back-off with :func:`start_backoff`), then lets
+one shard job try again. Each write is one small script on the run's record
+(``lua/record_job_failure.lua``, ``end_failure_streak.lua``, ``start_backoff.lua``), so a
+run deleted meanwhile is never made again.
 """
 
 from __future__ import annotations
@@ -13,11 +17,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..limits import (
+    DISPATCH_BACKOFF_BASE,
+    DISPATCH_BACKOFF_CAP,
+    DISPATCH_FAILURE_STREAK,
+)
+from ..limits import JOB_ERROR_MAX_BYTES as JOB_ERROR_MAX_BYTES
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import clip
+from .runs import Decision, Runs
 
-#: The longest ``last_job_error`` kept in a run's record, in UTF-8 bytes.
-JOB_ERROR_MAX_BYTES = 1000
+#: Shard jobs failed in a row before the tick backs off dispatching to the run.
+FAILURE_STREAK_LIMIT = DISPATCH_FAILURE_STREAK
+#: Seconds of the first back-off; each further failure doubles it, up to the cap.
+BACKOFF_BASE = DISPATCH_BACKOFF_BASE
+BACKOFF_CAP = DISPATCH_BACKOFF_CAP
 
 
 @dataclass(frozen=True)
@@ -61,39 +75,6 @@ def job_failures(info: Mapping[str, str]) -> JobFailures:
     )
 
 
-#: Counts a failed shard job on its run, in one step (nothing when the run has no record).
-#: KEYS[1] the run's record; ARGV[1] the error line. Returns the streak, or -1 without a record.
-_RECORD_FAILURE = """
-local run = KEYS[1]
-if redis.call('EXISTS', run) == 0 then return -1 end
-local now = redis.call('TIME')
-redis.call('HINCRBY', run, 'failed_jobs', 1)
-local streak = redis.call('HINCRBY', run, 'job_failure_streak', 1)
-redis.call('HSET', run, 'last_job_error', ARGV[1],
-  'last_job_error_at', now[1] .. string.format('%03d', math.floor(tonumber(now[2]) / 1000)))
-return streak
-"""
-#: Ends a run's streak of failed shard jobs and its back-off, in one step (a failure
-#: counted meanwhile is never lost). KEYS[1] the run's record. Returns 1 when it wrote.
-_END_STREAK = """
-local run = KEYS[1]
-local streak, seen = unpack(redis.call('HMGET', run, 'job_failure_streak',
-  'dispatch_backoff_streak'))
-if (streak or '0') == '0' and (seen or '0') == '0' then return 0 end
-redis.call('HSET', run, 'job_failure_streak', '0', 'dispatch_backoff_streak', '0')
-redis.call('HDEL', run, 'dispatch_backoff_until')
-return 1
-"""
-#: Starts a back-off if the streak is still the one it was decided on. KEYS[1] the
-#: run's record; ARGV[1] the streak, ARGV[2] the back-off's end (ms). Returns 1 when set.
-_START_BACKOFF = """
-local run = KEYS[1]
-if redis.call('HGET', run, 'job_failure_streak') ~= ARGV[1] then return 0 end
-redis.call('HSET', run, 'dispatch_backoff_until', ARGV[2], 'dispatch_backoff_streak', ARGV[1])
-return 1
-"""
-
-
 def record_job_failure(store: LeaseStore, run_id: str, shard: int, error: str) -> bool:
     """Counts a failed shard job in the run's record with its error; False when no record.
 
@@ -101,10 +82,9 @@ def record_job_failure(store: LeaseStore, run_id: str, shard: int, error: str) -
     deleted meanwhile (retention) is not made again with only these fields.
     """
     line = clip(f"shard {shard}: " + " ".join(error.split()), JOB_ERROR_MAX_BYTES)
-    script = store.client.register_script(_RECORD_FAILURE)
     with store.translating_errors(run_id):
-        streak = script(keys=[store.keys.run(run_id)], args=[line])
-    return int(streak) >= 0
+        streak: int = store.scripts.call("record_job_failure", [store.keys.run(run_id)], [line])
+    return streak >= 0
 
 
 def end_failure_streak(store: LeaseStore, run_id: str, client: Any = None) -> None:
@@ -112,23 +92,68 @@ def end_failure_streak(store: LeaseStore, run_id: str, client: Any = None) -> No
 
     ``client`` may be a pipeline to queue it in. Writes nothing when there is no streak.
     """
-    script = store.client.register_script(_END_STREAK)
-    script(keys=[store.keys.run(run_id)], client=client)
+    keys = [store.keys.run(run_id)]
+    if client is None:
+        store.scripts.call("end_failure_streak", keys, [])
+    else:
+        store.scripts.run("end_failure_streak", keys, [], client=client)
 
 
 def start_backoff(store: LeaseStore, run_id: str, streak: int, until_ms: int) -> bool:
     """Records a dispatch back-off until ``until_ms`` for a failure ``streak``; False
     (nothing written) when the streak changed since it was read."""
-    script = store.client.register_script(_START_BACKOFF)
     with store.translating_errors(run_id):
-        done = script(keys=[store.keys.run(run_id)], args=[str(streak), str(until_ms)])
-    return bool(done)
+        done: bool = store.scripts.call(
+            "start_backoff", [store.keys.run(run_id)], [str(streak), str(until_ms)]
+        )
+    return done
+
+
+def backoff_seconds(streak: int) -> float:
+    """The back-off after ``streak`` shard jobs failed in a row: doubling from
+    :data:`BACKOFF_BASE` at the limit, up to :data:`BACKOFF_CAP`."""
+    exponent = min(max(0, streak - FAILURE_STREAK_LIMIT), 20)
+    return min(BACKOFF_BASE * (1 << exponent), BACKOFF_CAP)
+
+
+def hold_dispatch(
+    store: LeaseStore, runs: Runs, info: dict[str, str], run_id: str, now_ms: int
+) -> tuple[bool, Decision | None]:
+    """Whether to hold dispatching to a run whose shard jobs keep failing; a ``backoff``
+    decision when the back-off starts or grows (new failures since the last one).
+
+    Each back-off is counted from the tick that first sees the failures, by the
+    tick's clock; when it ends, one shard job tries again (the caller's cap), and
+    its failure starts a back-off twice as long. The back-off is recorded only if
+    the streak is still the one read (:func:`start_backoff`); when it moved
+    meanwhile, this tick holds and the next one decides.
+    """
+    failures = job_failures(info)
+    seen = int(info.get("dispatch_backoff_streak") or 0)
+    until = failures.backoff_until_ms or 0
+    if failures.streak == seen:
+        return now_ms < until, None
+    seconds = backoff_seconds(failures.streak)
+    until = now_ms + int(seconds * 1000)
+    if not start_backoff(store, run_id, failures.streak, until):
+        return True, None
+    reason = (
+        f"{failures.streak} shard jobs failed in a row ({failures.count} in all; last: "
+        f"{failures.last_error}); dispatching nothing for {seconds:.0f}s, then one shard "
+        "job tries again"
+    )
+    return True, runs.record_decision(run_id, "backoff", reason)
 
 
 __all__ = [
+    "BACKOFF_BASE",
+    "BACKOFF_CAP",
+    "FAILURE_STREAK_LIMIT",
     "JOB_ERROR_MAX_BYTES",
     "JobFailures",
+    "backoff_seconds",
     "end_failure_streak",
+    "hold_dispatch",
     "job_failures",
     "record_job_failure",
     "start_backoff",

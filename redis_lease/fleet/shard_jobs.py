@@ -1,4 +1,5 @@
-"""RQ as the transport: shard jobs on queues, JSON-serialized, and their liveness.
+"""RQ as the transport: shard jobs on queues, JSON-serialized, their liveness, and the
+store an RQ job of this project works on in a worker process (:func:`job_store`).
 
 Redis state is the truth; an RQ job only says "work this shard for a while".
 Lost, repeated or abandoned RQ jobs are harmless because ownership lives in the
@@ -20,7 +21,15 @@ from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 
 from ..errors import RedisLeaseError
-from ..protocol.connection.clients import as_text, queue_time
+from ..limits import DEFAULT_PREFIX
+from ..protocol.connection.clients import (
+    as_text,
+    client_from_url,
+    describe,
+    queue_time,
+    resilient,
+    time_ms,
+)
 from ..protocol.store.lease_store import LeaseStore
 from . import takeover
 from .shard_job_failures import record_job_failure
@@ -168,10 +177,10 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
         answers = pipe.execute()
         if not apart:
             positions, answers = answers[: len(ids)], answers[len(ids) :]
-        *beats, entries, missing_raw, (seconds, micros) = answers
+        *beats, entries, missing_raw, now = answers
         registered = dict(zip(ids, entries, strict=True))
         missing = {as_text(k): int(v) for k, v in missing_raw.items()}
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        now_ms = time_ms(now)
         live: dict[int, list[str]] = {}
         dead: list[str] = []
         found_missing: list[str] = []
@@ -304,3 +313,44 @@ def purge_queue(client: redis.Redis, name: str, extra_job_ids: tuple[str, ...] =
         for k in client.scan_iter(match=pattern, count=500)
     ]
     client.delete(rq_queue.key, intermediate, *[r.key for r in registries], *leftovers)
+
+
+# -- the store an RQ job works on -------------------------------------------------
+# By default RQ's own Redis (the job's connection): lease state and queues share one
+# server. A worker started with a queue URL of its own (RQ on a plain Redis, the lease
+# state on a cluster) names the lease store's URL with use_lease_url; its jobs, forked
+# or not, then open that store, with RQ's connection for what they enqueue.
+
+_lease_url: str | None = None
+
+
+def use_lease_url(url: str | None) -> None:
+    """The lease store's URL for this process's jobs (None: RQ's own Redis)."""
+    global _lease_url
+    _lease_url = url
+
+
+def job_store(rq_connection: redis.Redis, prefix: str = DEFAULT_PREFIX) -> LeaseStore:
+    """A store of the job's own, whose connections retry
+    (:func:`~redis_lease.protocol.connection.clients.resilient`).
+
+    Close it with :meth:`LeaseStore.close` when the job ends; RQ's connection is left open.
+    """
+    rq_client = resilient(rq_connection)
+    if _lease_url is None:
+        return LeaseStore(rq_client, prefix=prefix, url=describe(rq_client))
+    try:
+        client = client_from_url(_lease_url)
+    except BaseException:
+        if rq_client is not rq_connection:
+            rq_client.close()
+        raise
+    return LeaseStore(client, prefix=prefix, url=_lease_url, rq_client=rq_client)
+
+
+def close_job_store(store: LeaseStore, rq_connection: redis.Redis) -> None:
+    """Closes what :func:`job_store` opened, not RQ's own connection."""
+    if store.client is not rq_connection:
+        store.client.close()
+    if store.rq is not rq_connection and store.rq is not store.client:
+        store.rq.close()

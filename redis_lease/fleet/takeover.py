@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import InvalidInput, NotFound, RedisLeaseError
-from ..limits import SHARD_COUNT_MAX
+from ..limits import SHARD_COUNT_MAX, TAKEOVER_LOG_CAP
 from ..protocol.connection.clients import as_text
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import check_id, clip
@@ -42,7 +42,7 @@ from .shard_job_failures import record_job_failure
 log = logging.getLogger("redis_lease.worker")
 
 #: Takeovers kept in the fleet's takeover log (newest first).
-TAKEOVER_LOG = 1000
+TAKEOVER_LOG = TAKEOVER_LOG_CAP
 #: Milliseconds a takeover, and a silent worker's record, stay in the views: a day.
 KEPT_MS = 24 * 3600 * 1000
 #: The longest text kept of a worker's or host's name.

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..fleet.gate import GateState
-from ..fleet.run_states import LOST_STATE
-from ..fleet.runs import FINAL_STATES, Runs
+from ..fleet.run_states import CANCELED, FAILED, FINAL_STATES, LOST_STATE, PARTIAL, SUCCEEDED
+from ..fleet.runs import Runs
 from ..protocol.connection.clients import as_text
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.values import ItemRecord, RunStatus
@@ -56,10 +56,10 @@ def run_health(status: RunStatus) -> str:
 
     A canceled run is an operator's decision, not a delay: never late.
     """
-    if status.state in ("partial", "failed", LOST_STATE):
+    if status.state in (PARTIAL, FAILED, LOST_STATE):
         return "failed"
     deadline = deadline_ms(status)
-    if deadline is None or status.state in ("succeeded", "canceled"):
+    if deadline is None or status.state in (SUCCEEDED, CANCELED):
         return "ok"
     if status.now_ms > deadline:
         return "late"

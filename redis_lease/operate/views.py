@@ -20,7 +20,8 @@ from ..errors import InvalidInput, NotFound
 from ..fleet import lost_records
 from ..fleet.effects import SEPARATOR
 from ..fleet.gate import GateState, ProviderGate
-from ..fleet.run_states import FINAL_STATES, LOST_STATE, OPEN_STATES
+from ..fleet.run_states import RUN_STATES
+from ..limits import PAGE_MAX, PAGE_SIZE
 from ..protocol.connection.clients import as_text
 from ..protocol.keys import SHARD_KEY_NAMES
 from ..protocol.store.lease_store import LeaseStore
@@ -31,8 +32,6 @@ from ..protocol.values import COUNT_STATES, ItemRecord, RunStatus, effect_record
 STATE_INDEX = {"pending": "due", "leased": "leases", "dead": "dead"}
 #: What the score of each state's index means.
 SCORE_MEANING = {"pending": "eligible_at", "leased": "expires_at", "dead": "dead_at"}
-#: Most items in one page.
-PAGE_MAX = 1000
 #: Most HSCAN calls for one page: a page of a rare state ends early, with its cursor.
 SCAN_STEPS_MAX = 64
 
@@ -198,7 +197,7 @@ def _glob_escape(text: str) -> str:
 
 def providers(store: LeaseStore) -> list[GateState]:
     """Every provider gate under the store's prefix with its cap, slots and throttles."""
-    pattern = f"{store.prefix}:provider:{{*}}:state"
+    pattern = store.keys.providers_pattern
     names: set[str] = set()
     with store.translating_errors():
         for key in store.client.scan_iter(match=pattern, count=500):
@@ -227,10 +226,6 @@ def run_statuses(store: LeaseStore, run_ids: Iterable[str]) -> Iterator[RunStatu
                 yield lost_records.lost_status(lost, lost.noticed_at_ms)
 
 
-#: The states runs are listed by: open, final, and lost (a vanished run not made again).
-RUN_STATES = (*OPEN_STATES, *FINAL_STATES, LOST_STATE)
-
-
 @dataclass(frozen=True)
 class RunFilter:
     """Which runs a listing shows, newest first: only ``job``'s, only those in ``state``
@@ -242,7 +237,7 @@ class RunFilter:
 
     job: str | None = None
     state: str | None = None
-    limit: int = 50
+    limit: int = PAGE_SIZE
 
     def __post_init__(self) -> None:
         if self.job is not None:

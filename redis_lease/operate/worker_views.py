@@ -18,7 +18,7 @@ from typing import Any
 
 from ..fleet import takeover
 from ..limits import DEAD_AFTER_MS
-from ..protocol.connection.clients import queue_time
+from ..protocol.connection.clients import queue_time, time_ms
 from ..protocol.store.lease_store import LeaseStore
 
 
@@ -76,8 +76,8 @@ def worker_rows(store: LeaseStore) -> list[WorkerRow]:
         pipe.hgetall(records_key)
         pipe.zrange(seen_key, 0, -1, withscores=True)
         queue_time(pipe)
-        records, seen, (seconds, micros) = pipe.execute()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+        records, seen, now = pipe.execute()
+    now_ms = time_ms(now)
     rows: dict[str, WorkerRow] = {}
 
     def row(name: str) -> WorkerRow:

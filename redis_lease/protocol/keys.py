@@ -7,6 +7,7 @@ touches one Cluster slot; run-level keys carry ``{<run_id>}``.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -16,6 +17,31 @@ from ..limits import DEFAULT_PREFIX
 SHARD_KEY_NAMES = ("meta", "counts", "items", "due", "leases", "held", "dead")
 #: The shard's attempt log (stream), the eighth key of the scripts that end attempts.
 ATTEMPTS_KEY_NAME = "attempts"
+#: Hash tag of the records of ad-hoc runs (runs of no job), in place of a job's name.
+ADHOC_TAG = "adhoc"
+#: The :class:`Keys` members whose keys outlive runs: a job's, a provider's, a worker's or
+#: the fleet's, never one run's. Every other key a run creates expires with it: a final
+#: run's keys (:func:`redis_lease.fleet.run_states.run_keys`) when its retention ends, a
+#: lock or a heartbeat sooner. :meth:`Keys.outliving_runs` names them.
+OUTLIVE_RUNS = (
+    "job",
+    "job_dates",
+    "job_open_runs",
+    "job_lost",
+    "job_tallies",
+    "job_counted_runs",
+    "job_tick_lock",
+    "provider",
+    "jobs",
+    "runs",
+    "data_set",
+    "data_set_remembered",
+    "protocol",
+    "shard_jobs",
+    "takeovers",
+    "workers",
+    "bad_jobs",
+)
 
 
 @lru_cache(maxsize=4096)
@@ -57,6 +83,11 @@ class Keys:
         tag = f"{self.prefix}:provider:{{{name}}}"
         return [f"{tag}:slots", f"{tag}:state"]
 
+    @property
+    def providers_pattern(self) -> str:
+        """A SCAN pattern matching the cap state (hash) of every provider."""
+        return f"{self.prefix}:provider:{{*}}:state"
+
     def run(self, run_id: str) -> str:
         """The run's record (hash)."""
         return f"{self.prefix}:run:{{{run_id}}}"
@@ -77,6 +108,14 @@ class Keys:
         """A shard job's heartbeat (string with a TTL)."""
         return f"{self.prefix}:run:{{{run_id}}}:beat:{rq_job_id}"
 
+    def run_capacity(self, run_id: str) -> str:
+        """The run's measured capacity (hash, :mod:`redis_lease.fleet.run_capacity`)."""
+        return f"{self.prefix}:run:{{{run_id}}}:capacity"
+
+    def run_ages(self, run_id: str) -> str:
+        """The run's oldest-eligible-age series (stream, :mod:`redis_lease.fleet.run_ages`)."""
+        return f"{self.prefix}:run:{{{run_id}}}:ages"
+
     def run_planner(self, run_id: str) -> str:
         """The planning lock of a run (string with a TTL)."""
         return f"{self.prefix}:run:{{{run_id}}}:planner"
@@ -93,16 +132,40 @@ class Keys:
         """The job's runs not yet finished (set)."""
         return f"{self.prefix}:job:{{{name}}}:open"
 
+    def job_tick_lock(self, name: str) -> str:
+        """The lock of one tick of the job (string with a TTL)."""
+        return f"{self.prefix}:job:{{{name}}}:tick"
+
+    def _job_records(self, name: str) -> str:
+        """Where a job's records of its runs start; ad-hoc runs' (``name`` "") have theirs."""
+        return self.job(name) if name else f"{self.prefix}:{ADHOC_TAG}:{{{ADHOC_TAG}}}"
+
     def job_lost(self, name: str) -> str:
         """The job's lost runs (hash: run id -> its record,
-        :mod:`redis_lease.fleet.lost_records`)."""
-        return f"{self.prefix}:job:{{{name}}}:lost"
+        :mod:`redis_lease.fleet.lost_records`); ``name`` "" for ad-hoc runs."""
+        return f"{self._job_records(name)}:lost"
+
+    def job_tallies(self, name: str) -> str:
+        """The job's counters (hash, :mod:`redis_lease.fleet.job_tallies`); ``name`` ""
+        for ad-hoc runs."""
+        return f"{self._job_records(name)}:tallies"
+
+    def job_counted_runs(self, name: str) -> str:
+        """The job's counted ends (sorted set: ``<run>@<state_at>`` -> ms the entry may go);
+        ``name`` "" for ad-hoc runs."""
+        return f"{self._job_records(name)}:finished_runs"
 
     @property
     def data_set(self) -> str:
         """The data set's mark (hash: id, epoch, seq, losses; see
         :mod:`redis_lease.fleet.data_set`)."""
         return f"{self.prefix}:dataset"
+
+    @property
+    def data_set_remembered(self) -> str:
+        """The data set's mark as remembered on the Redis of RQ's queues (string: JSON,
+        :mod:`redis_lease.fleet.remembered`)."""
+        return f"{self.data_set}:remembered"
 
     @property
     def protocol(self) -> str:
@@ -141,3 +204,21 @@ class Keys:
     def bad_jobs(self) -> str:
         """RQ jobs workers failed without running (hash: ``<reason>:<queue>`` -> count)."""
         return f"{self.prefix}:rq:bad_jobs"
+
+    @property
+    def everything(self) -> str:
+        """A SCAN pattern matching every key under the prefix."""
+        return f"{self.prefix}:*"
+
+    def outliving_runs(self, jobs: Sequence[str], providers: Sequence[str] = ()) -> set[str]:
+        """The keys of :data:`OUTLIVE_RUNS` for these jobs (and ad-hoc runs) and providers."""
+        names: set[str] = set()
+        for member in OUTLIVE_RUNS:
+            built = getattr(self, member)
+            if not callable(built):
+                names.update([built] if isinstance(built, str) else built)
+                continue
+            for arg in providers if member == "provider" else [*jobs, ""]:
+                value = built(arg)
+                names.update([value] if isinstance(value, str) else value)
+        return names

@@ -139,6 +139,22 @@ class SlotReleased(NamedTuple):
     changed: bool
 
 
+class MarkObserved(NamedTuple):
+    """observe_data_set: the data set's mark after this tick, and the loss it noticed.
+
+    ``kind`` is the loss noticed now ('' for none), ``previous`` the id it concerns,
+    ``since_loss`` whether a loss happened since what the tick side remembered.
+    """
+
+    id: str
+    epoch: int
+    seq: int
+    kind: str
+    previous: str
+    since_loss: bool
+    created_at_ms: int
+
+
 def grant(row: Sequence[Any]) -> Grant:
     """Decodes one claim row."""
     item_id, token, lease_id, expires, attempt, payload, takeover, now = row
@@ -194,6 +210,19 @@ def _settled(row: Sequence[Any]) -> Settled:
     return ResponseError(_text(row[1]))
 
 
+def _mark(reply: Sequence[Any]) -> MarkObserved:
+    mark_id, epoch, seq, kind, previous, since, created = reply
+    return MarkObserved(
+        _text(mark_id),
+        int(epoch),
+        int(seq),
+        _text(kind),
+        _text(previous),
+        bool(since),
+        int(created),
+    )
+
+
 def _effect(reply: Sequence[Any]) -> EffectRecorded:
     key = _text(reply[2]) if len(reply) > 2 else ""
     return EffectRecorded(_text(reply[0]), _text(reply[1]), key)
@@ -220,4 +249,12 @@ DECODERS: dict[str, Callable[[Any], Any]] = {
     "settle": lambda rows: [_settled(row) for row in rows],
     "slot_acquire": _slot,
     "slot_release": lambda reply: SlotReleased(int(reply[0]), bool(reply[1])),
+    "record_job_failure": int,
+    "end_failure_streak": bool,
+    "start_backoff": bool,
+    "record_age": bool,
+    "count_finished": bool,
+    "count_missed": lambda reply: [_text(day) for day in reply],
+    "record_lost_run": bool,
+    "observe_data_set": _mark,
 }

@@ -23,7 +23,9 @@ from ..limits import lua_dir, table
 from .replies import DECODERS
 
 #: Each script and the number of KEYS it takes (commit takes more: its guarded keys). The
-#: scripts that end attempts take the shard's attempt log as their eighth key.
+#: scripts that end attempts take the shard's attempt log as their eighth key. The last
+#: ones keep the fleet's records: a run's failed shard jobs, its ages, a job's tallies and
+#: lost runs, the data set's mark.
 KEY_COUNTS: dict[str, int] = {
     "add_items": 7,
     "claim": 8,
@@ -45,6 +47,14 @@ KEY_COUNTS: dict[str, int] = {
     "slot_acquire": 2,
     "slot_release": 2,
     "worker_beat": 2,
+    "record_job_failure": 1,
+    "end_failure_streak": 1,
+    "start_backoff": 1,
+    "record_age": 2,
+    "count_finished": 2,
+    "count_missed": 2,
+    "record_lost_run": 2,
+    "observe_data_set": 1,
 }
 
 _INCLUDE = re.compile(r'^-- @include "([a-z_]+\.(?:lua|json))"$', re.MULTILINE)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import date, datetime, time, timedelta
 
 from ...errors import InvalidInput
+from ...limits import BACKFILL_DAYS_MAX
 from ...protocol.store.lease_store import LeaseStore
 from ..job import Job
 from ..runs import Decision, Runs
@@ -17,7 +18,7 @@ from .scheduler_tick import business_date
 
 BACKFILL_POLICIES = ("all", "latest")
 #: The most business dates one backfill spans.
-BACKFILL_MAX_DAYS = 366
+BACKFILL_MAX_DAYS = BACKFILL_DAYS_MAX
 #: How far back the last date allowed is looked for (a job may fire once in four years).
 _LOOKBACK_DAYS = 4 * 366
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from croniter import croniter
 
-from ...limits import DEFAULT_RETENTION_DAYS
+from ...limits import DEFAULT_RETENTION_DAYS, RUN_LOG_CAP
 from ...protocol.connection.clients import as_text
 from ...protocol.store.lease_store import LeaseStore
 from .. import data_set, lost_records
@@ -304,7 +304,7 @@ def _name(store: LeaseStore, runs: Runs, lost: LostRun, retention_days: int) -> 
             pipe.srem(store.keys.job_open_runs(lost.job), lost.run_id)
         if lost.created_at_ms:
             pipe.zadd(store.keys.runs, {lost.run_id: lost.created_at_ms}, nx=True)
-        pipe.xadd(events, {"kind": "lost", "reason": reason}, maxlen=1000, approximate=True)
+        pipe.xadd(events, {"kind": "lost", "reason": reason}, maxlen=RUN_LOG_CAP, approximate=True)
         pipe.pexpire(events, retention_days * DAY_MS)
         pipe.execute()
     return Decision("lost", lost.run_id, reason)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from croniter import croniter
 
-from ...protocol.connection.clients import as_text
+from ...protocol.connection.clients import as_text, server_ms
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.validation import check_id
 from ...protocol.values import from_ms
@@ -198,8 +198,7 @@ def local_time(moment: datetime, job: Job) -> str:
 
 def _server_now(store: LeaseStore) -> datetime:
     with store.translating_errors():
-        seconds, micros = store.client.time()
-    return from_ms(int(seconds) * 1000 + int(micros) // 1000)
+        return from_ms(server_ms(store.client))
 
 
 # -- pausing ----------------------------------------------------------------------------
@@ -223,8 +222,7 @@ def pause(store: LeaseStore, job_name: str, by: str | None = None) -> Pause:
     who = check_id(by or default_user(), "--by")
     key = store.keys.job(job_name)
     with store.translating_errors():
-        seconds, micros = store.client.time()
-        at_ms = int(seconds) * 1000 + int(micros) // 1000
+        at_ms = server_ms(store.client)
         store.client.sadd(store.keys.jobs, job_name)
         pipe = store.client.pipeline(transaction=True)  # one key: one slot on a cluster
         pipe.hsetnx(key, "paused_by", who)

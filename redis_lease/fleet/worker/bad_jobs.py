@@ -8,8 +8,8 @@ its worker quits; a job whose function is missing fails only once it runs.
 bad one as that job: it leaves RQ's queues, its status becomes ``failed``, it enters the
 queue's failed registry with a failure result that says why, the worker prints one line
 (the job, why, what to do) and counts it under the store's prefix
-(:mod:`redis_lease.fleet.worker.bad_job_counts`), which the exporter serves as
-``redis_lease_bad_jobs_total``. Then it takes the next job.
+(:func:`count_bad_job`), which the exporter serves as ``redis_lease_bad_jobs_total``
+(:func:`bad_job_counts`). Then it takes the next job.
 
 Its hash is kept for a look, but for the fields RQ cannot read: those are quoted in the
 failure result and removed, so that RQ and its dashboard can list and show the failed
@@ -41,8 +41,6 @@ from rq.worker import BaseWorker
 from ...errors import RedisLeaseError
 from ...protocol.connection.clients import as_text
 from ...protocol.store.lease_store import LeaseStore
-from . import bad_job_counts
-from .bad_job_counts import UNIMPORTABLE, UNREADABLE
 
 #: The longest text a line or a failure result quotes from a job (ids, names, errors).
 SHOWN_MAX = 300
@@ -52,6 +50,10 @@ PICKLE_MARK = b"\x80"
 #: (LMOVE) from this Redis version on; otherwise it pops it.
 LMOVE_SINCE = (6, 2, 0)
 _JSON_FIX = "enqueue it with RQ's JSON serializer (rq cron: examples/scheduling/rq_cron.py)"
+#: Why a job is bad: RQ cannot read its hash or data / its function does not import.
+UNREADABLE = "unreadable"
+UNIMPORTABLE = "unimportable"
+REASONS = (UNREADABLE, UNIMPORTABLE)
 
 
 @dataclass(frozen=True)
@@ -291,7 +293,7 @@ class BadJobGuard(BaseWorker):
         if self.bad_job_store is None:
             return ""
         try:
-            bad_job_counts.count(self.bad_job_store, queue_name, reason)
+            count_bad_job(self.bad_job_store, queue_name, reason)
         except RedisLeaseError as error:
             return f" (not counted: {error})"
         return ""
@@ -303,9 +305,40 @@ class BadJobGuard(BaseWorker):
             self.log.error("%s", text)
 
 
+# -- their counts ------------------------------------------------------------------
+# Kept in Redis for the exporter: the hash ``<prefix>:rq:bad_jobs``, one field
+# ``<reason>:<queue>`` per reason and queue, made by the first bad job (a worker with no
+# bad job writes nothing). The prefix is the worker's store's (``--prefix``): a job that
+# cannot be read does not say whose it is.
+
+
+def count_bad_job(store: LeaseStore, queue: str, reason: str) -> None:
+    """Counts one bad job of ``queue`` failed for ``reason``."""
+    with store.translating_errors():
+        store.client.hincrby(store.keys.bad_jobs, f"{reason}:{queue}", 1)
+
+
+def bad_job_counts(store: LeaseStore) -> dict[tuple[str, str], int]:
+    """Every count, by ``(queue, reason)``: each reason of each queue counted at all (0 for
+    the reasons it has none of), so that ``increase()`` sees the first of each."""
+    with store.translating_errors():
+        raw = store.client.hgetall(store.keys.bad_jobs)
+    counts = {}
+    for field_name, value in raw.items():
+        reason, _, queue = as_text(field_name).partition(":")
+        counts.update({(queue, other): 0 for other in REASONS if (queue, other) not in counts})
+        counts[(queue, reason)] = int(value)
+    return counts
+
+
 __all__ = [
+    "REASONS",
+    "UNIMPORTABLE",
+    "UNREADABLE",
     "BadJob",
     "BadJobGuard",
+    "bad_job_counts",
+    "count_bad_job",
     "shown",
     "unreadable_hash",
     "unrunnable",

@@ -31,8 +31,7 @@ from rq.worker import BaseWorker
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.validation import check_id
 from ..job import check_concurrency, with_cwd_on_path
-from ..shard_job_store import use_lease_url
-from ..shard_jobs import SHARD_FUNC, JsonJob, job_error, queue
+from ..shard_jobs import SHARD_FUNC, JsonJob, job_error, queue, use_lease_url
 from .bad_jobs import BadJobGuard
 from .shard_job import CONCURRENCY_ENV
 from .watch import FleetWatch

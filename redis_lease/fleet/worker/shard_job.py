@@ -2,7 +2,7 @@
 
 It sets up what :func:`~redis_lease.fleet.worker.shard_loop.work_shard` (the shard loop, which
 needs no RQ) works under, and records what the pass did. While handlers run, a
-:class:`~redis_lease.fleet.live_lease.LeaseKeeper` thread renews the process's leases
+:class:`~redis_lease.fleet.worker.lease_keeper.LeaseKeeper` thread renews the process's leases
 (conditional on their tokens) and beats the shard job's heartbeat; a lease that
 cannot be renewed is marked lost, which stops its handler.
 """
@@ -28,12 +28,14 @@ from ...protocol.connection.server_checks import eviction_danger
 from ...protocol.connection.translate import REDIS_FAILURES, translating_errors
 from ...protocol.connection.urls import safe_url
 from ...protocol.store.lease_store import LeaseStore
-from .. import capacity, shard_jobs, takeover
+from .. import run_capacity, shard_jobs, takeover
 from ..job import Job, check_concurrency, load_job
-from ..live_lease import ActiveLease, LeaseKeeper
+from ..live_lease import ActiveLease
 from ..shard_job_failures import end_failure_streak, record_job_failure
-from ..shard_job_store import close_job_store, job_store
-from .shard_loop import HandlerResult, ShardReport, work_shard
+from ..shard_jobs import close_job_store, job_store
+from .lease_keeper import LeaseKeeper
+from .settlements import HandlerResult, ShardReport
+from .shard_loop import work_shard
 
 log = logging.getLogger("redis_lease.worker")
 
@@ -70,8 +72,8 @@ def process_shard(
 ) -> dict[str, Any]:
     """The RQ job: works one shard for up to the job's shard budget, then re-enqueues itself.
 
-    Its store (:func:`~.job_store.job_store`: RQ's server, or the lease store the
-    worker was started with) retries connection errors and timeouts, so a reset
+    Its store (:func:`~redis_lease.fleet.shard_jobs.job_store`: RQ's server, or the lease
+    store the worker was started with) retries connection errors and timeouts, so a reset
     costs a reconnect, not the job. SIGTERM (to this process) or a warm shutdown
     of its RQ worker drains it: the current item is finished and the unstarted
     ones released. Returns a report.
@@ -197,7 +199,7 @@ def _record_pass(store: LeaseStore, run_id: str, report: ShardReport, busy: floa
     if not report.handled:
         return
     try:
-        capacity.record_pass(store, run_id, report.handled, report.handler_seconds, busy)
+        run_capacity.record_pass(store, run_id, report.handled, report.handler_seconds, busy)
     except RedisLeaseError as error:
         log.warning("could not record the pass of run %r: %s", run_id, error)
 

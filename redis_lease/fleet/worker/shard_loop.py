@@ -3,49 +3,32 @@
 :func:`work_shard` works one shard of a run until it is drained, stopped or out of
 budget, running up to ``concurrency`` handlers at once (:mod:`redis_lease.fleet.worker.pool`);
 finished items are committed, failed or released together, one round trip per
-batch. It needs no RQ: :func:`redis_lease.worker.process_shard` is the RQ job
-around it.
+batch (:mod:`redis_lease.fleet.worker.settlements`). It needs no RQ:
+:func:`redis_lease.worker.process_shard` is the RQ job around it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
-from ...deprecation import renamed_attribute
-from ...errors import (
-    ClusterBusy,
-    ConditionFailed,
-    InvalidInput,
-    LeaseError,
-    LeaseLost,
-    PermanentError,
-    RedisLeaseError,
-    RunClosed,
-    SlotTimeout,
-    Throttled,
-)
-from ...protocol.guards import Condition, Write
+from ...errors import ClusterBusy, LeaseError, LeaseLost, RunClosed, SlotTimeout, Throttled
 from ...protocol.store.lease_store import LeaseStore
-from ...protocol.values import CommitRequest, FailRequest, ReleaseRequest, SettleRequest
+from ...protocol.values import ReleaseRequest
 from ..job import Job, check_concurrency
-from ..live_lease import ActiveLease, LeaseKeeper
+from ..live_lease import ActiveLease
+from .lease_keeper import LeaseKeeper
 from .pool import Finished, Pool, make_pool
+from .settlements import PendingSettlements, ShardReport, mark_stale, settlement_of
 
 log = logging.getLogger("redis_lease.worker")
 
-__all__ = ["SLOT_RETRY_DELAY", "HandlerResult", "ShardReport", "work_shard"]
+__all__ = ["work_shard"]
 
-#: Seconds before an item released for want of a provider slot is due again.
-SLOT_RETRY_DELAY = 1.0
 #: Seconds before claiming again after a cluster refused a claim while moving slots.
 CLUSTER_RETRY_DELAY = 0.2
 #: The longest the shard loop waits for a handler before it looks at the stop request again.
@@ -60,47 +43,6 @@ FIRST_CLAIM = 20
 #: The weight of the newest handler time in the recent mean the claims are sized by: a
 #: slowdown after many fast items shrinks the claims within a few dozen items.
 RECENT_WEIGHT = 0.1
-#: A settlement to send and the report's counter its success adds to; None: nothing to send.
-_Settlement = tuple[SettleRequest, str] | None
-#: Old names, importable with a DeprecationWarning for one release.
-_RENAMED = {"Outcome": "HandlerResult"}
-
-
-def __getattr__(name: str) -> Any:
-    """``Outcome``, the old name of :class:`HandlerResult`, with a DeprecationWarning."""
-    return renamed_attribute(__name__, name, _RENAMED, globals())
-
-
-@dataclass(frozen=True)
-class HandlerResult:
-    """A handler's answer with a label (counted as ``outcome_<label>``) or guarded writes."""
-
-    result: Any = None
-    conditions: tuple[Condition, ...] = ()
-    writes: tuple[Write, ...] = ()
-    label: str = ""
-
-
-@dataclass
-class ShardReport:
-    """What one pass over a shard did."""
-
-    committed: int = 0
-    failed: int = 0
-    #: Leases lost to another holder (refused, or found lost before the handler started).
-    stale: int = 0
-    released: int = 0
-    throttled: int = 0
-    stopped: bool = False
-    drained: bool = False
-    closed: bool = False
-    errors: list[str] = field(default_factory=list)
-    #: Items left to their lease expiry after an error while settling them.
-    abandoned: int = 0
-    #: Handlers run (ended, whatever their outcome).
-    handled: int = 0
-    #: The summed wall time of those handlers, in seconds.
-    handler_seconds: float = 0.0
 
 
 def work_shard(
@@ -164,7 +106,7 @@ class _ShardLoop:
         self.store, self.job, self.run_id, self.shard = store, job, run_id, shard
         self.worker, self.keeper, self.pool, self.size = worker, keeper, pool, size
         self.report = report
-        self.pending = _PendingCommits(store, keeper, report, job.options.commit_interval)
+        self.pending = PendingSettlements(store, keeper, report, job.options.commit_interval)
         #: The recent mean handler time (seconds) of the items that did their work (not
         #: throttled), weighted by RECENT_WEIGHT; None until one has.
         self.recent_seconds: float | None = None
@@ -306,11 +248,11 @@ class _ShardLoop:
             return
         self._time_handler(finished)
         active = finished.active
-        settlement = _settlement_of(active, finished.answer, finished.error)
+        settlement = settlement_of(active, finished.answer, finished.error)
         if settlement is None:  # the lease was lost: the item is another holder's
             self.keeper.drop(active)
             assert isinstance(finished.error, LeaseLost)
-            _stale(active, self.report, finished.error)
+            mark_stale(active, self.report, finished.error)
         else:
             self.pending.add(active, *settlement)
 
@@ -323,137 +265,3 @@ class _ShardLoop:
         for active in waiting:
             self.pending.waiting.append((active, ReleaseRequest(active.lease), "released"))
         self.pending.flush()
-
-
-class _PendingCommits:
-    """Settlements (commits, fails, releases) waiting to be sent together in one round trip;
-    their leases stay with the keeper meanwhile."""
-
-    def __init__(
-        self, store: LeaseStore, keeper: LeaseKeeper, report: ShardReport, interval: float
-    ) -> None:
-        self.store, self.keeper, self.report, self.interval = store, keeper, report, interval
-        #: (lease, request, the report's counter its success adds to)
-        self.waiting: list[tuple[ActiveLease, SettleRequest, str]] = []
-        self.oldest = 0.0
-
-    def add(self, active: ActiveLease, request: SettleRequest, counter: str) -> None:
-        """Queues a settlement; sends the queue when its oldest has waited long enough."""
-        if not self.waiting:
-            self.oldest = time.monotonic()
-        self.waiting.append((active, request, counter))
-        self.flush_due()
-
-    def due_in(self) -> float:
-        """Seconds until the waiting settlements are due (infinite when none wait)."""
-        if not self.waiting:
-            return math.inf
-        return max(0.0, self.oldest + self.interval - time.monotonic())
-
-    def flush_due(self) -> None:
-        """Sends the waiting settlements once the oldest has waited ``interval`` seconds."""
-        if self.waiting and time.monotonic() - self.oldest >= self.interval:
-            self.flush()
-
-    def flush(self) -> None:
-        """Sends every waiting settlement in one round trip and settles each answer.
-
-        When the round trip fails (Redis gone past the retries) the items are
-        left to their lease expiry; the job goes on.
-        """
-        if not self.waiting:
-            return
-        waiting, self.waiting = self.waiting, []
-        try:
-            answers = self.store.settle_many([request for _, request, _ in waiting])
-        except LeaseError as error:
-            answers = [error] * len(waiting)
-        for (active, request, counter), answer in zip(waiting, answers, strict=True):
-            self.keeper.drop(active)
-            self._settle_answer(active, request, counter, answer)
-
-    def _settle_answer(
-        self, active: ActiveLease, request: SettleRequest, counter: str, answer: Any
-    ) -> None:
-        report = self.report
-        commit = isinstance(request, CommitRequest)
-        if isinstance(answer, LeaseLost):
-            _stale(active, report, answer)
-        elif commit and isinstance(answer, InvalidInput):  # e.g. a result that is not JSON
-            if _settle(self.store.fail, active, report, f"permanent: {answer}", permanent=True):
-                report.failed += 1
-        elif commit and isinstance(answer, ConditionFailed):
-            # What the handler read changed before the commit: back at once, read again.
-            if _settle(self.store.release, active, report):
-                report.released += 1
-        elif isinstance(answer, LeaseError):
-            action = type(request).__name__.removesuffix("Request").lower()
-            _abandon(active, report, action, answer)
-        else:
-            setattr(report, counter, getattr(report, counter) + 1)
-
-
-def _settlement_of(active: ActiveLease, answer: Any, error: BaseException | None) -> _Settlement:
-    """What a handler's answer or error asks for: a settlement and its counter, or None
-    when the lease was lost (the item is another holder's: nothing to write)."""
-    if error is None:
-        if isinstance(answer, HandlerResult):
-            request = CommitRequest(
-                active.lease, answer.result, answer.conditions, answer.writes, answer.label
-            )
-            return request, "committed"
-        return CommitRequest(active.lease, answer), "committed"
-    if not isinstance(error, (Exception, asyncio.CancelledError)):
-        raise error  # KeyboardInterrupt, SystemExit: not the item's doing
-    if isinstance(error, LeaseLost):
-        return None
-    if isinstance(error, PermanentError):
-        return FailRequest(active.lease, f"permanent: {error}", permanent=True), "failed"
-    if isinstance(error, Throttled):  # not the item's fault: back later, attempt not counted
-        return ReleaseRequest(active.lease, error.delay_ms / 1000), "throttled"
-    if isinstance(error, SlotTimeout):
-        return ReleaseRequest(active.lease, SLOT_RETRY_DELAY), "throttled"
-    # The handler is user code: any other failure is a failed attempt.
-    return FailRequest(active.lease, f"{type(error).__name__}: {error}"), "failed"
-
-
-def _settle(
-    call: Callable[..., Any], active: ActiveLease, report: ShardReport, *args: Any, **kw: Any
-) -> bool:
-    """Fails or releases the item; True when that was done.
-
-    A lease lost meanwhile is counted as stale. Any other error (Redis gone
-    past the retries, a refusal) is logged and the item left to its lease
-    expiry: the job goes on with the next item.
-    """
-    try:
-        call(active.lease, *args, **kw)
-    except LeaseLost as error:
-        _stale(active, report, error)
-        return False
-    except RedisLeaseError as error:
-        _abandon(active, report, getattr(call, "__name__", "settle"), error)
-        return False
-    return True
-
-
-def _stale(active: ActiveLease, report: ShardReport, error: LeaseLost) -> None:
-    """Counts a lease lost meanwhile: the item is another holder's now."""
-    active.mark_lost()
-    report.stale += 1
-    log.info("stale: %s", error)
-
-
-def _abandon(active: ActiveLease, report: ShardReport, action: str, error: Exception) -> None:
-    """Leaves an item to its lease expiry after ``action`` failed; logs it with the item."""
-    report.abandoned += 1
-    report.errors.append(f"{action} of item {active.item_id!r} failed: {error}")
-    log.warning(
-        "%s of item %r of run %r (token %s) failed, so it is left to its lease expiry: %s: %s",
-        action,
-        active.item_id,
-        active.run_id,
-        active.token,
-        type(error).__name__,
-        error,
-    )

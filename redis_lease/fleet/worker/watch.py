@@ -33,9 +33,9 @@ from ...protocol.connection.translate import REDIS_FAILURES
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.validation import clip
 from .. import shard_jobs, takeover
-from ..dispatch_backoff import FAILURE_STREAK_LIMIT
+from ..run_states import RUNNING
 from ..runs import Runs
-from ..shard_job_failures import job_failures
+from ..shard_job_failures import FAILURE_STREAK_LIMIT, job_failures
 
 log = logging.getLogger("redis_lease.worker")
 
@@ -76,7 +76,7 @@ def redispatch(store: LeaseStore, done: takeover.Takeover) -> str | None:
         info = Runs(store).info(job.run_id)
     except NotFound:
         return None
-    if info.get("state") != "running" or job_failures(info).streak >= FAILURE_STREAK_LIMIT:
+    if info.get("state") != RUNNING or job_failures(info).streak >= FAILURE_STREAK_LIMIT:
         return None
     return shard_jobs.enqueue_shard(
         store, job.path, job.queue, job.run_id, job.shard, job.budget, at_front=True

@@ -21,8 +21,10 @@ from werkzeug.wrappers import Response
 from ...errors import InvalidInput, NotFound
 from ...fleet import run_ages
 from ...fleet.run_control import new_deadline, requeue_items
+from ...fleet.run_states import RESUMABLE_STATES
 from ...fleet.runs import Runs
 from ...fleet.shard_job_failures import JobFailures, job_failures
+from ...limits import PAGE_SIZE, RESUME_HOURS, RESUME_HOURS_MAX
 from ...protocol.connection.clients import as_text
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.validation import check_id
@@ -55,14 +57,13 @@ def _setup(state: BlueprintSetupState) -> None:
 
 
 #: Runs per page of the runs page, dead items per page of a run page.
-RUNS_PER_PAGE = 50
-DEAD_PER_PAGE = 50
+RUNS_PER_PAGE = PAGE_SIZE
+DEAD_PER_PAGE = PAGE_SIZE
 #: Attempts shown on an item page, newest first.
-ATTEMPTS_SHOWN = 50
-#: Resume may set a new deadline this many hours ahead at most; the form offers the
-#: default when the run's own deadline has passed.
-RESUME_HOURS_MAX = 24 * 14
-RESUME_HOURS_DEFAULT = 2
+ATTEMPTS_SHOWN = PAGE_SIZE
+#: Resume may set a new deadline RESUME_HOURS_MAX hours ahead at most; the form offers
+#: the default when the run's own deadline has passed.
+RESUME_HOURS_DEFAULT = RESUME_HOURS
 
 
 def _store() -> LeaseStore:
@@ -160,7 +161,7 @@ def run(run_id: str) -> str:
         dead=dead if isinstance(dead, Unreadable) else _dead_rows(dead),
         dead_cursor=None if isinstance(dead, Unreadable) else dead.next_cursor,
         providers=readable("the provider gates", lambda: provider_rows(providers(store))),
-        can_resume=bool(status and status.state in ("partial", "failed")) and not _read_only(),
+        can_resume=bool(status and status.state in RESUMABLE_STATES) and not _read_only(),
         resume_hours="" if status is None else _resume_hours(status),
         read_only=_read_only(),
     )
@@ -225,7 +226,7 @@ def requeue(run_id: str, item_id: str) -> Response:
 
 @pages.post("/runs/<id:run_id>/resume")
 def resume(run_id: str) -> Response:
-    """Reopens a partial or failed run (``redis-lease resume RUN [--deadline]``)."""
+    """Reopens a run in RESUMABLE_STATES (``redis-lease resume RUN [--deadline]``)."""
     store = _store()
     check_id(run_id, "run id")
     runs_ = Runs(store)
@@ -238,7 +239,7 @@ def resume(run_id: str) -> Response:
                 raise ValueError(hours_text)
             deadline = new_deadline(timedelta(hours=hours), runs_.server_now())
         decision = runs_.resume(run_id, deadline)
-    except InvalidInput as error:  # not partial or failed, or past its deadline
+    except InvalidInput as error:  # not resumable, or past its deadline
         text = str(error).replace("pass --deadline", "give a new deadline")
         flash(f"not resumed: {text}", "error")
     except ValueError:

@@ -21,6 +21,7 @@ from flask import Blueprint, render_template, request, url_for
 from flask.blueprints import BlueprintSetupState
 
 from ...errors import InvalidInput
+from ...limits import RQ_PAGE_MAX, RQ_PAGE_SIZE
 from . import rq_data, rq_jobs, rq_workers
 from .ids import CONVERTER, IdConverter
 from .rq_source import RQ_PREFIX, known_job, known_queue, known_registry, location, reading
@@ -28,8 +29,8 @@ from .rq_source import RQ_PREFIX, known_job, known_queue, known_registry, locati
 rq_views = Blueprint("rq", __name__, url_prefix=RQ_PREFIX)
 
 #: Jobs per page by default, and at most.
-PER_PAGE = 20
-PER_PAGE_MAX = 100
+PER_PAGE = RQ_PAGE_SIZE
+PER_PAGE_MAX = RQ_PAGE_MAX
 #: The orders a jobs page takes: oldest first (``asc``) or newest first (rq-dashboard's ``dsc``).
 ORDERS = {"asc": False, "dsc": True, "desc": True}
 

@@ -33,7 +33,7 @@ attempt logs, kept by the exporter's process: :mod:`redis_lease.operate.metrics.
 ``redis_lease_data_set_losses_total{kind}`` (:mod:`redis_lease.fleet.data_set`),
 ``redis_lease_redis_eviction_danger{policy}``, the provider gates'
 ``redis_lease_provider_*``, and ``redis_lease_bad_jobs_total{queue,reason}``: RQ jobs
-workers failed without running (kept in Redis, :mod:`redis_lease.fleet.worker.bad_job_counts`).
+workers failed without running (kept in Redis, :mod:`redis_lease.fleet.worker.bad_jobs`).
 
 A scrape only reads Redis: a user allowed read commands and scripts that only read
 can run the exporter.
@@ -49,7 +49,8 @@ from prometheus_client.registry import Collector
 from ...errors import NotFound
 from ...fleet.run_states import OPEN_STATES, kept_until_ms
 from ...fleet.shard_job_failures import job_failures
-from ...fleet.worker import bad_job_counts
+from ...fleet.worker.bad_jobs import bad_job_counts
+from ...limits import METRICS_RUNS
 from ...protocol.connection.clients import as_text
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.values import COUNT_STATES, RunStatus
@@ -194,7 +195,7 @@ def _bad_jobs(store: LeaseStore) -> Metric:
         "(unimportable). Each is in its queue's RQ failed registry.",
         labels=["queue", "reason"],
     )
-    for (queue, reason), count in sorted(bad_job_counts.read(store).items()):
+    for (queue, reason), count in sorted(bad_job_counts(store).items()):
         family.add_metric([queue, reason], count)
     return family
 
@@ -222,7 +223,7 @@ class LeaseCollector(Collector):
     :mod:`redis_lease.operate.metrics.history`): keep one collector per exporter process.
     """
 
-    def __init__(self, store: LeaseStore, max_runs: int = 50) -> None:
+    def __init__(self, store: LeaseStore, max_runs: int = METRICS_RUNS) -> None:
         self.store = store
         self.max_runs = max_runs
         self.history = AttemptHistograms()

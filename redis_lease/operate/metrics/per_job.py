@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from ...fleet import job_tallies
 from ...fleet.data_set import LOSS_KINDS, read_mark
 from ...fleet.gate import ProviderGate
+from ...fleet.run_states import RUNNING
 from ...fleet.tick.schedule import job_names
 from ...protocol.connection.clients import as_text
 from ...protocol.store.lease_store import LeaseStore
@@ -53,7 +54,7 @@ def needs(store: LeaseStore, jobs: list[str]) -> list[Metric]:
                 pipe.hmget(keys.run(run_id), ["state", "workers_needed"])
             total, missing, known = 0, 0, False
             for state, value in pipe.execute() if runs else []:
-                if state is None or as_text(state) != "running":
+                if state is None or as_text(state) != RUNNING:
                     continue
                 text = as_text(value) if value is not None else ""
                 if text.isdigit():
@@ -143,8 +144,7 @@ def providers(store: LeaseStore) -> list[Metric]:
     throttles = CounterMetricFamily(
         "redis_lease_provider_throttles", "Throttle answers seen.", labels=["provider"]
     )
-    pattern = f"{store.prefix}:provider:{{*}}:state"
-    for key in store.client.scan_iter(match=pattern, count=500):
+    for key in store.client.scan_iter(match=store.keys.providers_pattern, count=500):
         name = as_text(key).split("{", 1)[1].split("}")[0]
         state = ProviderGate(store, name, max_concurrency=1).state()
         cap.add_metric([name], state.cap)

@@ -215,3 +215,16 @@ def queue_time(pipe: Any) -> None:
     A cluster's pipeline refuses its ``time()`` method, not the command itself (sent to one node).
     """
     pipe.execute_command("TIME")
+
+
+def time_ms(reply: Any) -> int:
+    """A ``TIME`` reply (seconds, microseconds) as epoch milliseconds: the server's clock
+    as every script reads it (``now_ms`` of ``lua/include/protocol.lua``)."""
+    seconds, micros = reply
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def server_ms(client: Any) -> int:
+    """The Redis server's clock in epoch milliseconds (one ``TIME``); inside a pipeline,
+    :func:`queue_time` and :func:`time_ms` of its reply."""
+    return time_ms(client.time())

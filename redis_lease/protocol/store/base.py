@@ -1,10 +1,12 @@
 """The plumbing every LeaseStore stands on: its clients (the lease store's and RQ's),
-its key names and scripts, the translation of what Redis raises, and the shard of an item."""
+its key names and scripts, the translation of what Redis raises, and the shard of an item;
+and the lock of one tick or one planner taken on a store (:func:`lock`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, Self
 
 import redis
@@ -162,3 +164,31 @@ class StoreBase:
         """The shard that holds ``item_id``: CRC-32 of its id modulo the run's shard count
         (:func:`redis_lease.protocol.keys.shard_of`, after checking the id)."""
         return shard_of(check_id(item_id, "item id"), self.shard_count(run_id))
+
+
+@contextmanager
+def lock(store: StoreBase, key: str, ttl_ms: int, run_id: str | None = None) -> Iterator[bool]:
+    """Holds ``key`` for the block when it is free; yields whether it was taken.
+
+    The lock of one tick or one planner: the key holds a random owner token with a TTL,
+    so a holder that dies frees it by expiry. It is released through the
+    ``release_lock`` script, which deletes it only while it still holds the owner's
+    token (a lock that expired and was taken by another is left alone); the release goes
+    through :meth:`Scripts.call`, so a ``SCRIPT FLUSH`` costs a reload, not a lock held
+    until its TTL runs out. Taking it raises the library's error when Redis fails;
+    releasing it is best effort (when Redis is gone the key expires by itself, and the
+    block's own error is the one that matters).
+    """
+    owner = uuid.uuid4().hex
+    with store.translating_errors(run_id):
+        taken = bool(store.client.set(key, owner, nx=True, px=ttl_ms))
+        if not taken:
+            # the client resends a command whose reply a reset lost: the first SET may
+            # have landed, and then the lock is ours
+            taken = store.client.get(key) in (owner, owner.encode())
+    try:
+        yield taken
+    finally:
+        if taken:
+            with suppress(redis.RedisError, OSError):
+                store.scripts.call("release_lock", [key], [owner])

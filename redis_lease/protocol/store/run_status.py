@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ...errors import NotFound
-from ..connection.clients import as_text, queue_time
+from ..connection.clients import as_text, queue_time, time_ms
 from ..values import COUNT_STATES, RunStatus
 
 if TYPE_CHECKING:
@@ -61,10 +61,10 @@ def read(store: StoreBase, run_id: str) -> tuple[dict[str, str], list[ShardSnaps
     for reply in replies:
         if isinstance(reply, redis.ResponseError):
             raise store.translating_errors(run_id).error(reply)
-    (seconds, micros), info_raw, *shards = replies
+    now_reply, info_raw, *shards = replies
     if not info_raw:  # the shard count was known, the record is gone since (lost or expired)
         raise NotFound(f"run {run_id!r} not found; add items to create it", run_id=run_id)
-    now = int(seconds) * 1000 + int(micros) // 1000
+    now = time_ms(now_reply)
     snapshots = [_shard(now, shards[i : i + _PER_SHARD]) for i in range(0, len(shards), _PER_SHARD)]
     return {as_text(k): as_text(v) for k, v in info_raw.items()}, snapshots
 
