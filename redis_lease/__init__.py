@@ -33,6 +33,7 @@ from .errors import (
     TLSFailed,
 )
 from .fleet.capacity import CapacityPlan
+from .fleet.capacity_ask import CapacityAsk
 from .fleet.effects import not_sent, resolve_effect
 from .fleet.gate import ProviderGate
 from .fleet.job import Job
@@ -88,6 +89,7 @@ __all__ = [
     "BadJob",
     "BadJobGuard",
     "Call",
+    "CapacityAsk",
     "CapacityPlan",
     "ClusterBusy",
     "Command",

@@ -89,6 +89,13 @@ SPLIT_MODULES = {
     ),
 }
 
+#: Old ``module.name`` -> the module that holds the name now; each use warns.
+MOVED_NAMES = {
+    "redis_lease.errors.SCRIPT_CODES": "redis_lease.protocol.error_replies",
+    "redis_lease.errors.from_reply": "redis_lease.protocol.error_replies",
+    "redis_lease.errors.iso": "redis_lease.protocol.error_replies",
+}
+
 
 def warn_renamed(old: str, new: str, *, stacklevel: int = 3) -> None:
     """Warns that ``old`` is deprecated in favour of ``new``, at the caller's caller."""
@@ -109,6 +116,16 @@ def renamed_attribute(
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
     warn_renamed(f"{module}.{name}", f"{module}.{new}", stacklevel=4)
     return namespace[new]
+
+
+def moved_name(module: str, name: str) -> Any:
+    """For a module's ``__getattr__``: a ``name`` that moved to another module
+    (:data:`MOVED_NAMES`), with a warning; AttributeError for any other name."""
+    new = MOVED_NAMES.get(f"{module}.{name}")
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warn_renamed(f"{module}.{name}", f"{new}.{name}", stacklevel=4)
+    return getattr(importlib.import_module(new), name)
 
 
 def joined_module(name: str, parts: Sequence[ModuleType]) -> ModuleType:

@@ -8,12 +8,14 @@ translated at one place (:func:`redis_lease.protocol.connection.translate.transl
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import math
 import pkgutil
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ import redis_lease
 from redis_lease import (
     EffectFailed,
     HandlerError,
+    InvalidInput,
     Item,
     LeaseError,
     LeaseLost,
@@ -40,11 +43,11 @@ from redis_lease import (
     errors,
 )
 from redis_lease.cli import report
-from redis_lease.errors import from_reply
 from redis_lease.fleet.effects import apply_effect
 from redis_lease.fleet.runs import Runs
 from redis_lease.limits import DELAY_MAX_MS
-from redis_lease.protocol.connection.translate import translate
+from redis_lease.protocol.connection.translate import translate, translating_errors
+from redis_lease.protocol.error_replies import SCRIPT_CODES, from_reply
 from tests.helpers import wait_past
 
 
@@ -94,6 +97,22 @@ def test_old_import_paths_still_work() -> None:
     assert OldThrottled is Throttled and OldPermanent is PermanentError
     assert OldSlotTimeout is SlotTimeout and OldReconciliation is NeedsReconciliation
     assert OldUnknown is errors.EffectUnknown
+
+
+def test_the_reply_parser_keeps_its_old_names_for_a_release(store: LeaseStore) -> None:
+    with pytest.warns(DeprecationWarning, match="redis_lease.protocol.error_replies.from_reply"):
+        from redis_lease.errors import from_reply as old_from_reply
+    assert old_from_reply is from_reply
+    with pytest.warns(DeprecationWarning, match="error_replies.SCRIPT_CODES"):
+        assert errors.SCRIPT_CODES is SCRIPT_CODES
+    with pytest.warns(DeprecationWarning, match="translating_errors"):
+        from redis_lease.protocol.connection.translate import redis_errors
+    assert redis_errors is translating_errors
+    with pytest.warns(DeprecationWarning, match=r"translating_errors\(\)\.error\(\)"):
+        lost = store.translate(redis.ResponseError("NOT_FOUND item=a"), "r", "a")
+    assert isinstance(lost, NotFound) and lost.run_id == "r"
+    with pytest.raises(AttributeError):
+        errors.no_such_name  # noqa: B018
 
 
 def test_the_groups_and_their_exit_codes() -> None:
@@ -255,6 +274,41 @@ def test_translate_sorts_every_failure() -> None:
         "this user has no permissions to run the 'hset' command"
     )
     assert isinstance(translate(URL, denied), PermissionDenied)
+
+
+def test_one_door_translates_a_block_and_a_pipeline_reply() -> None:
+    context = {"run_id": "r", "item_id": "a", "token": 3}
+    door = translating_errors(URL, **context)
+    with pytest.raises(RunClosed) as raised, door:
+        raise redis.ResponseError("RUN_CLOSED reason=closed")
+    assert raised.value.__suppress_context__ and raised.value.token == 3
+    reply = door.error(redis.ResponseError("RUN_CLOSED reason=closed"))
+    assert (
+        str(reply)
+        == str(raised.value)
+        == "run 'r' is closed; resume it with " + ("'redis-lease resume r'")
+    )
+    with pytest.raises(RedisUnavailable, match="unreachable"), door:
+        raise OSError("reset")
+    own = InvalidInput("not this library's Redis")
+    with pytest.raises(InvalidInput) as passed, door:
+        raise own
+    assert passed.value is own
+
+
+def test_every_call_path_goes_through_the_one_door() -> None:
+    """Only the door (translate.py) calls :func:`translate` or reads script replies."""
+    package = Path(redis_lease.__file__).parent
+    door = package / "protocol" / "connection" / "translate.py"
+    callers = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            called = node.func if isinstance(node, ast.Call) else None
+            name = getattr(called, "id", getattr(called, "attr", None))
+            if {"translate", "from_reply"} & {*names, name} and path != door:
+                callers.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert callers == [], "use translating_errors()"
 
 
 def test_the_cli_reports_every_error_of_the_root(capsys: pytest.CaptureFixture[str]) -> None:

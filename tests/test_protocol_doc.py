@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from redis_lease.errors import SCRIPT_CODES
 from redis_lease.limits import lua_dir, table
+from redis_lease.protocol.error_replies import SCRIPT_CODES
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "protocol.md"

@@ -27,8 +27,8 @@ from redis_lease import (
     Write,
     limits,
 )
-from redis_lease.errors import from_reply
 from redis_lease.protocol import validation
+from redis_lease.protocol.error_replies import from_reply
 from redis_lease.protocol.guards import KeyMissing
 from redis_lease.protocol.replies import DECODERS
 from redis_lease.protocol.scripts import KEY_COUNTS, LOGGED, Call, Scripts, lua_dir, source

@@ -26,7 +26,7 @@ from ..errors import InvalidInput, RedisLeaseError
 from ..limits import DEFAULT_PREFIX
 from ..operate.output import error_line, warning_line
 from ..protocol.connection.tls import INSECURE_ENV, allow_insecure, check_tls_params, with_tls
-from ..protocol.connection.translate import REDIS_FAILURES, translate
+from ..protocol.connection.translate import REDIS_FAILURES, translating_errors
 from ..protocol.connection.urls import is_cluster_url
 from ..protocol.validation import check_id
 from ..version import __version__
@@ -43,7 +43,7 @@ def report(error: Exception) -> int:
     that reached here untranslated (e.g. from RQ) is translated first.
     """
     if isinstance(error, REDIS_FAILURES) and not isinstance(error, RedisLeaseError):
-        error = translate("", error)
+        error = translating_errors("").error(error)
     if isinstance(error, RedisLeaseError):
         error_line(str(error))
         return error.exit_code

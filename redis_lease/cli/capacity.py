@@ -11,34 +11,12 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import InvalidInput, NotFound
-from ..fleet.capacity import CapacityPlan, parse_rate, plan
-from ..fleet.job import parse_duration
-from ..fleet.run_capacity import Measured, measured
-from ..fleet.runs import Runs
+from ..fleet.capacity import CapacityPlan
+from ..fleet.capacity_ask import CapacityAsk, measured_run
+from ..fleet.run_capacity import Measured
 from ..operate.output import print_json, print_table
-from ..protocol.validation import check_id
 from .app import app
 from .shared import open_store
-
-
-def _seconds(text: str, name: str) -> float:
-    seconds = parse_duration(text).total_seconds()
-    if seconds <= 0:
-        raise InvalidInput(f"{name} {text!r} must be above 0, e.g. 5m")
-    return seconds
-
-
-def _measured(ctx: typer.Context, run: str) -> Measured:
-    check_id(run, "run id")
-    store = open_store(ctx)
-    try:
-        measure = measured(store, run)
-    except NotFound as error:
-        raise Runs(store).gone(run) or error from None
-    if measure is None:
-        raise InvalidInput(f"run {run!r} has no recorded worker passes: give --per-worker instead")
-    return measure
 
 
 @app.command("plan-capacity")
@@ -90,33 +68,19 @@ def plan_capacity(
     burst at K workers, the spares, the answer. Explicit figures win over those
     of --from-run.
     """
-    if per_worker is not None and handler is not None:
-        raise InvalidInput("give --per-worker or --handler, not both")
-    window_s, slo_s = _seconds(window, "window"), _seconds(slo, "SLO")
-    measure = _measured(ctx, from_run) if from_run is not None else None
-    slots = concurrency or (max(1, round(measure.concurrency)) if measure else 1)
-    if per_worker is not None:
-        rate = parse_rate(per_worker)
-    elif handler is not None:
-        rate = 1.0 / _seconds(handler, "handler duration")
-    elif measure is not None and concurrency:
-        rate = 1.0 / measure.handler_duration  # another slot count: each slot at the measured pace
-    elif measure is not None:
-        rate = measure.per_worker / slots  # the measured worker rate, split over its slots
-    else:
-        raise InvalidInput("give --per-worker (e.g. 20/s), --handler or --from-run RUN")
-    if retry_rate is None:
-        retry_rate = measure.retry_rate if measure else 0.0
-    result = plan(
+    ask = CapacityAsk(
         eligible,
-        window_s,
-        rate,
-        slo_s,
+        window,
+        slo,
+        per_worker=per_worker,
+        handler=handler,
         retry_rate=retry_rate,
         spare_nodes=spare_nodes,
         workers_per_node=workers_per_node,
-        concurrency=slots,
+        concurrency=concurrency,
     )
+    measure = measured_run(open_store(ctx), from_run) if from_run is not None else None
+    result = ask.plan(measure)
     _print(result, measure, from_run, as_json)
 
 

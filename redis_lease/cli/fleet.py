@@ -5,24 +5,19 @@ The schedule commands (``schedule ...``, ``backfill``) are in :mod:`.schedules`.
 
 from __future__ import annotations
 
-import os
-import re
-import uuid
-from datetime import datetime
 from typing import Annotated
 
 import typer
 
 from ..errors import InvalidInput
-from ..fleet.job import check_concurrency, load_job, parse_duration, with_cwd_on_path
-from ..fleet.run_states import OPEN_STATES, RESUMABLE_STATES, in_words
+from ..fleet.job import load_job
+from ..fleet.run_control import finalize_if_open, new_deadline
+from ..fleet.run_states import RESUMABLE_STATES, in_words
 from ..fleet.runs import Runs
-from ..fleet.shard_jobs import use_lease_url
+from ..fleet.tick.schedule import job_paths
 from ..fleet.tick.scheduler_tick import tick as run_tick
-from ..fleet.worker.shard_job import CONCURRENCY_ENV
 from ..limits import METRICS_RUNS
 from ..operate.output import error_line, print_json, print_table, same_times
-from ..protocol.connection.clients import as_text
 from ..protocol.connection.urls import safe_url
 from ..protocol.validation import check_id
 from .app import app
@@ -40,14 +35,6 @@ from .shared import (
 JobArg = Annotated[str, typer.Argument(help="A job's import path, package.module:attr.")]
 
 
-def _known_job_paths(ctx: typer.Context) -> list[str]:
-    store = open_store(ctx)
-    with store.translating_errors():
-        names = sorted(as_text(n) for n in store.client.smembers(store.keys.jobs))
-        paths = [store.client.hget(store.keys.job(name), "path") for name in names]
-    return [as_text(p) for p in paths if p]
-
-
 @app.command()
 def tick(
     ctx: typer.Context,
@@ -63,7 +50,7 @@ def tick(
     """
     for path in jobs or []:  # named paths must import: a typo is a usage error
         load_job(path)
-    paths = jobs or _known_job_paths(ctx)
+    paths = jobs or job_paths(open_store(ctx))
     if not paths:
         raise InvalidInput(
             "no jobs known yet: name a job path, e.g. redis-lease tick app.jobs:nightly"
@@ -146,60 +133,32 @@ def worker(
     Plain RQ works too: rq worker -u URL --serializer rq.serializers.JSONSerializer
     --job-class redis_lease.dispatch.JsonJob redis-lease
     """
-    from rq.serializers import JSONSerializer
-
-    from ..fleet.shard_jobs import JsonJob, queue
-    from ..fleet.worker.rq_worker import LeaseWorker, SimpleLeaseWorker, check_worker_access
-    from ..fleet.worker.watch import FleetWatch
+    from ..fleet.worker.rq_worker import DEFAULT_QUEUE, WorkerSettings, build_worker, run_worker
 
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
-    names = queues or ["redis-lease"]
-    for queue_name in names:
-        check_id(queue_name, "queue")
-    if concurrency is not None:  # read by the shard jobs, forked or not
-        os.environ[CONCURRENCY_ENV] = str(check_concurrency(concurrency))
+    wanted = WorkerSettings(
+        queues=tuple(queues or [DEFAULT_QUEUE]),
+        simple=simple,
+        name=name,
+        tracebacks=verbose,
+        concurrency=concurrency,
+        lease_url=settings.url if settings.queue_url else None,
+        say=typer.echo,
+    )
     store = open_store(ctx, needs_rq=True)
-    worker_name = name or uuid.uuid4().hex  # RQ's default name, known before RQ starts
-    with store.translating_errors():
-        client = store.rq  # RQ's Redis: the store's, or --queue-url's
-        check_worker_access(store, client, worker_name)  # a refusal: one line, exit 6
-    use_lease_url(settings.url if settings.queue_url else None)
-    worker_class = SimpleLeaseWorker if simple else LeaseWorker
-    rq_worker = worker_class(
-        [queue(client, n) for n in names],
-        connection=client,
-        serializer=JSONSerializer,
-        job_class=JsonJob,
-        name=worker_name,
-    )
-    with_cwd_on_path()  # the shard jobs' modules import from here, forked or not
-    rq_worker.say = typer.echo
-    rq_worker.tracebacks = verbose
-    rq_worker.bad_job_store = store
+    rq_worker = build_worker(store, wanted)  # a refusal: one line, exit 6
     handlers = f"concurrency {concurrency}" if concurrency is not None else "the jobs' concurrency"
-    watch = FleetWatch(
-        store, rq_worker.name, names, say=typer.echo, prefixes=lambda: rq_worker.shard_prefixes
-    )
 
     def started() -> None:
-        """Once RQ registered the worker: the watch's first beat and sweep (a refusal is
-        one line), then the start line, then the watch beats every second."""
-        with store.translating_errors():
-            watch.tick()
+        """Once RQ registered the worker and the watch beat first: the start line."""
         typer.echo(
-            f"worker {rq_worker.name}: queues {', '.join(names)}, {handlers}, "
+            f"worker {rq_worker.name}: queues {', '.join(wanted.queues)}, {handlers}, "
             f"{'in-process' if simple else 'forking'}{', burst' if burst else ''}, "
             f"Redis {safe_url(settings.url)}"
             + (f", queues on {safe_url(settings.queue_url)}" if settings.queue_url else "")
         )
-        watch.start()
 
-    rq_worker.started = started
-    try:
-        rq_worker.work(burst=burst, logging_level="INFO" if verbose else "WARNING")
-    finally:
-        if watch.is_alive():
-            watch.close()
+    run_worker(rq_worker, store, burst=burst, started=started)
     done, failed, bad = rq_worker.shard_jobs, rq_worker.failed_shard_jobs, rq_worker.bad_jobs
     lost = rq_worker.lost_leases
     typer.echo(
@@ -234,7 +193,7 @@ def resume(
 ) -> None:
     check_id(run, "run id")
     runs = Runs(open_store(ctx))
-    moment = _parse_deadline(deadline, runs.server_now()) if deadline else None
+    moment = new_deadline(deadline, runs.server_now()) if deadline else None
     decision = runs.resume(run, moment)
     typer.echo(f"{run}: {runs.info(run)['state']} ({same_times(decision.reason)})")
 
@@ -247,12 +206,7 @@ def finalize(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     job. Its items are no longer claimable; a run already final is left alone.
     """
     check_id(run, "run id")
-    runs = Runs(open_store(ctx))
-    info = runs.info(run)
-    decision = None
-    if info["state"] in OPEN_STATES:
-        decision = runs.finalize(run, "finalized by an operator")
-    state = runs.info(run)["state"]
+    state, decision = finalize_if_open(Runs(open_store(ctx)), run, "finalized by an operator")
     if as_json:
         print_json({"run": run, "state": state, "changed": decision is not None})
     elif decision is not None:
@@ -354,22 +308,3 @@ def metrics(
     import threading
 
     threading.Event().wait()
-
-
-def _parse_deadline(text: str, now: datetime) -> datetime:
-    if re.fullmatch(r"\d+(\.\d+)?[smhd]", text):
-        try:
-            return now + parse_duration(text)
-        except OverflowError:
-            raise InvalidInput(f"deadline {text!r} is too far ahead") from None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidInput(
-            f"invalid deadline {text!r}: use ISO 8601 or a duration like 2h"
-        ) from None
-    if moment.tzinfo is None:
-        raise InvalidInput(f"deadline {text!r} needs a timezone, e.g. {text}+00:00")
-    if moment <= now:
-        raise InvalidInput(f"deadline {text!r} is in the past")
-    return moment

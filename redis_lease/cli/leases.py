@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Annotated
 
 import typer
 
-from ..errors import InvalidInput, NotFound
+from ..errors import InvalidInput
+from ..fleet.run_control import requeue_items
 from ..limits import (
-    ATTEMPTS_MAX,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_SWEEP,
     DEFAULT_TTL,
-    SHARD_COUNT_MAX,
-    SWEEP_MAX,
 )
 from ..operate.output import compact_json, iso_time, print_json, progress_bar, warning_line
-from ..operate.views import unknown_items
+from ..protocol.store.call_checks import check_add, check_claim, check_ref, check_sweep
 from ..protocol.store.lease_store import LeaseStore
-from ..protocol.validation import check_id, check_positive, ttl_to_ms
+from ..protocol.store.settle import error_text
+from ..protocol.validation import ttl_to_ms
 from ..protocol.values import Item, Lease
 from .app import app
 from .item_files import ItemFile
@@ -39,16 +37,11 @@ from .shared import (
 def _lease_ref(
     ctx: typer.Context, run: str, item: str, token: int, lease_id: str, trace_id: str = ""
 ) -> tuple[LeaseStore, Lease]:
-    """Checks the ids, then the store and a Lease by token for a holder command."""
-    check_id(run, "run id")
-    check_id(item, "item id")
-    if lease_id:
-        check_id(lease_id, "lease id")
-    if trace_id:
-        check_id(trace_id, "trace id")
+    """The store and a Lease by token for a holder command; the store's checks of the ids
+    run before it connects."""
+    check_ref(run, item, token, lease_id, trace_id)
     store = open_store(ctx)
-    lease = store.lease_ref(run, item, token, lease_id)
-    return store, replace(lease, trace_id=trace_id) if trace_id else lease
+    return store, store.lease_ref(run, item, token, lease_id, trace_id)
 
 
 # -- commands -----------------------------------------------------------------
@@ -87,17 +80,12 @@ def add(
     as_json: JsonOpt = False,
 ) -> None:
     """Add items to a run, creating the run; existing items are left as they are."""
-    check_id(run, "run id")
     if bool(items) == (from_file is not None):
         raise InvalidInput("name the items to add, or give --from-file FILE (not both)")
-    for item in items or []:
-        check_id(item, "item id")
+    check_add(run, items or [], shards=shards, max_attempts=max_attempts)  # before connecting
     if from_file == "-" and payload == "@-":
         raise InvalidInput("stdin cannot hold both the items and --payload: put one in a file")
     value = json_option(payload, "payload") if payload is not None else None
-    if shards is not None:
-        check_positive(shards, "shards", SHARD_COUNT_MAX)
-    check_positive(max_attempts, "max attempts", ATTEMPTS_MAX)
     if from_file is not None:
         added, existing = _add_from_file(
             ctx, run, ItemFile(from_file, file_format, value), shards, max_attempts
@@ -147,11 +135,7 @@ def claim(
     as_json: JsonOpt = False,
 ) -> None:
     """Lease an item (or the next due one) and print its token."""
-    check_id(run, "run id")
-    if item is not None:
-        check_id(item, "item id")
-    check_id(worker, "worker")
-    ttl_to_ms(ttl)
+    check_claim(run, item, worker, ttl)  # the store's checks, before connecting
     store = open_store(ctx)
     if item is None:
         lease = store.claim_any(run, worker, ttl=ttl)
@@ -182,7 +166,7 @@ def renew(
     as_json: JsonOpt = False,
 ) -> None:
     """Extend a lease from now; only its holder may (exit 3 otherwise)."""
-    ttl_to_ms(ttl)
+    ttl_to_ms(ttl)  # the store's check, before connecting (a missing run is exit 5)
     store, lease = _lease_ref(ctx, run, item, token, lease_id, trace_id)
     renewed = store.renew(lease, ttl=ttl)
     expires = iso_time(renewed.expires_at_ms)
@@ -245,8 +229,7 @@ def fail(
     as_json: JsonOpt = False,
 ) -> None:
     """Report a failed attempt: the item is retried with backoff, or dead."""
-    if not error.strip():
-        raise InvalidInput("--error must say what failed", run_id=run, item_id=item)
+    error_text(error)  # the store's check, before connecting (a missing run is exit 5)
     store, lease = _lease_ref(ctx, run, item, token, lease_id, trace_id)
     outcome = store.fail(lease, error, permanent=permanent)
     eligible = iso_time(outcome.eligible_at_ms)
@@ -293,8 +276,7 @@ def reap(
     as_json: JsonOpt = False,
 ) -> None:
     """Move expired leases back to pending (or dead after their last attempt)."""
-    check_id(run, "run id")
-    check_positive(limit, "limit", SWEEP_MAX)
+    check_sweep(run, limit)  # the store's checks, before connecting
     pending, dead = open_store(ctx).reap(run, limit=limit)
     if as_json:
         print_json({"run": run, "pending": pending, "dead": dead})
@@ -317,22 +299,9 @@ def requeue(
     as_json: JsonOpt = False,
 ) -> None:
     """Move dead items back to pending, with fresh attempts; an unknown item is exit 5."""
-    check_id(run, "run id")
     names = [*(items or []), *(item_options or [])]
-    for item in names:
-        check_id(item, "item id")
-    check_positive(limit, "limit", SWEEP_MAX)
-    store = open_store(ctx)
-    unknown = unknown_items(store, run, names) if names else []
-    if unknown:  # nothing is requeued: the list has a typo, or names another run's items
-        shown = ", ".join(repr(item) for item in unknown[:5])
-        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
-        raise NotFound(
-            f"item(s) {shown}{more} not found in run {run!r}; nothing requeued",
-            run_id=run,
-            item_id=unknown[0],
-        )
-    count = store.requeue(run, names, limit=limit)
+    check_sweep(run, limit, names)  # the store's checks, before connecting
+    count = requeue_items(open_store(ctx), run, names, limit)
     if as_json:
         print_json({"run": run, "requeued": count})
         return

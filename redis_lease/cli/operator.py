@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import InvalidInput
-from ..fleet.effects import resolve_effect
+from ..fleet.effects import check_resolve, resolve_effect
 from ..fleet.run_states import RUN_STATES
 from ..fleet.shard_job_failures import job_failures
 from ..fleet.tick.schedule import pause_states
@@ -30,11 +30,10 @@ from ..operate.run_views import attempt_rows, deadline_text, effect_row, loss_te
 from ..operate.views import (
     SCORE_MEANING,
     Page,
-    check_state,
+    RunFilter,
+    check_page,
     item_effects,
     items_page,
-    run_ids_since,
-    run_statuses,
 )
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import check_id
@@ -77,26 +76,12 @@ def runs(
 ) -> None:
     """List runs, newest first: state, counts, failed shard jobs; paused jobs are named, and
     runs a loss touched (lost, or made again after one)."""
-    if job is not None:
-        check_id(job, "job")
-    if state is not None and state not in RUN_STATES:
-        raise InvalidInput(f"state {state!r} is not one of {', '.join(RUN_STATES)}")
-    if not 1 <= limit <= PAGE_MAX:
-        raise InvalidInput(f"limit {limit} out of range: 1 to {PAGE_MAX}")
+    wanted = RunFilter(job, state, limit)
     since_ms = parse_since(since, "--since") if since is not None else None
     store = open_store(ctx)
-    shown: list[RunStatus] = []
-    candidates = [
-        r for r in run_ids_since(store, since_ms) if job is None or r.startswith(f"{job}:")
-    ]
+    candidates = wanted.candidates(store, since_ms)
     with progress_bar("reading runs", len(candidates)) as advance:
-        for one in run_statuses(store, _advancing(candidates, advance)):
-            if job is not None and one.info.get("job") != job:
-                continue
-            if state is None or one.state == state:
-                shown.append(one)
-            if len(shown) == limit:
-                break
+        shown = wanted.matching(store, _advancing(candidates, advance))
     paused = _paused_jobs(store, sorted({s.info["job"] for s in shown if s.info.get("job")}))
     if as_json:
         print_json([_run_row(s, paused) for s in shown])
@@ -181,8 +166,7 @@ def items(
     as_json: JsonOpt = False,
 ) -> None:
     """One page of a run's items (by state from its index; all states by a scan)."""
-    check_id(run, "run id")
-    check_state(state)
+    check_page(run, state, limit)  # the view's checks, before connecting
     page = items_page(open_store(ctx), run, state, limit, cursor)
     meaning = SCORE_MEANING.get(state or "", "")
     if as_json:
@@ -218,7 +202,7 @@ def dead(
     as_json: JsonOpt = False,
 ) -> None:
     """Dead items, oldest death first, with their last errors; requeue them with requeue."""
-    check_id(run, "run id")
+    check_page(run, "dead", limit)  # the view's checks, before connecting
     page = items_page(open_store(ctx), run, "dead", limit, cursor)
     if as_json:
         rows = [
@@ -346,10 +330,7 @@ def resolve_effect_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Settle an effect of unknown outcome with what the provider says (asked by its key)."""
-    check_id(run, "run id")
-    check_id(item, "item id")
-    check_id(effect, "effect name")
-    check_id(worker, "worker")
+    check_resolve(run, item, effect, worker)  # the library's checks, before connecting
     if (applied is None) == (not not_applied):
         raise InvalidInput("say what the provider answered: --applied RESULT or --not-applied")
     result = json_option(applied, "result") if applied is not None else None

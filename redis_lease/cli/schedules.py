@@ -15,6 +15,7 @@ from ..fleet.tick.schedule import (
     default_user,
     entries,
     install,
+    job_names,
     local_time,
     next_fire,
     pause,
@@ -23,7 +24,7 @@ from ..fleet.tick.schedule import (
 )
 from ..fleet.tick.schedule import resume as resume_schedule
 from ..operate.output import print_json, print_table, same_times
-from ..protocol.connection.clients import as_text, server_ms
+from ..protocol.connection.clients import server_ms
 from ..protocol.validation import check_id
 from ..protocol.values import from_ms
 from .app import app
@@ -120,10 +121,7 @@ def _job_name(ctx: typer.Context, job: str) -> str:
     if ":" in job:
         return load_job(job).name
     name = check_id(job, "job name")
-    store = open_store(ctx)
-    with store.translating_errors():
-        known = {as_text(n) for n in store.client.smembers(store.keys.jobs)}
-    if name not in known:
+    if name not in job_names(open_store(ctx)):
         raise NotFound(f"no job {name!r} is known here: give its import path, package.module:attr")
     return name
 

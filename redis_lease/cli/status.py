@@ -28,34 +28,20 @@ from ..operate.output import (
 )
 from ..operate.run_views import (
     deadline_text,
-    decision_rows,
+    effects_by_outcome,
     loss_text,
     projected_finish_text,
     provider_rows,
+    run_details,
 )
 from ..operate.views import providers, run_statuses
 from ..operate.worker_views import WorkerRow, worker_rows
-from ..protocol.connection.clients import as_text
 from ..protocol.connection.server_checks import eviction_danger
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import check_id
 from ..protocol.values import RunStatus
 from .app import app
 from .shared import JsonOpt, open_store
-
-
-def run_details(
-    store: LeaseStore, status: RunStatus
-) -> tuple[list[dict[str, str | None]], dict[str, str]]:
-    """The run's recorded decisions and its job's recorded settings (empty for ad-hoc runs)."""
-    decisions = decision_rows(store, status.run_id)
-    job = status.info.get("job")
-    settings: dict[str, str] = {}
-    if job:
-        with store.translating_errors(status.run_id):
-            raw = store.client.hgetall(store.keys.job(job))
-        settings = {as_text(k): as_text(v) for k, v in raw.items()}
-    return decisions, settings
 
 
 def _status_row(status: RunStatus) -> list[Any]:
@@ -87,15 +73,6 @@ def _replanned(info: dict[str, str]) -> int | None:
     """Items a re-run after a loss planned again (None for a run that is no re-run)."""
     text = info.get("replanned_items", "")
     return int(text) if text.isdigit() else None
-
-
-def effects_by_outcome(status: RunStatus) -> dict[str, int]:
-    """The run's effect records by state (intended, applied, failed, unknown), and reconciled."""
-    return {
-        name.removeprefix("effects_"): value
-        for name, value in sorted(status.counters.items())
-        if name.startswith("effects_") and value
-    }
 
 
 @app.command()

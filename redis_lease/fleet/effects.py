@@ -65,6 +65,7 @@ __all__ = [
     "NeedsReconciliation",
     "Throttled",
     "apply_effect",
+    "check_resolve",
     "idempotency_key",
     "not_sent",
     "resolve_effect",
@@ -291,6 +292,15 @@ def _settle_error(
     ) from error
 
 
+def check_resolve(run_id: str, item_id: str, name: str, worker: str) -> None:
+    """What :func:`resolve_effect` checks before it reads: the run, item and effect names
+    and the worker who settles it."""
+    check_id(run_id, "run id")
+    check_id(item_id, "item id")
+    check_id(name, "effect name")
+    check_id(worker, "worker")
+
+
 def resolve_effect(
     store: LeaseStore,
     run_id: str,
@@ -320,6 +330,7 @@ def resolve_effect(
         NotClaimable: a worker holds the item now; try again when it lets go.
         RunClosed: the run grants no lease; resume it first.
     """
+    check_resolve(run_id, item_id, name, worker)
     key = idempotency_key(run_id, item_id, name)
     record = store.effect(run_id, item_id, key)
     if record is None:

@@ -22,7 +22,7 @@ from ..errors import SlotTimeout as SlotTimeout  # re-exported: its earlier home
 from ..errors import Throttled
 from ..limits import CAP_MAX
 from ..protocol.connection.clients import as_text, queue_time, time_ms
-from ..protocol.connection.translate import redis_errors
+from ..protocol.connection.translate import translating_errors
 from ..protocol.replies import SlotAnswer
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import check_id, check_positive, ttl_to_ms
@@ -118,7 +118,7 @@ class ProviderGate:
             await asyncio.to_thread(self._call, "slot_release", [holder, outcome, retry_after_ms])
 
     def _call(self, script: str, args: list[Any]) -> Any:
-        with redis_errors(self.store.url):
+        with translating_errors(self.store.url):
             return self.store.scripts.call(script, self.keys, args)
 
     def _acquire(self, holder: str, wait: float) -> None:
@@ -145,7 +145,7 @@ class ProviderGate:
 
     def state(self) -> GateState:
         """The current cap, slots in use and throttle counters."""
-        with redis_errors(self.store.url):
+        with translating_errors(self.store.url):
             pipe = self.store.client.pipeline(transaction=False)
             queue_time(pipe)
             pipe.zrange(self.keys[0], 0, -1, withscores=True)

@@ -1,7 +1,8 @@
 """The rows the CLI's views and the dashboard make of a run and its items.
 
 One definition of each: a run's deadline and projected finish (server clock, ms, and as
-text), its health, its row in a listing, its decisions and the providers' gates; an
+text), its health, its row in a listing, its decisions, its job's recorded settings, its
+effects by outcome and the providers' gates; an
 item's record, effect records and attempts as JSON-ready rows (times ISO 8601 UTC).
 The reads that page through a run are in :mod:`redis_lease.operate.views`.
 """
@@ -14,6 +15,7 @@ from typing import Any
 from ..fleet.gate import GateState
 from ..fleet.run_states import CANCELED, FAILED, FINAL_STATES, LOST_STATE, PARTIAL, SUCCEEDED
 from ..fleet.runs import Runs
+from ..protocol.connection.clients import as_text
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.values import ItemRecord, RunStatus
 from .output import iso_time, same_times
@@ -113,6 +115,29 @@ def decision_rows(store: LeaseStore, run_id: str) -> list[dict[str, str | None]]
             }
         )
     return rows
+
+
+def run_details(
+    store: LeaseStore, status: RunStatus
+) -> tuple[list[dict[str, str | None]], dict[str, str]]:
+    """The run's recorded decisions and its job's recorded settings (empty for ad-hoc runs)."""
+    decisions = decision_rows(store, status.run_id)
+    job = status.info.get("job")
+    settings: dict[str, str] = {}
+    if job:
+        with store.translating_errors(status.run_id):
+            raw = store.client.hgetall(store.keys.job(job))
+        settings = {as_text(k): as_text(v) for k, v in raw.items()}
+    return decisions, settings
+
+
+def effects_by_outcome(status: RunStatus) -> dict[str, int]:
+    """The run's effect records by state (intended, applied, failed, unknown), and reconciled."""
+    return {
+        name.removeprefix("effects_"): value
+        for name, value in sorted(status.counters.items())
+        if name.startswith("effects_") and value
+    }
 
 
 def provider_rows(gates: Sequence[GateState]) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
 """Operator reads of a run that never load the whole run: pages of items, an item's effects,
-the providers' caps, the run ids and statuses of a listing. The rows the CLI's views and
+the providers' caps, the run ids and statuses of a listing and which runs it shows
+(:class:`RunFilter`). The rows the CLI's views and
 the dashboard make of them are in :mod:`redis_lease.operate.run_views`.
 
 A page of one state (pending, leased, dead) comes from that state's index (a sorted set
@@ -19,11 +20,13 @@ from ..errors import InvalidInput, NotFound
 from ..fleet import lost_records
 from ..fleet.effects import SEPARATOR
 from ..fleet.gate import GateState, ProviderGate
-from ..limits import PAGE_MAX
+from ..fleet.run_states import RUN_STATES
+from ..limits import PAGE_MAX, PAGE_SIZE
 from ..protocol.connection.clients import as_text
-from ..protocol.keys import SHARD_KEY_NAMES, shard_of
+from ..protocol.keys import SHARD_KEY_NAMES
 from ..protocol.store.lease_store import LeaseStore
-from ..protocol.values import COUNT_STATES, TEXT_SUFFIXES, ItemRecord, RunStatus, effect_record
+from ..protocol.validation import check_id
+from ..protocol.values import COUNT_STATES, ItemRecord, RunStatus, effect_record
 
 #: The index (a shard key name) of each state that has one; its score is a time in ms.
 STATE_INDEX = {"pending": "due", "leased": "leases", "dead": "dead"}
@@ -68,6 +71,14 @@ def check_state(state: str | None) -> str | None:
     return state
 
 
+def check_page(run_id: str, state: str | None, limit: int) -> None:
+    """What :func:`items_page` checks before it reads: the run id, the state and the limit."""
+    check_id(run_id, "run id")
+    check_state(state)
+    if not 1 <= limit <= PAGE_MAX:
+        raise InvalidInput(f"limit {limit} out of range: 1 to {PAGE_MAX}")
+
+
 def items_page(
     store: LeaseStore, run_id: str, state: str | None, limit: int, cursor: str | None = None
 ) -> Page:
@@ -83,9 +94,7 @@ def items_page(
     Raises:
         NotFound: no such run. InvalidInput: a bad state, limit or cursor.
     """
-    check_state(state)
-    if not 1 <= limit <= PAGE_MAX:
-        raise InvalidInput(f"limit {limit} out of range: 1 to {PAGE_MAX}")
+    check_page(run_id, state, limit)
     shards = store.shard_count(run_id)
     shard, position = parse_cursor(cursor, shards)
     if state in STATE_INDEX:
@@ -153,35 +162,12 @@ def _records(
     store: LeaseStore, run_id: str, shard: int, ids: Sequence[str]
 ) -> list[ItemRecord | None]:
     """The records of ``ids`` in one shard, in order (None where there is none); one HMGET."""
-    if not ids:
-        return []
-    fields = [f"{item}{suffix}" for item in ids for suffix in ("", *TEXT_SUFFIXES.values())]
-    with store.translating_errors(run_id):
-        raw = store.client.hmget(store.keys.shard(run_id, shard)[2], fields)
-    width = 1 + len(TEXT_SUFFIXES)
-    records: list[ItemRecord | None] = []
-    for number, item in enumerate(ids):
-        record, result, error = raw[number * width : (number + 1) * width]
-        records.append(
-            ItemRecord.from_record(run_id, item, shard, record, result, error)
-            if record is not None
-            else None
-        )
-    return records
+    return store.records(run_id, shard, ids)
 
 
 def unknown_items(store: LeaseStore, run_id: str, item_ids: Sequence[str]) -> list[str]:
     """The ids of ``item_ids`` that have no record in the run (one HMGET per shard)."""
-    shards = store.shard_count(run_id)
-    by_shard: dict[int, list[str]] = {}
-    for item in item_ids:
-        by_shard.setdefault(shard_of(item, shards), []).append(item)
-    missing: set[str] = set()
-    for shard, ids in sorted(by_shard.items()):
-        for item, record in zip(ids, _records(store, run_id, shard, ids), strict=True):
-            if record is None:
-                missing.add(item)
-    return [item for item in item_ids if item in missing]
+    return store.unknown_items(run_id, item_ids)
 
 
 def item_effects(store: LeaseStore, run_id: str, item_id: str) -> list[tuple[str, dict[str, Any]]]:
@@ -238,3 +224,44 @@ def run_statuses(store: LeaseStore, run_ids: Iterable[str]) -> Iterator[RunStatu
             lost = lost_records.read(store, run_id)
             if lost is not None and not lost.rerun_at_ms:
                 yield lost_records.lost_status(lost, lost.noticed_at_ms)
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """Which runs a listing shows, newest first: only ``job``'s, only those in ``state``
+    (None: any), at most ``limit`` of them; checked when made.
+
+    Raises:
+        InvalidInput: the job, the state or the limit is not acceptable.
+    """
+
+    job: str | None = None
+    state: str | None = None
+    limit: int = PAGE_SIZE
+
+    def __post_init__(self) -> None:
+        if self.job is not None:
+            check_id(self.job, "job")
+        if self.state is not None and self.state not in RUN_STATES:
+            raise InvalidInput(f"state {self.state!r} is not one of {', '.join(RUN_STATES)}")
+        if not 1 <= self.limit <= PAGE_MAX:
+            raise InvalidInput(f"limit {self.limit} out of range: 1 to {PAGE_MAX}")
+
+    def candidates(self, store: LeaseStore, since_ms: int | None = None) -> list[str]:
+        """The ids of the runs created since ``since_ms`` that may be the job's, newest first."""
+        prefix = f"{self.job}:"
+        ids = run_ids_since(store, since_ms)
+        return [r for r in ids if self.job is None or r.startswith(prefix)]
+
+    def matching(self, store: LeaseStore, run_ids: Iterable[str]) -> list[RunStatus]:
+        """The statuses of the runs of ``run_ids`` that match, in order, up to the limit (no
+        more of ``run_ids`` is read once it is reached)."""
+        shown: list[RunStatus] = []
+        for one in run_statuses(store, run_ids):
+            if self.job is not None and one.info.get("job") != self.job:
+                continue
+            if self.state is None or one.state == self.state:
+                shown.append(one)
+            if len(shown) == self.limit:
+                break
+        return shown

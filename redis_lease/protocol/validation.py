@@ -160,6 +160,8 @@ def _no_constant(name: str) -> Any:
 
 
 def _seconds_to_ms(seconds: float, what: str, low: int, high: int, low_text: str) -> int:
+    """Seconds as whole ms within [low, high]; a bad value is named as a number (``-1s``
+    whether given as -1 or -1.0), so that every door says the same."""
     try:
         value = float(seconds)
         if not math.isfinite(value):
@@ -169,7 +171,7 @@ def _seconds_to_ms(seconds: float, what: str, low: int, high: int, low_text: str
         raise InvalidInput(f"{what} must be a finite number of seconds, got {seconds!r}") from None
     if not low <= ms <= high:
         raise InvalidInput(
-            f"{what} {seconds!r}s is out of range: use {low_text} to {high // 1000} seconds"
+            f"{what} {value:g}s is out of range: use {low_text} to {high // 1000} seconds"
         )
     return ms
 

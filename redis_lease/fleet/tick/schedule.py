@@ -17,6 +17,8 @@ entry is lost, the interval tick still creates the run within ``interval``
 seconds. The entries are JSON jobs (:class:`~redis_lease.dispatch.JsonJob`);
 run the scheduler as ``rqscheduler --url URL -j redis_lease.dispatch.JsonJob``.
 
+The jobs a tick has seen: :func:`job_names`, :func:`job_paths`.
+
 Pausing (:func:`pause`, :func:`resume`) stops the tick's creation of new runs
 for one job; runs already made go on. It is recorded in the job's record with
 who and when (:func:`pause_state`).
@@ -240,6 +242,20 @@ def resume(store: LeaseStore, job_name: str) -> Pause | None:
     with store.translating_errors():
         store.client.hdel(store.keys.job(job_name), "paused_by", "paused_at")
     return ended
+
+
+def job_names(store: LeaseStore) -> list[str]:
+    """Every job a tick (or a pause) has seen, sorted."""
+    with store.translating_errors():
+        return sorted(as_text(j) for j in store.client.smembers(store.keys.jobs))
+
+
+def job_paths(store: LeaseStore) -> list[str]:
+    """The import paths a tick recorded of the jobs it has seen, by job name."""
+    names = job_names(store)
+    with store.translating_errors():
+        paths = [store.client.hget(store.keys.job(name), "path") for name in names]
+    return [as_text(p) for p in paths if p]
 
 
 def pause_state(store: LeaseStore, job_name: str) -> Pause | None:

@@ -20,7 +20,7 @@ import redis
 from ...errors import RedisLeaseError
 from ...limits import DEAD_AFTER_MS, HEARTBEAT
 from ...protocol.connection.clients import as_text, describe
-from ...protocol.connection.translate import REDIS_FAILURES, redis_errors
+from ...protocol.connection.translate import REDIS_FAILURES, translating_errors
 from ...protocol.scripts import Command
 from ...protocol.store.lease_store import LeaseStore
 from ..live_lease import ActiveLease, Heartbeat
@@ -88,7 +88,7 @@ class LeaseKeeper(threading.Thread):
         """Sets the heartbeat key now (it lives :data:`~redis_lease.limits.DEAD_AFTER` s)."""
         if self.beat_key and self.heartbeat is not None:
             sent_at = time.monotonic()
-            with redis_errors(self.store.url):
+            with translating_errors(self.store.url):
                 self.store.client.set(self.beat_key, self._beat_value(), px=DEAD_AFTER_MS)
             self.heartbeat.beaten(sent_at)
 
@@ -142,7 +142,7 @@ class LeaseKeeper(threading.Thread):
                 heartbeat.beaten(sent_at, lapsed)
         if self.stop_flag:
             if flag_apart:
-                with redis_errors(describe(self.store.rq)):  # RQ's server, not the store's
+                with translating_errors(describe(self.store.rq)):  # RQ's server, not the store's
                     flag = self.store.rq.hget(*self.stop_flag)
             else:
                 flag = replies[-1]

@@ -1,5 +1,6 @@
 """The RQ worker classes: RQ's workers, reporting shard jobs, failing bad jobs alone, and
-checking at start that the ACL lets them work.
+checking at start that the ACL lets them work; a worker built from its settings
+(:func:`build_worker`) and run with the fleet watch beside it (:func:`run_worker`).
 
 The shard jobs themselves (queues, JSON jobs, enqueueing, liveness) are in
 :mod:`redis_lease.fleet.shard_jobs`.
@@ -8,9 +9,12 @@ The shard jobs themselves (queues, JSON jobs, enqueueing, liveness) are in
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -21,14 +25,22 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job as RQJob
 from rq.job import JobStatus
 from rq.job_lifecycle import call_exception_handlers
+from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 
 from ...protocol.store.lease_store import LeaseStore
-from ..shard_jobs import SHARD_FUNC, job_error
+from ...protocol.validation import check_id
+from ..job import check_concurrency, with_cwd_on_path
+from ..shard_jobs import SHARD_FUNC, JsonJob, job_error, queue, use_lease_url
 from .bad_jobs import BadJobGuard
+from .shard_job import CONCURRENCY_ENV
+from .watch import FleetWatch
 
 #: Seconds a worker waits for the server to confirm its command channel before it starts.
 SUBSCRIBE_WAIT = 5.0
+
+#: The queue a worker works when none is named.
+DEFAULT_QUEUE = "redis-lease"
 
 #: The run a worker's first read names (no key of it is ever written).
 ACCESS_CHECK_RUN = "worker-access-check"
@@ -215,3 +227,98 @@ def check_worker_access(store: LeaseStore, connection: redis.Redis, name: str) -
                 break
     finally:
         pubsub.close()
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What a worker is built from (``redis-lease worker``'s options); checked when made.
+
+    Attributes:
+        queues: the queues it works.
+        simple: run jobs in its own process (no fork per job).
+        name: the RQ worker's name (None: a new random one, as RQ's).
+        tracebacks: log every RQ job, and failed shard jobs' tracebacks.
+        concurrency: handlers each shard job runs at once (None: the jobs' own).
+        lease_url: the lease store's URL when RQ's queues are on another Redis.
+        say: where the worker's lines go (None: nowhere).
+
+    Raises:
+        InvalidInput: a queue name or the concurrency is not acceptable.
+    """
+
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,)
+    simple: bool = False
+    name: str | None = None
+    tracebacks: bool = False
+    concurrency: int | None = None
+    lease_url: str | None = None
+    say: Callable[[str], None] | None = None
+
+    def __post_init__(self) -> None:
+        for queue_name in self.queues:
+            check_id(queue_name, "queue")
+        if self.concurrency is not None:
+            check_concurrency(self.concurrency)
+
+
+def build_worker(store: LeaseStore, settings: WorkerSettings) -> LeaseWorker | SimpleLeaseWorker:
+    """A worker ready to :func:`run <run_worker>`: RQ's (forking, or in-process when
+    ``settings.simple``) on the store's RQ Redis, JSON jobs, its access checked
+    (:func:`check_worker_access`), the shard jobs' concurrency and lease store set for this
+    process, and the working directory on the import path (jobs import from it).
+
+    Raises:
+        InvalidInput: the store is on a cluster and has no queue URL.
+        RedisUnavailable: the server refused what the worker needs (PermissionDenied).
+    """
+    if settings.concurrency is not None:  # read by the shard jobs, forked or not
+        os.environ[CONCURRENCY_ENV] = str(settings.concurrency)
+    name = settings.name or uuid.uuid4().hex  # RQ's default name, known before RQ starts
+    with store.translating_errors():
+        client = store.rq  # RQ's Redis: the store's, or the queue URL's
+        check_worker_access(store, client, name)
+    use_lease_url(settings.lease_url)
+    worker_class = SimpleLeaseWorker if settings.simple else LeaseWorker
+    worker = worker_class(
+        [queue(client, n) for n in settings.queues],
+        connection=client,
+        serializer=JSONSerializer,
+        job_class=JsonJob,
+        name=name,
+    )
+    with_cwd_on_path()  # the shard jobs' modules import from here, forked or not
+    worker.say = settings.say
+    worker.tracebacks = settings.tracebacks
+    worker.bad_job_store = store
+    return worker
+
+
+def run_worker(
+    worker: LeaseWorker | SimpleLeaseWorker,
+    store: LeaseStore,
+    *,
+    burst: bool = False,
+    started: Callable[[], None] | None = None,
+) -> None:
+    """Works the worker's queues (until stopped, or until they are empty with ``burst``)
+    with the fleet watch beside it: once RQ registered the worker, the watch's first beat
+    and sweep (a refusal is raised as this library's error), then ``started``, then the
+    watch beats every second until the worker stops."""
+    queues = worker.queue_names()
+    watch = FleetWatch(
+        store, worker.name, queues, say=worker.say, prefixes=lambda: worker.shard_prefixes
+    )
+
+    def on_started() -> None:
+        with store.translating_errors():
+            watch.tick()
+        if started is not None:
+            started()
+        watch.start()
+
+    worker.started = on_started
+    try:
+        worker.work(burst=burst, logging_level="INFO" if worker.tracebacks else "WARNING")
+    finally:
+        if watch.is_alive():
+            watch.close()

@@ -25,7 +25,7 @@ from ...deprecation import renamed_attribute
 from ...errors import InvalidInput, LeaseError, RedisLeaseError
 from ...limits import DEFAULT_PREFIX
 from ...protocol.connection.server_checks import eviction_danger
-from ...protocol.connection.translate import REDIS_FAILURES, redis_errors
+from ...protocol.connection.translate import REDIS_FAILURES, translating_errors
 from ...protocol.connection.urls import safe_url
 from ...protocol.store.lease_store import LeaseStore
 from .. import run_capacity, shard_jobs, takeover
@@ -216,7 +216,7 @@ def _forget_job(store: LeaseStore, run_id: str, rq_id: str, ended: bool) -> None
     still held.
     """
     try:
-        with redis_errors(store.url, run_id=run_id):
+        with translating_errors(store.url, run_id=run_id):
             store.client.hdel(store.keys.shard_jobs, rq_id)
             pipe = store.client.pipeline(transaction=False)
             pipe.delete(store.keys.run_beat(run_id, rq_id))

@@ -20,6 +20,7 @@ from werkzeug.wrappers import Response
 
 from ...errors import InvalidInput, NotFound
 from ...fleet import run_ages
+from ...fleet.run_control import new_deadline, requeue_items
 from ...fleet.run_states import RESUMABLE_STATES
 from ...fleet.runs import Runs
 from ...fleet.shard_job_failures import JobFailures, job_failures
@@ -38,7 +39,7 @@ from ..run_views import (
     record_dict,
     run_row,
 )
-from ..views import Page, item_effects, items_page, providers, run_statuses, unknown_items
+from ..views import Page, item_effects, items_page, providers, run_statuses
 from ..worker_views import worker_rows
 from .charts import age_chart
 from .ids import CONVERTER, IdConverter
@@ -214,12 +215,7 @@ def item(run_id: str, item_id: str) -> str:
 @pages.post("/runs/<id:run_id>/items/<id:item_id>/requeue")
 def requeue(run_id: str, item_id: str) -> Response:
     """Moves a dead item back to pending (``redis-lease requeue RUN ITEM``)."""
-    store = _store()
-    check_id(run_id, "run id")
-    check_id(item_id, "item id")
-    if unknown_items(store, run_id, [item_id]):
-        raise NotFound(f"item {item_id!r} not found in run {run_id!r}", run_id=run_id)
-    if store.requeue(run_id, [item_id]):
+    if requeue_items(_store(), run_id, [item_id]):
         flash(f"item {item_id} requeued: pending again, with fresh attempts", "ok")
     else:
         flash(f"item {item_id} is not dead: left as it is", "error")
@@ -241,7 +237,7 @@ def resume(run_id: str) -> Response:
             hours = float(hours_text)
             if not 0 < hours <= RESUME_HOURS_MAX:
                 raise ValueError(hours_text)
-            deadline = runs_.server_now() + timedelta(hours=hours)
+            deadline = new_deadline(timedelta(hours=hours), runs_.server_now())
         decision = runs_.resume(run_id, deadline)
     except InvalidInput as error:  # not resumable, or past its deadline
         text = str(error).replace("pass --deadline", "give a new deadline")

@@ -15,6 +15,7 @@ from ...fleet import job_tallies
 from ...fleet.data_set import LOSS_KINDS, read_mark
 from ...fleet.gate import ProviderGate
 from ...fleet.run_states import RUNNING
+from ...fleet.tick.schedule import job_names
 from ...protocol.connection.clients import as_text
 from ...protocol.store.lease_store import LeaseStore
 
@@ -26,12 +27,6 @@ MISSED_RUNS = "redis_lease_missed_runs"
 LOST_RUNS = "redis_lease_lost_runs"
 DATA_SET_LOSSES = "redis_lease_data_set_losses"
 EVICTION_DANGER = "redis_lease_redis_eviction_danger"
-
-
-def job_names(store: LeaseStore) -> list[str]:
-    """Every job a tick has seen, sorted."""
-    with store.translating_errors():
-        return sorted(as_text(j) for j in store.client.smembers(store.keys.jobs))
 
 
 def needs(store: LeaseStore, jobs: list[str]) -> list[Metric]:

@@ -9,7 +9,7 @@ client of this process that names it.
 Clients made here connect within :data:`CONNECT_TIMEOUT` seconds (the TLS
 handshake included) and retry connection errors and timeouts with exponential
 backoff (:func:`retry_policy`), so a reset costs a reconnect, not the caller's
-work. What they raise is translated in :mod:`.failures`; :mod:`.server_checks`
+work. What they raise is translated in :mod:`.translate`; :mod:`.server_checks`
 checks the server they reach.
 """
 
@@ -40,7 +40,7 @@ from .tls import VERIFIED, check_tls_params
 from .tls import InsecureTLSWarning as InsecureTLSWarning
 from .tls import TLSConnection as TLSConnection
 from .tls import with_tls as with_tls
-from .translate import redis_errors
+from .translate import translating_errors
 from .urls import safe_url, scheme_of
 
 #: Seconds to connect, TLS handshake included (``socket_connect_timeout``).
@@ -109,7 +109,7 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
             options.setdefault("connection_class", TLSConnection)
             for name, value in VERIFIED.items():  # the URL's own parameters still win
                 options.setdefault(name, value)
-        with redis_errors(url):  # a cluster client finds the cluster's nodes as it is made
+        with translating_errors(url):  # a cluster client finds the cluster's nodes as it is made
             return cluster_client(url, safe_url(url), options)
     options.setdefault("health_check_interval", 30)
     if scheme in SENTINEL_SCHEMES:

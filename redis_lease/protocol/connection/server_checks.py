@@ -12,7 +12,7 @@ from redis.cluster import RedisCluster
 from ...errors import InvalidInput
 from .clients import as_text
 from .cluster import is_cluster
-from .translate import redis_errors
+from .translate import translating_errors
 from .urls import safe_url, scheme_of
 from .urls import where as _where
 
@@ -44,7 +44,7 @@ def refuse_cluster_node(client: redis.Redis, url: str) -> None:
     """
     if url in _checked_mode or scheme_of(url) not in ("redis", "rediss", "unix"):
         return
-    with redis_errors(url):
+    with translating_errors(url):
         try:
             reply = client.execute_command("HELLO")  # type: ignore[no-untyped-call]
         except redis.ResponseError:
@@ -69,7 +69,7 @@ def warn_unless_noeviction(client: redis.Redis, url: str) -> None:
     if url in _checked_policy or url.startswith("fakeredis"):
         return
     _checked_policy.add(url)
-    with redis_errors(url):
+    with translating_errors(url):
         danger = eviction_danger(client)
     if danger:
         warnings.warn(f"Redis at {safe_url(url)}: {danger}", EvictionPolicyWarning, stacklevel=3)

@@ -1,10 +1,12 @@
-"""The one translation of what Redis raised or answered into this library's errors:
-:func:`translate`, and :func:`redis_errors` around a block.
+"""The one door through which what Redis raised or answered becomes this library's
+errors: :func:`translating_errors` (``with`` it around a block, or its
+:meth:`~ErrorDoor.error` for an error reply taken from a pipeline).
 
 Connection, login, permission, timeout, TLS and cluster failures become
-:class:`~.errors.RedisUnavailable` and its classes (exit 6); script error replies
-their :class:`~.errors.LeaseError` (:func:`~.errors.from_reply`). URLs are masked in
-every message (:func:`~.urls.safe_url`).
+:class:`~redis_lease.errors.RedisUnavailable` and its classes (exit 6); script error
+replies their :class:`~redis_lease.errors.LeaseError`
+(:func:`~redis_lease.protocol.error_replies.from_reply`). URLs are masked in every
+message (:func:`~.urls.safe_url`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,8 @@ from __future__ import annotations
 import hashlib
 import re
 import ssl
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import cache
+from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,16 +34,16 @@ from redis.exceptions import (
 )
 from redis.sentinel import MasterNotFoundError
 
+from ...deprecation import renamed_attribute
 from ...errors import (
-    SCRIPT_CODES,
     ClusterBusy,
     InvalidInput,
     LeaseError,
     PermissionDenied,
     RedisUnavailable,
     TLSFailed,
-    from_reply,
 )
+from ..error_replies import SCRIPT_CODES, from_reply
 from ..scripts import KEY_COUNTS, source
 from .tls import tls_message
 from .urls import is_cluster_url, safe_url
@@ -67,12 +68,14 @@ def translate(
     item_id: str | None = None,
     token: int | None = None,
 ) -> Exception:
-    """The library's error for anything a Redis call raised or replied, for every call path.
+    """The library's error for anything a Redis call raised or replied: what the door
+    (:func:`translating_errors`) does; call paths go through the door.
 
     Connection, login, permission, timeout and TLS failures become
-    :class:`~.errors.RedisUnavailable` (exit 6); script error replies become
-    their :class:`~.errors.LeaseError` (:func:`~.errors.from_reply`); any other
-    reply is a LeaseError naming the server. ``url`` is masked in every message.
+    :class:`~redis_lease.errors.RedisUnavailable` (exit 6); script error replies become
+    their :class:`~redis_lease.errors.LeaseError`
+    (:func:`~redis_lease.protocol.error_replies.from_reply`); any other reply is a
+    LeaseError naming the server. ``url`` is masked in every message.
 
     Args:
         url: the URL the client came from ('' when unknown).
@@ -249,18 +252,57 @@ def _login_refused(url: str, error: BaseException, context: dict[str, Any]) -> R
     )
 
 
-@contextmanager
-def redis_errors(
+class ErrorDoor:
+    """The one door: around a block (``with``), what Redis raises inside it leaves as this
+    library's error (:func:`translate`); :meth:`error` does the same for an error reply
+    taken from a pipeline. This library's own errors pass through unchanged."""
+
+    __slots__ = ("item_id", "run_id", "token", "url")
+
+    def __init__(
+        self,
+        url: str,
+        run_id: str | None = None,
+        item_id: str | None = None,
+        token: int | None = None,
+    ) -> None:
+        self.url, self.run_id, self.item_id, self.token = url, run_id, item_id, token
+
+    def error(self, error: BaseException) -> Exception:
+        """The library's error for what a call raised or replied."""
+        return translate(
+            self.url, error, run_id=self.run_id, item_id=self.item_id, token=self.token
+        )
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if isinstance(error, REDIS_FAILURES):
+            raise self.error(error) from None
+
+
+def translating_errors(
     url: str,
     *,
     run_id: str | None = None,
     item_id: str | None = None,
     token: int | None = None,
-) -> Iterator[None]:
-    """Raises what :func:`translate` makes of any Redis failure inside the block."""
-    try:
-        yield
-    except REDIS_FAILURES as error:
-        if isinstance(error, LeaseError):
-            raise
-        raise translate(url, error, run_id=run_id, item_id=item_id, token=token) from None
+) -> ErrorDoor:
+    """The door for calls to the Redis at ``url`` ('' when unknown) about a run, an item
+    and a token (each when known): every call path of the library goes through it."""
+    return ErrorDoor(url, run_id, item_id, token)
+
+
+#: Old names of this module -> the new (one release, with a warning).
+_RENAMED = {"redis_errors": "translating_errors"}
+
+
+def __getattr__(name: str) -> Any:
+    """An old name of this module, with a warning."""
+    return renamed_attribute(__name__, name, _RENAMED, globals())

@@ -86,7 +86,7 @@ def send_adds(
     time; ``added`` hears of each window once it is in (an item is not added when it was
     there already, or came earlier in ``pairs``).
 
-    Raises what :meth:`~.store_base.StoreBase.translate` makes of a refused call (the first
+    Raises what :meth:`~.store_base.StoreBase.translating_errors` makes of a refused call (the first
     one, after the other calls of its round trip ran), e.g. RunClosed; the windows before it
     stay added, and no later one is sent.
     """
@@ -198,7 +198,7 @@ class _Window:
                 replies = store.scripts.many(calls[start : start + ADD_PIPELINE])
             refused = next((r for r in replies if isinstance(r, Exception)), None)
             if refused is not None:
-                raise store.translate(refused, self.run_id)
+                raise store.translating_errors(self.run_id).error(refused)
             for span, reply in zip(spans[start : start + ADD_PIPELINE], replies, strict=True):
                 for index, flag in zip(span, reply, strict=True):
                     flags[index] = flag

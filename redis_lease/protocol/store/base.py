@@ -17,8 +17,7 @@ from ...limits import DEFAULT_PREFIX
 from ..connection.clients import client_from_url
 from ..connection.cluster import is_cluster
 from ..connection.server_checks import check_server
-from ..connection.translate import REDIS_FAILURES
-from ..connection.translate import translate as translate_error
+from ..connection.translate import REDIS_FAILURES, ErrorDoor, translating_errors
 from ..connection.urls import is_cluster_url
 from ..keys import Keys, shard_of
 from ..scripts import LOGGED, Scripts
@@ -101,16 +100,14 @@ class StoreBase:
             self._rq.close()
         self.client.close()
 
-    @contextmanager
     def translating_errors(
         self, run_id: str | None = None, item_id: str | None = None, token: int | None = None
-    ) -> Iterator[None]:
-        """Runs the block with Redis failures and script error replies raised as this
-        library's errors (RedisUnavailable, LeaseLost, NotFound, ...), at one place."""
-        try:
-            yield
-        except REDIS_FAILURES as error:
-            raise self.translate(error, run_id, item_id, token) from None
+    ) -> ErrorDoor:
+        """The door for this store's calls (:func:`~..connection.translate.translating_errors`):
+        around a block, Redis failures and script error replies leave it as this library's
+        errors (RedisUnavailable, LeaseLost, NotFound, ...); its ``error()`` translates an
+        error reply taken from a pipeline."""
+        return translating_errors(self.url, run_id=run_id, item_id=item_id, token=token)
 
     def errors(
         self, run_id: str | None = None, item_id: str | None = None, token: int | None = None
@@ -126,8 +123,9 @@ class StoreBase:
         item_id: str | None = None,
         token: int | None = None,
     ) -> Exception:
-        """The library's error for what a call on this store raised or replied."""
-        return translate_error(self.url, error, run_id=run_id, item_id=item_id, token=token)
+        """Deprecated: ``translating_errors(run_id, item_id, token).error(error)``."""
+        warn_renamed("LeaseStore.translate()", "LeaseStore.translating_errors().error()")
+        return self.translating_errors(run_id, item_id, token).error(error)
 
     def _run_script(
         self,
@@ -143,10 +141,10 @@ class StoreBase:
         keys = (self.keys.logged if name in LOGGED else self.keys.shard)(run_id, shard)
         if extra_keys:
             keys += extra_keys
-        try:  # the hot path: a plain try rather than the errors() context manager
+        try:  # the hot path: the door is opened only when the call failed
             return self.scripts.call(name, keys, args)
         except REDIS_FAILURES as error:
-            raise self.translate(error, run_id, item_id, token) from None
+            raise self.translating_errors(run_id, item_id, token).error(error) from None
 
     def shard_count(self, run_id: str) -> int:
         """The run's shard count; raises NotFound for an unknown run."""

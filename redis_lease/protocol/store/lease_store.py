@@ -10,6 +10,7 @@ import json
 import random
 import secrets
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -17,13 +18,11 @@ import redis
 from ...deprecation import warn_renamed
 from ...errors import InvalidInput, LeaseError, NotClaimable, RedisUnavailable
 from ...limits import (
-    BATCH_MAX,
     DEFAULT_BACKOFF_BASE,
     DEFAULT_BACKOFF_CAP,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_SWEEP,
     DEFAULT_TTL,
-    SHARD_COUNT_MAX,
     SWEEP_MAX,
 )
 from .. import guards, tracing
@@ -51,7 +50,8 @@ from ..values import (
     effect_record,
 )
 from . import settle
-from .add import AddSettings, added_counts, added_ids
+from .add import added_counts, added_ids
+from .call_checks import check_add, check_claim, check_ref, check_run, check_sweep
 from .reads import StoreReads
 
 
@@ -89,8 +89,7 @@ class LeaseStore(StoreReads):
         ``state`` and ``fields`` are stored only when the run is created now.
         Raises InvalidInput when ``shards`` differs from an existing run's count.
         """
-        check_id(run_id, "run id")
-        wanted = check_positive(shards if shards is not None else 1, "shards", SHARD_COUNT_MAX)
+        wanted = check_run(run_id, shards)
         extra = [part for pair in (fields or {}).items() for part in pair]
         with self.translating_errors(run_id):
             created, count, created_at = self.scripts.call(
@@ -123,8 +122,17 @@ class LeaseStore(StoreReads):
         (attempts, backoff, the deadline after which no lease is granted; None for none)
         are fixed by a shard's first add; :meth:`set_deadline` moves the deadline later.
         """
-        settings = AddSettings.checked(max_attempts, backoff_base, backoff_cap, deadline_ms)
-        checked = [(check_id(i.id, "item id"), encode_json(i.payload)) for i in items]
+        items = list(items)
+        settings = check_add(
+            run_id,
+            [i.id for i in items],
+            shards=shards,
+            max_attempts=max_attempts,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+            deadline_ms=deadline_ms,
+        )
+        checked = [(i.id, encode_json(i.payload)) for i in items]
         if not checked:
             raise InvalidInput("no items given; name at least one item")
         self.create_run(run_id, shards)
@@ -152,7 +160,14 @@ class LeaseStore(StoreReads):
         checked twice here. The scripts check them again: a bad pair is refused
         (InvalidInput) with its calls, after the calls before them added theirs.
         """
-        settings = AddSettings.checked(max_attempts, backoff_base, backoff_cap, deadline_ms)
+        settings = check_add(
+            run_id,
+            shards=shards,
+            max_attempts=max_attempts,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+            deadline_ms=deadline_ms,
+        )
         self.create_run(run_id, shards)
         return added_counts(self, run_id, pairs, settings, progress)
 
@@ -181,8 +196,7 @@ class LeaseStore(StoreReads):
             NotFound: no such run or item.
             RunClosed: the run is closed.
         """
-        check_id(worker, "worker")
-        ttl_ms = ttl_to_ms(ttl)
+        ttl_ms = check_claim(run_id, item_id, worker, ttl)
         shard = self.shard_for(run_id, item_id)
         row = self._run_script(
             "claim", run_id, shard, [item_id, worker, lease_base(), ttl_ms], item_id=item_id
@@ -203,9 +217,7 @@ class LeaseStore(StoreReads):
         Expired leases are taken over first, then pending items in eligible-time
         order. Returns an empty list when nothing is due.
         """
-        check_id(worker, "worker")
-        check_positive(limit, "limit", BATCH_MAX)
-        ttl_ms = ttl_to_ms(ttl)
+        ttl_ms = check_claim(run_id, None, worker, ttl, limit)
         count = self.shard_count(run_id)
         if shard is not None and not 0 <= shard < count:
             raise InvalidInput(
@@ -353,7 +365,7 @@ class LeaseStore(StoreReads):
         """A settle row or a reply, with an error reply as its LeaseError."""
         if not isinstance(reply, redis.ResponseError):
             return reply
-        error = self.translate(reply, lease.run_id, lease.item_id, lease.token)
+        error = self.translating_errors(lease.run_id, lease.item_id, lease.token).error(reply)
         if not isinstance(error, LeaseError) or isinstance(error, RedisUnavailable):
             raise error  # the server refused the user or went away: not one item's fault
         return error
@@ -424,16 +436,20 @@ class LeaseStore(StoreReads):
             extra_keys=self.keys.effects(lease.run_id, lease.shard),
         )
 
-    def lease_ref(self, run_id: str, item_id: str, token: int, lease_id: str = "") -> Lease:
+    def lease_ref(
+        self, run_id: str, item_id: str, token: int, lease_id: str = "", trace_id: str = ""
+    ) -> Lease:
         """A Lease for an item by token (for callers that kept only the token); see
-        :meth:`Lease.from_token`."""
-        return Lease.from_token(run_id, item_id, self.shard_for(run_id, item_id), token, lease_id)
+        :meth:`Lease.from_token`. Its ids, token and trace id are checked before its shard is
+        looked up: InvalidInput comes before NotFound."""
+        ref = check_ref(run_id, item_id, token, lease_id, trace_id)
+        return replace(ref, shard=self.shard_for(run_id, item_id))
 
     # -- maintenance ----------------------------------------------------------
 
     def reap(self, run_id: str, limit: int = DEFAULT_SWEEP) -> tuple[int, int]:
         """Moves expired leases of every shard back to pending (or dead); returns the counts."""
-        check_positive(limit, "limit", SWEEP_MAX)
+        check_sweep(run_id, limit)
         to_pending = to_dead = 0
         for shard in range(self.shard_count(run_id)):
             reaped = self._run_script("reap", run_id, shard, [limit])
@@ -455,13 +471,11 @@ class LeaseStore(StoreReads):
 
     def requeue(self, run_id: str, item_ids: Sequence[str] = (), limit: int = DEFAULT_SWEEP) -> int:
         """Moves dead items (named, or up to ``limit`` per shard) back to pending."""
-        check_positive(limit, "limit", SWEEP_MAX)
-        if len(item_ids) > SWEEP_MAX:
-            raise InvalidInput(f"at most {SWEEP_MAX} items per requeue; split the list")
+        check_sweep(run_id, limit, item_ids)
         count = self.shard_count(run_id)
         named: dict[int, list[str]] = {}
         for item_id in item_ids:
-            named.setdefault(shard_of(check_id(item_id, "item id"), count), []).append(item_id)
+            named.setdefault(shard_of(item_id, count), []).append(item_id)
         shards = sorted(named) if item_ids else range(count)
         return sum(
             int(self._run_script("requeue", run_id, shard, [limit, *named.get(shard, [])]))

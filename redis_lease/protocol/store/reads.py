@@ -3,12 +3,13 @@ run's status from one round trip of plain reads."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...errors import NotFound
 from ...limits import ATTEMPT_LOG_CAP
 from ..connection.clients import as_text
+from ..keys import shard_of
 from ..validation import check_positive
 from ..values import TEXT_SUFFIXES, Attempt, ItemRecord, RunStatus, effect_record, read_items
 from . import attempt_log, run_status
@@ -29,6 +30,40 @@ class StoreReads(StoreBase):
                 f"item {item_id!r} not found in run {run_id!r}", run_id=run_id, item_id=item_id
             )
         return ItemRecord.from_record(run_id, item_id, shard, raw, result, error)
+
+    def records(self, run_id: str, shard: int, item_ids: Sequence[str]) -> list[ItemRecord | None]:
+        """The records of ``item_ids`` in one shard, in order (None where there is none);
+        one HMGET."""
+        if not item_ids:
+            return []
+        suffixes = ("", *TEXT_SUFFIXES.values())
+        fields = [f"{item}{suffix}" for item in item_ids for suffix in suffixes]
+        with self.translating_errors(run_id):
+            raw = self.client.hmget(self.keys.shard(run_id, shard)[2], fields)
+        width = len(suffixes)
+        records: list[ItemRecord | None] = []
+        for number, item in enumerate(item_ids):
+            record, result, error = raw[number * width : (number + 1) * width]
+            records.append(
+                ItemRecord.from_record(run_id, item, shard, record, result, error)
+                if record is not None
+                else None
+            )
+        return records
+
+    def unknown_items(self, run_id: str, item_ids: Sequence[str]) -> list[str]:
+        """The ids of ``item_ids`` that have no record in the run (one HMGET per shard);
+        raises NotFound for an unknown run."""
+        shards = self.shard_count(run_id)
+        by_shard: dict[int, list[str]] = {}
+        for item in item_ids:
+            by_shard.setdefault(shard_of(item, shards), []).append(item)
+        missing: set[str] = set()
+        for shard, ids in sorted(by_shard.items()):
+            for item, record in zip(ids, self.records(run_id, shard, ids), strict=True):
+                if record is None:
+                    missing.add(item)
+        return [item for item in item_ids if item in missing]
 
     def items(self, run_id: str, shard: int) -> Iterator[ItemRecord]:
         """Every item record of one shard (HSCAN: cursor-based, never blocks Redis)."""

@@ -61,7 +61,7 @@ def read(store: StoreBase, run_id: str) -> tuple[dict[str, str], list[ShardSnaps
         replies = pipe.execute(raise_on_error=False)
     for reply in replies:
         if isinstance(reply, redis.ResponseError):
-            raise store.translate(reply, run_id)
+            raise store.translating_errors(run_id).error(reply)
     now_reply, info_raw, *shards = replies
     if not info_raw:  # the shard count was known, the record is gone since (lost or expired)
         raise NotFound(f"run {run_id!r} not found; add items to create it", run_id=run_id)
