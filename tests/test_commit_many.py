@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from redis_lease import ConditionFailed, FieldEquals, Item, LeaseLost, LeaseStore
 from redis_lease.protocol.store.lease_store import CommitRequest
 from tests.helpers import wait_past
@@ -41,7 +43,8 @@ def test_each_commit_is_fenced_on_its_own(store: LeaseStore) -> None:
 def test_a_bad_request_is_answered_and_not_sent(store: LeaseStore) -> None:
     store.add("r", [Item("a"), Item("b"), Item("c")])
     good = store.claim("r", "a", "w")
-    bad_token = store.lease_ref("r", "b", 0)
+    # lease_ref refuses a bad token itself, so the bad request is made from a good ref
+    bad_token = replace(store.lease_ref("r", "b", 1), token=0)
     held = store.claim("r", "c", "w")
     answers = store.commit_many(
         [CommitRequest(good), CommitRequest(bad_token), CommitRequest(held, {"x": object()})]
