@@ -23,6 +23,7 @@ from ...limits import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_SWEEP,
     DEFAULT_TTL,
+    RUNNING,
     SWEEP_MAX,
 )
 from .. import guards, tracing
@@ -81,7 +82,7 @@ class LeaseStore(StoreReads):
         run_id: str,
         shards: int | None = None,
         *,
-        state: str = "running",
+        state: str = RUNNING,
         fields: dict[str, str] | None = None,
     ) -> tuple[bool, int]:
         """Creates the run once; returns (created now, shard count).

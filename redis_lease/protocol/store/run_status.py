@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ...errors import NotFound
+from ...limits import RUNNING
 from ..connection.clients import as_text, queue_time, time_ms
 from ..values import COUNT_STATES, RunStatus
 
@@ -110,7 +111,7 @@ def summary(run_id: str, info: dict[str, str], snapshots: list[ShardSnapshot]) -
     return RunStatus(
         run_id=run_id,
         shards=len(snapshots),
-        state=info.get("state", "running"),
+        state=info.get("state", RUNNING),
         counts=counts,
         counters=totals,
         oldest_eligible_age_seconds=oldest(s.first_due for s in snapshots),
