@@ -199,7 +199,7 @@ def test_resume_lifts_the_deadline_bar_and_says_so(store: LeaseStore, nightly: C
         store.claim(RUN, item(1), "w2")
     tick(store, [NIGHTLY_PATH], now=runs.server_now())
     assert runs.info(RUN)["state"] == "partial"
-    with pytest.raises(InvalidInput, match="past its deadline; pass --deadline"):
+    with pytest.raises(InvalidInput, match="past its deadline; resume it with a new deadline"):
         runs.resume(RUN)
 
     until = runs.server_now() + timedelta(hours=1)

@@ -331,7 +331,9 @@ class Runs:
                 raise InvalidInput(
                     f"deadline {deadline.isoformat()} is in the past; pass a later one"
                 )
-            raise InvalidInput(f"run {run_id!r} is past its deadline; pass --deadline")
+            raise InvalidInput(
+                f"run {run_id!r} is past its deadline; resume it with a new deadline"
+            )
         reason = (
             "resumed by an operator; deadline bar lifted: claims allowed until "
             f"{from_ms(until_ms).isoformat(timespec='seconds')}"

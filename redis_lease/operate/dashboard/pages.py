@@ -240,8 +240,7 @@ def resume(run_id: str) -> Response:
             deadline = new_deadline(timedelta(hours=hours), runs_.server_now())
         decision = runs_.resume(run_id, deadline)
     except InvalidInput as error:  # not resumable, or past its deadline
-        text = str(error).replace("pass --deadline", "give a new deadline")
-        flash(f"not resumed: {text}", "error")
+        flash(f"not resumed: {error}", "error")
     except ValueError:
         flash(f"new deadline {hours_text!r}: give hours from now, 0 to {RESUME_HOURS_MAX}", "error")
     else:
