@@ -33,6 +33,7 @@ from redis_lease.fleet import shard_jobs
 from redis_lease.fleet.job import Job
 from redis_lease.fleet.runs import Runs
 from redis_lease.protocol.connection.clients import as_text
+from redis_lease.protocol.replies import Snapshot
 from redis_lease.protocol.store import run_status
 from redis_lease.protocol.store.lease_store import LeaseStore
 from redis_lease.protocol.values import Item
@@ -197,7 +198,7 @@ def _check_no_failed_job(client: redis.Redis, queue_name: str) -> None:
 
 
 def _dispatch(
-    store: LeaseStore, job: Job, run_id: str, shards: list[run_status.ShardSnapshot]
+    store: LeaseStore, job: Job, run_id: str, shards: list[Snapshot]
 ) -> tuple[int, float]:
     """Enqueues a shard job for each shard with due items (or leases) and no live job.
 
@@ -207,7 +208,8 @@ def _dispatch(
     wanted = [
         shard
         for shard, snap in enumerate(shards)
-        if (snap.first_due is not None and snap.first_due <= snap.now) or snap.counts["leased"]
+        if (snap.first_due_ms is not None and snap.first_due_ms <= snap.now_ms)
+        or snap.counts["leased"]
     ]
     if not wanted:
         return 0, 0.0
@@ -217,7 +219,7 @@ def _dispatch(
     pipe.hkeys(store.keys.run_jobs(run_id))
     missing, listed = pipe.execute()
     # A job that ended is no longer listed, but may linger among the missing: skip it.
-    now_ms = max(snap.now for snap in shards)
+    now_ms = max(snap.now_ms for snap in shards)
     stalled = max(
         ((now_ms - int(since)) / 1000 for rq_id, since in missing.items() if rq_id in listed),
         default=0.0,

@@ -13,7 +13,7 @@
 -- @include "protocol.lua"
 
 local KEYS_TAKEN = {{'tallies', 'hash'}, {'finished_runs', 'zset'}}
-local FINAL = {'succeeded', 'partial', 'failed', 'canceled'}
+local FINAL = LIMITS.run_states.final
 
 local function main()
   local bad = check_keys(KEYS_TAKEN)

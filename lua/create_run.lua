@@ -12,12 +12,13 @@
 -- @include "protocol.lua"
 
 local KEYS_TAKEN = {{false, 'hash'}}
+local OPEN = LIMITS.run_states.open  -- planning, running: a run starts running unless told
 
 local function main()
   local bad = check_keys(KEYS_TAKEN)
   if bad then return bad end
   local A, fields
-  A, bad = check_args({{1, 'id'}, {2, 'int', 'shard_count'}, {3, 'one', {'planning', 'running'}, 'running'}})
+  A, bad = check_args({{1, 'id'}, {2, 'int', 'shard_count'}, {3, 'one', OPEN, OPEN[2]}})
   if bad then return bad end
   fields, bad = check_rest(4, {{'id'}, {'text', 'text_bytes'}}, 'guard_specs')
   if bad then return bad end

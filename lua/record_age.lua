@@ -25,7 +25,7 @@ local function main()
     {4, 'num', 'tally'}, {5, 'int', 'tally'}, {6, 'int', 'tally'}})
   if bad then return bad end
   local state = rcall('HGET', KEYS[1], 'state')
-  if state ~= 'planning' and state ~= 'running' then return 0 end
+  if not check_value('one', LIMITS.run_states.open, state) then return 0 end  -- final or gone
   local last = rcall('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
   if last then
     local fields = last[2]

@@ -14,7 +14,11 @@
 -- @include "protocol.lua"
 
 local KEYS_TAKEN = {{'', 'hash'}, {'events', 'stream'}}
-local STATES = {'planning', 'running', 'succeeded', 'partial', 'failed', 'canceled'}
+-- Every state a run is stored in: the open ones, then the final ones.
+local STATES = {}
+for _, part in ipairs({LIMITS.run_states.open, LIMITS.run_states.final}) do
+  for _, s in ipairs(part) do STATES[#STATES + 1] = s end
+end
 
 local function main()
   local bad = check_keys(KEYS_TAKEN)
@@ -34,8 +38,8 @@ local function main()
   if not allowed then return {0, state, now} end
   rcall('HSET', KEYS[1], 'state', A[2], 'state_at', now, 'reason', A[3])
   for _, pair in ipairs(fields) do rcall('HSET', KEYS[1], pair[1], pair[2]) end
-  rcall('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'kind', 'state', 'from', state, 'to', A[2],
-    'reason', A[3], 'at', now)
+  rcall('XADD', KEYS[2], 'MAXLEN', '~', LIMITS.defaults.run_log, '*', 'kind', 'state',
+    'from', state, 'to', A[2], 'reason', A[3], 'at', now)
   return {1, state, now}
 end
 

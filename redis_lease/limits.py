@@ -1,4 +1,5 @@
-"""The protocol's bounds and defaults, defined once in ``lua/include/limits.json``.
+"""The protocol's bounds, defaults and run-state words, defined once in
+``lua/include/limits.json``.
 
 The same file is expanded into the Lua prelude (``LIMITS``), so a bound checked
 here is the bound the scripts enforce: Python and Lua cannot drift apart.
@@ -23,7 +24,8 @@ def lua_dir() -> Path:
 
 @cache
 def table() -> dict[str, Any]:
-    """The parsed ``limits.json``: ``bounds`` (name -> [low, high]) and ``defaults``."""
+    """The parsed ``limits.json``: ``bounds`` (name -> [low, high]), ``defaults`` and
+    ``run_states`` (``open``, ``final``: lists of words)."""
     data: dict[str, Any] = json.loads((lua_dir() / "include" / "limits.json").read_text())
     return data
 
@@ -113,3 +115,11 @@ RQ_PAGE_SIZE: int = default("rq_page_size")
 RESUME_HOURS: int = default("resume_hours")
 #: The latest new deadline the dashboard's resume takes, in hours from now.
 RESUME_HOURS_MAX: int = default("resume_hours_max")
+
+#: The states a run is stored in (its record's ``state``, the scripts' words): the open
+#: ones, still worked, then the final ones. The rules over them are in
+#: :mod:`redis_lease.fleet.run_states`.
+OPEN_RUN_STATES: tuple[str, ...] = tuple(table()["run_states"]["open"])
+FINAL_RUN_STATES: tuple[str, ...] = tuple(table()["run_states"]["final"])
+PLANNING, RUNNING = OPEN_RUN_STATES
+SUCCEEDED, PARTIAL, FAILED, CANCELED = FINAL_RUN_STATES

@@ -294,15 +294,18 @@ A line that is exactly `-- @include "<name>.lua"` is replaced by the text of
 expanded at most once per script: a second include of it becomes an empty line. A line
 `-- @include "limits.json"` becomes, after the whole expansion, the single line
 
-    local LIMITS = {bounds = {<name> = {<low>, <high>}, ...}, defaults = {<name> = <value>, ...}}
+    local LIMITS = {bounds = {<name> = {<low>, <high>}, ...}, defaults = {<name> = <value>, ...},
+      run_states = {<name> = {<word>, ...}, ...}}
 
-holding, in the order of `limits.json`, only the bounds and defaults whose names occur
-as words (`[A-Za-z_]+`) in the expanded text; strings are written as JSON strings, lists
-as `{a, b}`, tables as `{k = v, ...}`, with `, ` between entries. Files are read as UTF-8
-with `\\n` line ends. `limits.json` holds integers and strings only (in lists and
-tables), never floats: a float's decimal text differs between languages, and so would
-the SHA1. (`redis_lease/scripts.py` `source(name)` and
-`clients/node/scripts.js` `source(name)` do exactly this.)
+(shown here on two lines), holding each table of `limits.json` (`bounds`, `defaults`,
+`run_states`) in the file's order, each with only the entries whose names occur as words
+(`[A-Za-z_]+`) in the expanded text (a table with none stays, empty); strings are written
+as JSON strings, lists as `{a, b}`, tables as `{k = v, ...}`, with `, ` between entries.
+Files are read as UTF-8 with `\\n` line ends.
+`limits.json` holds integers and strings only (in lists and tables), never floats: a
+float's decimal text differs between languages, and so would the SHA1.
+(`redis_lease/scripts.py` `source(name)` and `clients/node/scripts.js` `source(name)` do
+exactly this.)
 
 ### The SHA check
 
@@ -372,6 +375,15 @@ Each bound is `[lowest, highest]`, both allowed.
 | --- | --- |
 @defaults@
 
+### Run states
+
+A run's record holds its state (`state`), one of these words; a run is created `running`
+unless `create_run` is told `planning`, and `run_transition` moves it between them.
+
+| run states | words |
+| --- | --- |
+@run_states@
+
 ## Replies and errors
 
 Times in replies are milliseconds on the server clock (`TIME`), the only clock that
@@ -421,6 +433,10 @@ def render() -> str:
         "shard_keys": shard_rows,
         "bounds": "\n".join(f"| `{n}` | {lo} | {hi} |" for n, (lo, hi) in bounds.items()),
         "defaults": "\n".join(f"| `{n}` | `{json.dumps(v)}` |" for n, v in defaults.items()),
+        "run_states": "\n".join(
+            f"| `{part}` | {', '.join(f'`{w}`' for w in words)} |"
+            for part, words in table["run_states"].items()
+        ),
         "codes": "\n".join(
             f"| `{code}` | {fields} | {meaning} | `{name}` | `{name}` | {exit_code} |"
             for code, fields, meaning, name, exit_code in CODES

@@ -152,3 +152,18 @@ def test_lease_ref_is_from_token() -> None:
     new = Lease.from_token(RUN, "a", 3, 7, "lease-1")
     assert old == new
     assert (new.expires_at_ms, new.payload, new.trace_id) == (0, None, ""), "only the token"
+
+
+def test_the_old_shard_snapshot_is_the_one_snapshot_with_its_old_field_names() -> None:
+    """run_status's ShardSnapshot became replies.Snapshot (the shard_status script's reply
+    type too); its name and its field names still answer, each with a warning."""
+    from redis_lease.protocol.replies import Snapshot
+    from redis_lease.protocol.store import run_status
+
+    with pytest.warns(DeprecationWarning, match="ShardSnapshot is deprecated.*Snapshot"):
+        assert run_status.ShardSnapshot is Snapshot
+    snap = Snapshot({"done": 1}, 5, 6, 9, {}, 7)
+    for old, value in (("first_due", 5), ("first_held", 6), ("first_unknown", 7), ("now", 9)):
+        with pytest.warns(DeprecationWarning, match=f"ShardSnapshot.{old} is deprecated") as w:
+            assert getattr(snap, old) == value
+        assert w[0].filename == __file__, "the warning points at the caller"

@@ -98,7 +98,8 @@ def dispatch_due(store: LeaseStore, run_id: str, queue: str) -> None:
     wanted = [
         shard
         for shard, snap in enumerate(shards)
-        if (snap.first_due is not None and snap.first_due <= snap.now) or snap.counts["leased"]
+        if (snap.first_due_ms is not None and snap.first_due_ms <= snap.now_ms)
+        or snap.counts["leased"]
     ]
     if not wanted:
         return

@@ -397,8 +397,9 @@ def test_the_shard_status_script_and_a_runs_status_read_a_shard_alike(store: Lea
             pipeline.counts
         )
         assert (script.first_due_ms, script.first_held_ms, script.first_unknown_ms) == (
-            pipeline.first_due, pipeline.first_held, pipeline.first_unknown,
+            pipeline.first_due_ms, pipeline.first_held_ms, pipeline.first_unknown_ms,
         )  # fmt: skip
+        assert type(script) is type(pipeline) is Snapshot
         return script
 
     assert both_alike().first_unknown_ms is None

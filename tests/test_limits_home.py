@@ -78,3 +78,16 @@ def test_a_backfill_spans_at_most_the_days_of_limits_json() -> None:
     assert backfill_dates(nightly, first, last)
     with pytest.raises(InvalidInput, match=f"at most {limits.BACKFILL_DAYS_MAX} days"):
         backfill_dates(nightly, first, last + timedelta(days=1))
+
+
+def test_the_run_states_are_spelled_only_in_limits_json() -> None:
+    """The scripts and the protocol layer take a run's state words from limits.json (LIMITS,
+    limits.py), never as literals of their own: one home for both languages."""
+    words = "|".join([*limits.OPEN_RUN_STATES, *limits.FINAL_RUN_STATES])
+    literal = re.compile(rf"""['"]({words})['"]""")
+    sources = [*limits.lua_dir().rglob("*.lua"), *(PACKAGE / "protocol").rglob("*.py")]
+    for path in sources:
+        text = path.read_text()
+        if path.name == "record_effect.lua":  # an effect's states: 'failed' is its own word
+            text = text.replace("'applied', 'failed'", "")
+        assert not literal.search(text), f"{path.name} spells a run state: {literal.search(text)}"

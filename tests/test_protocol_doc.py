@@ -90,7 +90,7 @@ def leaves(value: object) -> list[object]:
 def test_limits_hold_integers_and_strings_only() -> None:
     # A float's decimal text differs between languages: the expanded scripts' SHA1 would too.
     data = json.loads((lua_dir() / "include" / "limits.json").read_text())
-    for part in ("bounds", "defaults"):
+    for part in ("bounds", "defaults", "run_states"):
         odd = [v for v in leaves(data[part]) if type(v) not in (int, str)]
         assert not odd, f"limits.json {part} holds {odd}: use integers or strings"
     assert "integers and strings only" in DOC.read_text()

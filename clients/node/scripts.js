@@ -3,7 +3,8 @@
 //
 // A line `-- @include "name.lua"` becomes lua/include/name.lua (includes nest; each file is
 // expanded once per script). `-- @include "limits.json"` becomes the Lua table LIMITS with
-// the bounds and defaults of limits.json that the expanded script names.
+// the entries of each table of limits.json (bounds, defaults, run_states) that the expanded
+// script names.
 
 import { createHash } from 'node:crypto';
 import { readFileSync, readdirSync } from 'node:fs';
@@ -45,14 +46,15 @@ function luaLiteral(value) {
 /**
  * limits.json as parsed data.
  * @param {string} dir
- * @returns {{bounds: Record<string, number[]>, defaults: Record<string, unknown>}}
+ * @returns {{about: string, bounds: Record<string, number[]>, defaults: Record<string, unknown>,
+ *   run_states: Record<string, string[]>}}
  */
 function limits(dir) {
   return JSON.parse(readText(join(dir, 'include', 'limits.json')));
 }
 
 /**
- * `local LIMITS = {...}` with the bounds and defaults the script names.
+ * `local LIMITS = {...}` with the bounds, defaults and run states the script names.
  * @param {string} script
  * @param {string} dir
  * @returns {string}
@@ -62,9 +64,10 @@ function limitsTable(script, dir) {
   const table = limits(dir);
   /** @type {Record<string, Record<string, unknown>>} */
   const data = {};
-  for (const part of /** @type {const} */ (['bounds', 'defaults'])) {
+  for (const [part, entries] of Object.entries(table)) {
+    if (typeof entries !== 'object' || entries === null || Array.isArray(entries)) continue;
     data[part] = Object.fromEntries(
-      Object.entries(table[part]).filter(([name]) => words.has(name)),
+      Object.entries(entries).filter(([name]) => words.has(name)),
     );
   }
   return `local LIMITS = ${luaLiteral(data)}`;

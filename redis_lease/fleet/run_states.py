@@ -11,20 +11,25 @@ work they meant to stop.
 
 from __future__ import annotations
 
-from ..limits import DEFAULT_RETENTION_DAYS
+from ..limits import (
+    CANCELED,
+    DEFAULT_RETENTION_DAYS,
+    FAILED,
+    FINAL_RUN_STATES,
+    OPEN_RUN_STATES,
+    PARTIAL,
+    PLANNING,
+    RUNNING,
+    SUCCEEDED,
+)
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.values import RunStatus
 
-PLANNING = "planning"
-RUNNING = "running"
-SUCCEEDED = "succeeded"
-PARTIAL = "partial"
-FAILED = "failed"
-CANCELED = "canceled"
+# The words are the protocol's (lua/include/limits.json, through limits.py); the rules are here.
 #: States of a run still being worked.
-OPEN_STATES = (PLANNING, RUNNING)
+OPEN_STATES = OPEN_RUN_STATES
 #: States a run ends in.
-FINAL_STATES = (SUCCEEDED, PARTIAL, FAILED, CANCELED)
+FINAL_STATES = FINAL_RUN_STATES
 #: Final states an operator may reopen (``resume``): runs with items still to do.
 RESUMABLE_STATES = (PARTIAL, FAILED)
 #: States an operator may cancel (``cancel``): the open ones.

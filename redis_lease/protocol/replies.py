@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import ResponseError
 
-from ..deprecation import renamed_attribute
+from ..deprecation import renamed_attribute, warn_renamed
 from .values import CommitReply, FailReply
 
 #: Old names of the commit and fail replies, importable with a DeprecationWarning for one
@@ -73,8 +73,14 @@ class Cut(NamedTuple):
 
 
 class Snapshot(NamedTuple):
-    """shard_status: counters (with pending, leased, dead from the indexes) and first entries
-    (a lease's start, a due item's eligible-at, an unknown effect's since)."""
+    """One shard's counts at one moment: counters (with pending, leased, dead from the
+    indexes) and first entries (a due item's eligible-at, a lease's start, an unknown
+    effect's since; ms, None when there is none).
+
+    The shard_status script's reply, with the shard's settings (``meta``); also what a
+    run's status reads with plain commands (:mod:`~redis_lease.protocol.store.run_status`,
+    for a user who may send no script), with every count state present and ``meta`` empty.
+    """
 
     counts: dict[str, int]
     first_due_ms: int | None
@@ -82,6 +88,31 @@ class Snapshot(NamedTuple):
     now_ms: int
     meta: dict[str, str]
     first_unknown_ms: int | None
+
+    # The names of the plain read's former type (ShardSnapshot), for one release.
+    @property
+    def first_due(self) -> int | None:
+        """Deprecated: :attr:`first_due_ms`."""
+        warn_renamed("ShardSnapshot.first_due", "Snapshot.first_due_ms")
+        return self.first_due_ms
+
+    @property
+    def first_held(self) -> int | None:
+        """Deprecated: :attr:`first_held_ms`."""
+        warn_renamed("ShardSnapshot.first_held", "Snapshot.first_held_ms")
+        return self.first_held_ms
+
+    @property
+    def first_unknown(self) -> int | None:
+        """Deprecated: :attr:`first_unknown_ms`."""
+        warn_renamed("ShardSnapshot.first_unknown", "Snapshot.first_unknown_ms")
+        return self.first_unknown_ms
+
+    @property
+    def now(self) -> int:
+        """Deprecated: :attr:`now_ms`."""
+        warn_renamed("ShardSnapshot.now", "Snapshot.now_ms")
+        return self.now_ms
 
 
 class RunCreated(NamedTuple):

@@ -3,7 +3,7 @@
 A script file may say ``-- @include "name.lua"``; the line is replaced by
 ``lua/include/name.lua`` (includes nest; each file is expanded once per
 script). ``-- @include "limits.json"`` becomes the Lua table ``LIMITS``, built from
-that file with the bounds and defaults the script names. :func:`source` gives the
+that file with the bounds, defaults and run states the script names. :func:`source` gives the
 expanded text, which is what any other language sends with ``EVAL``/``EVALSHA``.
 """
 
@@ -134,11 +134,13 @@ def _lua_literal(value: Any) -> str:
 
 
 def _limits_table(script: str) -> str:
-    """``LIMITS`` with the bounds and defaults the script names (built on every call, so small)."""
+    """``LIMITS`` with the entries of each table of limits.json (bounds, defaults, run
+    states) that the script names (built on every call, so small)."""
     words = set(re.findall(r"[A-Za-z_]+", script))
     data = {
-        part: {name: value for name, value in table()[part].items() if name in words}
-        for part in ("bounds", "defaults")
+        part: {name: value for name, value in entries.items() if name in words}
+        for part, entries in table().items()
+        if isinstance(entries, dict)
     }
     return f"local LIMITS = {_lua_literal(data)}"
 

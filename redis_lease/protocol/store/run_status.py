@@ -6,41 +6,42 @@ sizes of its three state indexes (``ZCARD``) and the first entries of its time
 indexes (``ZRANGE 0 0``). The run's counts are their sums and its ages come from
 those first entries: O(shards), whatever the run's size. No script and no meta hash
 (``shard_status.lua`` gives the same per shard to clients in other languages, the
-unknown effects' first entry too; tests/test_effects.py keeps the two equal).
+unknown effects' first entry too, as the same :class:`~..replies.Snapshot`;
+tests/test_effects.py keeps the two equal).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
 
+from ...deprecation import renamed_attribute
 from ...errors import NotFound
+from ...limits import RUNNING
 from ..connection.clients import as_text, queue_time, time_ms
+from ..replies import Snapshot
 from ..values import COUNT_STATES, RunStatus
 
 if TYPE_CHECKING:
     from .base import StoreBase
 
+#: The shard snapshot's old name: one type, :class:`~redis_lease.protocol.replies.Snapshot`,
+#: for the script's reply and these plain reads.
+_RENAMED = {"ShardSnapshot": "Snapshot"}
 
-@dataclass(frozen=True)
-class ShardSnapshot:
-    """One shard's counters and the first entries of its time indexes (ms)."""
 
-    counts: dict[str, int]
-    first_due: int | None
-    first_held: int | None
-    first_unknown: int | None
-    now: int
+def __getattr__(name: str) -> Any:
+    """ShardSnapshot, the old name of :class:`Snapshot`, with a DeprecationWarning."""
+    return renamed_attribute(__name__, name, _RENAMED, globals())
 
 
 #: The reads of one shard, in order, after its counters.
 _PER_SHARD = 7
 
 
-def read(store: StoreBase, run_id: str) -> tuple[dict[str, str], list[ShardSnapshot]]:
+def read(store: StoreBase, run_id: str) -> tuple[dict[str, str], list[Snapshot]]:
     """The run's record and a snapshot of each of its shards, in one round trip; raises
     NotFound when the run has no record (also when its shard count was known before)."""
     count = store.shard_count(run_id)
@@ -70,14 +71,19 @@ def read(store: StoreBase, run_id: str) -> tuple[dict[str, str], list[ShardSnaps
     return {as_text(k): as_text(v) for k, v in info_raw.items()}, snapshots
 
 
-def _shard(now: int, reads: list[Any]) -> ShardSnapshot:
+def _shard(now: int, reads: list[Any]) -> Snapshot:
     counters, pending, leased, dead, first_due, first_held, first_unknown = reads
     counts = {as_text(name): int(value) for name, value in counters.items()}
     counts.update(pending=int(pending), leased=int(leased), dead=int(dead))
     for state in COUNT_STATES:
         counts.setdefault(state, 0)
-    return ShardSnapshot(
-        counts, _first_score(first_due), _first_score(first_held), _first_score(first_unknown), now
+    return Snapshot(
+        counts,
+        first_due_ms=_first_score(first_due),
+        first_held_ms=_first_score(first_held),
+        now_ms=now,
+        meta={},  # the shard's settings: read only by the script
+        first_unknown_ms=_first_score(first_unknown),
     )
 
 
@@ -94,13 +100,13 @@ def run_status(store: StoreBase, run_id: str) -> RunStatus:
     return summary(run_id, *read(store, run_id))
 
 
-def summary(run_id: str, info: dict[str, str], snapshots: list[ShardSnapshot]) -> RunStatus:
+def summary(run_id: str, info: dict[str, str], snapshots: list[Snapshot]) -> RunStatus:
     """The run's status from its record and its shards' snapshots."""
     totals: dict[str, int] = {}
     for snap in snapshots:
         for name, value in snap.counts.items():
             totals[name] = totals.get(name, 0) + value
-    now = max((snap.now for snap in snapshots), default=0)
+    now = max((snap.now_ms for snap in snapshots), default=0)
 
     def oldest(times: Iterable[int | None]) -> float:
         ages = [now - t for t in times if t is not None and t <= now]
@@ -110,12 +116,12 @@ def summary(run_id: str, info: dict[str, str], snapshots: list[ShardSnapshot]) -
     return RunStatus(
         run_id=run_id,
         shards=len(snapshots),
-        state=info.get("state", "running"),
+        state=info.get("state", RUNNING),
         counts=counts,
         counters=totals,
-        oldest_eligible_age_seconds=oldest(s.first_due for s in snapshots),
-        oldest_leased_age_seconds=oldest(s.first_held for s in snapshots),
-        oldest_unknown_effect_age_seconds=oldest(s.first_unknown for s in snapshots),
+        oldest_eligible_age_seconds=oldest(s.first_due_ms for s in snapshots),
+        oldest_leased_age_seconds=oldest(s.first_held_ms for s in snapshots),
+        oldest_unknown_effect_age_seconds=oldest(s.first_unknown_ms for s in snapshots),
         now_ms=now,
         info=info,
     )
