@@ -12,7 +12,7 @@ import typer
 from ..errors import InvalidInput
 from ..fleet.job import load_job
 from ..fleet.run_control import finalize_if_open, new_deadline
-from ..fleet.run_states import RESUMABLE_STATES, in_words
+from ..fleet.run_states import RESUMABLE_STATES, SUCCEEDED, in_words
 from ..fleet.runs import Runs
 from ..fleet.tick.schedule import job_paths
 from ..fleet.tick.scheduler_tick import tick as run_tick
@@ -263,7 +263,7 @@ def demo(
             report = run_demo(config, on_progress=on_progress, on_backend=on_backend)
         print_report(report)
     # The demo's promise: every item done, no effect applied twice.
-    if report["duplicate_effects"] or report["state"] != "succeeded":
+    if report["duplicate_effects"] or report["state"] != SUCCEEDED:
         raise typer.Exit(1)
 
 

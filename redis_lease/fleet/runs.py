@@ -151,7 +151,7 @@ class Runs:
         created, _ = self.store.create_run(
             run_id,
             job.options.shards,
-            state="planning",
+            state=PLANNING,
             fields={
                 "job": job.name,
                 "business_date": business_date.isoformat(),

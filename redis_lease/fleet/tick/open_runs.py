@@ -18,6 +18,7 @@ from ...protocol.store.lease_store import LeaseStore
 from ...protocol.values import RunStatus
 from .. import run_ages, run_capacity, shard_jobs
 from ..job import Job
+from ..run_states import FAILED, PLANNING, RUNNING
 from ..runs import Decision, PlanProgress, Runs, to_ms
 from ..shard_job_failures import FAILURE_STREAK_LIMIT, hold_dispatch, job_failures
 
@@ -46,12 +47,12 @@ def tick_run(
     except NotFound:
         return []
     decisions: list[Decision] = []
-    if info["state"] == "planning":
+    if info["state"] == PLANNING:
         planned = _plan(runs, job, run_id, progress)
         if planned is None or planned.kind == "finalize":
             return [planned] if planned else []
         decisions.append(planned)
-    elif runs.retire_if_final(run_id, info) or info["state"] != "running":
+    elif runs.retire_if_final(run_id, info) or info["state"] != RUNNING:
         return decisions
     status, per_shard = store.status_by_shard(run_id)
     deadline_ms = int(status.info.get("deadline_at", "0"))
@@ -109,7 +110,7 @@ def _plan(
     try:
         planned = runs.plan(job, run_id, progress)
     except Exception as error:
-        if runs.info(run_id)["state"] != "failed":
+        if runs.info(run_id)["state"] != FAILED:
             raise
         return Decision("finalize", run_id, f"failed: planning error: {error!r}")
     return None if planned is None else Decision("plan", run_id, f"planned {planned} items")
