@@ -337,3 +337,31 @@ def test_the_generators_know_every_documented_argument() -> None:
         for kind, bound, words in [*fixed.values(), *rest]:
             assert kind != "one" or words, f"{name}: a 'one of' without words"
             assert kind not in ("int", "num") or bound, f"{name}: a number without a bound"
+
+
+#: Scripts whose first key is a record named by its hash tag alone (a run's, the workers').
+TAG_RECORDS = sorted(
+    n
+    for n in NAMES
+    if re.search(r"KEYS_TAKEN = \{\{'', ", (limits.lua_dir() / f"{n}.lua").read_text())
+)
+
+
+@pytest.mark.parametrize("name", TAG_RECORDS)
+def test_a_record_named_by_its_tag_is_not_taken_from_another_key_of_that_tag(
+    real_store: LeaseStore, name: str
+) -> None:
+    """A shard's items hash shares a run's tag: given in place of the run's record, it is
+    refused with INVALID and nothing changes (it once took a failure count into the items)."""
+    scene = FuzzScene(real_store)
+    try:
+        keys, args = scene.valid_calls()[name]
+        items = scene.shard[2]
+        assert items.endswith(":items")
+        spoiled = [items[: -len(":items")] + ":items", *list(keys)[1:]]
+        before = scene.snapshot()
+        with pytest.raises(redis.ResponseError, match="^INVALID KEYS\\[1\\] must"):
+            call(scene.store, name, spoiled, list(args))
+        assert scene.snapshot() == before
+    finally:
+        scene.reset()

@@ -215,6 +215,11 @@ local function check_keys(declared, open)
     if KEYS[1] ~= base .. first or not base:find('{', 1, true) then
       return fail('INVALID', 'KEYS[1] must carry a hash tag and end in "' .. first .. '"')
     end
+    -- A record named by its tag alone (a run's, the workers') ends in that tag, so no
+    -- other key of the same tag (a shard's items, say) is taken for it.
+    if named == '' and base:sub(-1) ~= '}' then
+      return fail('INVALID', 'KEYS[1] must end in its hash tag')
+    end
     for i = 2, count do
       local name = declared[i][1]
       if name and KEYS[i] ~= base .. ':' .. name then
