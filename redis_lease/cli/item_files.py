@@ -135,7 +135,8 @@ class ItemFile:
                 for part, future in zip(parts, futures, strict=True):
                     done = future.result()
                     if done is None:  # a bad line: named with its number in the whole file
-                        pool.shutdown(wait=False, cancel_futures=True)
+                        # the parts still checking finish before their folder is removed
+                        pool.shutdown(wait=True, cancel_futures=True)
                         self._recheck(part, lines + 1)
                     else:
                         lines, count = lines + done[0], count + done[1]
