@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from ..errors import InvalidInput
+from ..extras import require
 from ..fleet.job import load_job
 from ..fleet.run_control import finalize_if_open, new_deadline
 from ..fleet.run_states import RESUMABLE_STATES, in_words
@@ -287,6 +288,7 @@ def metrics(
     Served, one collector lives as long as the server: the processing-duration and
     queue-age histograms it builds from the attempt logs accumulate across scrapes.
     """
+    require("metrics", "redis-lease metrics")
     from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
     from ..operate.metrics.collector import LeaseCollector
