@@ -73,6 +73,10 @@ PAGE_MAX = bound("page_size")[1]
 RQ_PAGE_MAX = bound("rq_page_size")[1]
 
 DEFAULT_PREFIX: str = default("prefix")
+#: The environment variable that allows URL parameters turning TLS verification off
+#: (read by :mod:`redis_lease.protocol.connection.tls`; named here, where the command
+#: line reads it without importing Redis's client).
+INSECURE_ENV = "REDIS_LEASE_TLS_INSECURE"
 DEFAULT_TTL: float = default("lease_ttl_ms") / 1000
 #: Seconds between a shard job's heartbeats (and a worker's).
 HEARTBEAT: float = default("heartbeat_ms") / 1000

@@ -134,3 +134,40 @@ def test_the_command_line_imports_no_optional_package() -> None:
 
 def _optional() -> set[str]:
     return {module for modules in EXTRAS.values() for module in modules}
+
+
+#: Runs the command line; at exit, names which of the given packages it imported.
+_LOADED = """
+import atexit, sys
+watched = set({watched!r})
+atexit.register(
+    lambda: sys.stderr.write(
+        "loaded: %s\\n" % sorted(watched & {{m.split(".")[0] for m in sys.modules}})
+    )
+)
+sys.argv = ["redis-lease", *{args!r}]
+from redis_lease.cli import main
+main()
+"""
+
+
+def loaded(watched: set[str], *args: str) -> str:
+    """Which of ``watched`` ``redis-lease ARGS`` imported, as its last stderr line says."""
+    code = _LOADED.format(watched=sorted(watched), args=list(args))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    return done.stderr.splitlines()[-1]
+
+
+def test_help_imports_neither_redis_nor_rq() -> None:
+    heavy = {"redis", "rq", "croniter", "flask", "prometheus_client", "fakeredis"}
+    assert loaded(heavy, "--help") == "loaded: []"
+    assert loaded(heavy, "status", "--help") == "loaded: []"
+    assert loaded(heavy, "--url", "redis://127.0.0.1:1/0", "worker", "--help") == "loaded: []"
+
+
+def test_a_view_imports_no_rq(redis_url: str, prefix: str) -> None:
+    heavy = {"redis", "rq", "rq_scheduler", "croniter", "flask", "prometheus_client"}
+    assert loaded(heavy, "--url", redis_url, "--prefix", prefix, "status") == "loaded: ['redis']"
+    assert loaded(heavy, "--url", redis_url, "--prefix", prefix, "runs") == "loaded: ['redis']"

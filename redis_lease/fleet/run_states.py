@@ -11,9 +11,13 @@ work they meant to stop.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..limits import DEFAULT_RETENTION_DAYS
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.values import RunStatus
+
+if TYPE_CHECKING:  # the names of runs' states are read where the store is not needed
+    from ..protocol.store.lease_store import LeaseStore
+    from ..protocol.values import RunStatus
 
 PLANNING = "planning"
 RUNNING = "running"
