@@ -73,10 +73,6 @@ PAGE_MAX = bound("page_size")[1]
 RQ_PAGE_MAX = bound("rq_page_size")[1]
 
 DEFAULT_PREFIX: str = default("prefix")
-#: The environment variable that allows URL parameters turning TLS verification off
-#: (read by :mod:`redis_lease.protocol.connection.tls`; named here, where the command
-#: line reads it without importing Redis's client).
-INSECURE_ENV = "REDIS_LEASE_TLS_INSECURE"
 DEFAULT_TTL: float = default("lease_ttl_ms") / 1000
 #: Seconds between a shard job's heartbeats (and a worker's).
 HEARTBEAT: float = default("heartbeat_ms") / 1000
@@ -117,3 +113,8 @@ RQ_PAGE_SIZE: int = default("rq_page_size")
 RESUME_HOURS: int = default("resume_hours")
 #: The latest new deadline the dashboard's resume takes, in hours from now.
 RESUME_HOURS_MAX: int = default("resume_hours_max")
+
+#: The environment variable that allows URL parameters turning TLS verification off
+#: (read by :mod:`redis_lease.protocol.connection.tls`; named here, where the command
+#: line reads it without importing Redis's client).
+INSECURE_ENV = "REDIS_LEASE_TLS_INSECURE"
