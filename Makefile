@@ -18,7 +18,10 @@ format: setup
 bench: setup  ## run the benchmarks (see benchmarks/README.md)
 	.venv/bin/python benchmarks/bench_lease.py
 
-demo: setup   ## run the nightly demo end to end
+PYTHON ?= python3
+demo:         ## install redis-lease[demo] into .venv (only what the demo needs), then run it
+	test -x .venv/bin/python || $(PYTHON) -m venv .venv
+	.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[demo]'
 	.venv/bin/redis-lease demo
 
 N ?= 20

@@ -15,6 +15,7 @@
     │   │   ├── TLSFailed
     │   │   └── ClusterBusy
     │   └── ProtocolMismatch         exit 9
+    ├── MissingExtra                 exit 10
     └── HandlerError                 raised by a job's handler and the effects it applies
         ├── PermanentError
         │   └── NeedsReconciliation
@@ -223,6 +224,22 @@ class ProtocolMismatch(LeaseError):
         super().__init__(message, **context)
         self.found = found
         self.speaks = speaks
+
+
+class MissingExtra(RedisLeaseError, ImportError):
+    """A feature needs a package of an extra that is not installed (:mod:`redis_lease.extras`).
+
+    Also an ``ImportError``, as the import it stands for.
+
+    Attributes:
+        extra: the extra to install, e.g. ``dashboard`` for ``redis-lease[dashboard]``.
+    """
+
+    exit_code = 10
+
+    def __init__(self, message: str, *, extra: str, **context: Any) -> None:
+        super().__init__(message, **context)
+        self.extra = extra
 
 
 # -- handlers and effects -------------------------------------------------------------------

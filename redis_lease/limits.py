@@ -123,3 +123,8 @@ OPEN_RUN_STATES: tuple[str, ...] = tuple(table()["run_states"]["open"])
 FINAL_RUN_STATES: tuple[str, ...] = tuple(table()["run_states"]["final"])
 PLANNING, RUNNING = OPEN_RUN_STATES
 SUCCEEDED, PARTIAL, FAILED, CANCELED = FINAL_RUN_STATES
+
+#: The environment variable that allows URL parameters turning TLS verification off
+#: (read by :mod:`redis_lease.protocol.connection.tls`; named here, where the command
+#: line reads it without importing Redis's client).
+INSECURE_ENV = "REDIS_LEASE_TLS_INSECURE"

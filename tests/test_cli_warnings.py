@@ -12,15 +12,21 @@ from tests.fleet_helpers import REPO
 #: worker did when the ACL refused it CLIENT SETNAME.
 PROGRAM = """
 import importlib, sys, warnings
-cli_app = importlib.import_module("redis_lease.cli.app")  # the module, not Typer's app
+# The command line's global options check the prefix with it, imported when they run.
+validation = importlib.import_module("redis_lease.protocol.validation")
 
-checked = cli_app.check_id
+checked = validation.check_id
+
+warned = []
 
 def check_id(value, what):
-    warnings.warn("CLIENT SETNAME command not supported, setting ip_address to unknown", Warning)
+    if not warned:  # once: other checks of the command use it too
+        warned.append(what)
+        text = "CLIENT SETNAME command not supported, setting ip_address to unknown"
+        warnings.warn(text, Warning)
     return checked(value, what)
 
-cli_app.check_id = check_id
+validation.check_id = check_id
 sys.argv = ["redis-lease", "--url", "fakeredis://warnings", "status", "--json"]
 from redis_lease.cli import main
 main()

@@ -22,14 +22,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from ..errors import InvalidInput, RedisLeaseError
-from ..limits import DEFAULT_PREFIX
-from ..operate.output import error_line, warning_line
-from ..protocol.connection.tls import INSECURE_ENV, allow_insecure, check_tls_params, with_tls
-from ..protocol.connection.translate import REDIS_FAILURES, translating_errors
-from ..protocol.connection.urls import is_cluster_url
-from ..protocol.validation import check_id
-from ..version import __version__
+from ..limits import DEFAULT_PREFIX, INSECURE_ENV
 from .shared import DEFAULT_URL, Settings
 
 #: Set to 1 to let unexpected exceptions show their traceback.
@@ -42,6 +35,10 @@ def report(error: Exception) -> int:
     Every redis-lease error carries its exit code (docs/cli.md); a Redis error
     that reached here untranslated (e.g. from RQ) is translated first.
     """
+    from ..errors import RedisLeaseError
+    from ..operate.output import error_line
+    from ..protocol.connection.translate import REDIS_FAILURES, translating_errors
+
     if isinstance(error, REDIS_FAILURES) and not isinstance(error, RedisLeaseError):
         error = translating_errors("").error(error)
     if isinstance(error, RedisLeaseError):
@@ -77,11 +74,27 @@ def show_warning(
 ) -> None:
     """Shows a warning that reached the command line (a library's, say) as one
     ``warning: ...`` line on stderr, without Python's source line."""
+    from ..operate.output import warning_line
+
     warning_line(str(message))
 
 
 class LeaseGroup(TyperGroup):
     """The root command: turns every failure into one stderr line and an exit code."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """The command named first in ``args``; a command's ``--help`` is shown here, before
+        the global options are checked (their checks import Redis's client: help needs none)."""
+        name, command, rest = super().resolve_command(ctx, args)
+        asked = rest[: rest.index("--")] if "--" in rest else rest
+        if command is not None and set(asked) & set(ctx.help_option_names):
+            try:  # prints the help and exits, unless --help was an option's value
+                command.make_context(name, list(rest), parent=ctx)
+            except typer.Exit:
+                raise
+            except Exception:  # a usage error: reported as usual, after the global options
+                pass
+        return name, command, rest
 
     def main(
         self,
@@ -121,6 +134,8 @@ app = typer.Typer(
 
 
 def _show_version(value: bool) -> None:
+    from ..version import __version__
+
     if value:
         typer.echo(f"redis-lease {__version__}")
         raise typer.Exit()
@@ -192,6 +207,12 @@ def _global_options(
     ] = False,
 ) -> None:
     """Fenced leases on the items of recoverable batch runs, in Redis."""
+    from ..errors import InvalidInput
+    from ..operate.output import warning_line
+    from ..protocol.connection.tls import allow_insecure, check_tls_params, with_tls
+    from ..protocol.connection.urls import is_cluster_url
+    from ..protocol.validation import check_id
+
     check_id(prefix, "prefix")
     if tls_insecure:
         allow_insecure()  # also for the processes this one starts (workers)

@@ -7,16 +7,16 @@ needs one).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..fleet.capacity import CapacityPlan
-from ..fleet.capacity_ask import CapacityAsk, measured_run
-from ..fleet.run_capacity import Measured
-from ..operate.output import print_json, print_table
 from .app import app
 from .shared import open_store
+
+if TYPE_CHECKING:
+    from ..fleet.capacity import CapacityPlan
+    from ..fleet.run_capacity import Measured
 
 
 @app.command("plan-capacity")
@@ -68,6 +68,8 @@ def plan_capacity(
     burst at K workers, the spares, the answer. Explicit figures win over those
     of --from-run.
     """
+    from ..fleet.capacity_ask import CapacityAsk, measured_run
+
     ask = CapacityAsk(
         eligible,
         window,
@@ -85,6 +87,8 @@ def plan_capacity(
 
 
 def _print(result: CapacityPlan, measure: Measured | None, run: str | None, as_json: bool) -> None:
+    from ..operate.output import print_json, print_table
+
     if as_json:
         data: dict[str, Any] = result.to_dict()
         if measure is not None:

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from ..errors import InvalidInput
 from .app import app
 from .shared import open_store
 
@@ -57,6 +56,8 @@ def dashboard(
     ] = None,
 ) -> None:
     """Serve the web dashboard: runs, their items, requeue and resume; RQ's under /rq."""
+    from ..errors import InvalidInput
+
     # Flask and waitress load only for this command, not for every other one.
     from ..operate.dashboard import create_app, serve
     from ..operate.dashboard.server import allowed_hosts, check_exposure

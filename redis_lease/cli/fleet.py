@@ -9,17 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ..errors import InvalidInput
-from ..fleet.job import load_job
-from ..fleet.run_control import finalize_if_open, new_deadline
 from ..fleet.run_states import RESUMABLE_STATES, SUCCEEDED, in_words
-from ..fleet.runs import Runs
-from ..fleet.tick.schedule import job_paths
-from ..fleet.tick.scheduler_tick import tick as run_tick
 from ..limits import METRICS_RUNS
-from ..operate.output import error_line, print_json, print_table, same_times
-from ..protocol.connection.urls import safe_url
-from ..protocol.validation import check_id
 from .app import app
 from .shared import (
     JOBS_FAILED_EXIT,
@@ -48,6 +39,12 @@ def tick(
     A failure in one run or job is printed and the others are still ticked; the
     exit code is then 7.
     """
+    from ..errors import InvalidInput
+    from ..fleet.job import load_job
+    from ..fleet.tick.schedule import job_paths
+    from ..fleet.tick.scheduler_tick import tick as run_tick
+    from ..operate.output import print_json, print_table, same_times
+
     for path in jobs or []:  # named paths must import: a typo is a usage error
         load_job(path)
     paths = jobs or job_paths(open_store(ctx))
@@ -79,6 +76,11 @@ def start(
     as_json: JsonOpt = False,
 ) -> None:
     """Create (once) and plan a job's run for a business date now, outside its schedule."""
+    from ..fleet.job import load_job
+    from ..fleet.runs import Runs
+    from ..fleet.tick.scheduler_tick import tick as run_tick
+    from ..operate.output import print_json
+
     job = load_job(job_path)
     store = open_store(ctx, needs_rq=True)
     runs = Runs(store)
@@ -134,6 +136,8 @@ def worker(
     --job-class redis_lease.dispatch.JsonJob redis-lease
     """
     from ..fleet.worker.rq_worker import DEFAULT_QUEUE, WorkerSettings, build_worker, run_worker
+    from ..operate.output import error_line
+    from ..protocol.connection.urls import safe_url
 
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     wanted = WorkerSettings(
@@ -191,6 +195,11 @@ def resume(
         typer.Option("--deadline", help="New deadline: ISO 8601 time, or a duration (2h, 30m)."),
     ] = None,
 ) -> None:
+    from ..fleet.run_control import new_deadline
+    from ..fleet.runs import Runs
+    from ..operate.output import same_times
+    from ..protocol.validation import check_id
+
     check_id(run, "run id")
     runs = Runs(open_store(ctx))
     moment = new_deadline(deadline, runs.server_now()) if deadline else None
@@ -205,6 +214,11 @@ def finalize(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     For runs no tick finalizes: those made through LeaseStore or `add`, with no
     job. Its items are no longer claimable; a run already final is left alone.
     """
+    from ..fleet.run_control import finalize_if_open
+    from ..fleet.runs import Runs
+    from ..operate.output import print_json, same_times
+    from ..protocol.validation import check_id
+
     check_id(run, "run id")
     state, decision = finalize_if_open(Runs(open_store(ctx)), run, "finalized by an operator")
     if as_json:
@@ -218,6 +232,9 @@ def finalize(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
 @app.command()
 def cancel(ctx: typer.Context, run: RunArg) -> None:
     """Close an open run as canceled; its items are no longer claimable."""
+    from ..fleet.runs import Runs
+    from ..protocol.validation import check_id
+
     check_id(run, "run id")
     changed = Runs(open_store(ctx)).cancel(run)
     typer.echo(f"{run}: {'canceled' if changed else 'not open; nothing changed'}")
@@ -240,6 +257,8 @@ def demo(
     """Run a nightly payment reconciliation end to end on real worker processes, with faults."""
     from ..demo.report import print_report, progress_bar
     from ..demo.runner import DemoConfig, run_demo
+    from ..errors import InvalidInput
+    from ..operate.output import print_json
 
     if backend not in ("auto", "redis-server", "embedded"):
         raise InvalidInput(f"unknown backend {backend!r}: use auto, redis-server or embedded")
@@ -287,6 +306,10 @@ def metrics(
     Served, one collector lives as long as the server: the processing-duration and
     queue-age histograms it builds from the attempt logs accumulate across scrapes.
     """
+    from ..errors import InvalidInput
+    from ..extras import require
+
+    require("metrics", "redis-lease metrics")
     from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
     from ..operate.metrics.collector import LeaseCollector

@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..errors import InvalidInput
-from ..fleet.run_control import requeue_items
-from ..limits import (
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_SWEEP,
-    DEFAULT_TTL,
-)
-from ..operate.output import compact_json, iso_time, print_json, progress_bar, warning_line
-from ..protocol.store.call_checks import check_add, check_claim, check_ref, check_sweep
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.store.settle import error_text
-from ..protocol.validation import ttl_to_ms
-from ..protocol.values import Item, Lease
+from ..limits import DEFAULT_MAX_ATTEMPTS, DEFAULT_SWEEP, DEFAULT_TTL
 from .app import app
-from .item_files import ItemFile
 from .shared import (
     ItemArg,
     JsonOpt,
@@ -33,12 +20,19 @@ from .shared import (
     open_store,
 )
 
+if TYPE_CHECKING:
+    from ..protocol.store.lease_store import LeaseStore
+    from ..protocol.values import Lease
+    from .item_files import ItemFile
+
 
 def _lease_ref(
     ctx: typer.Context, run: str, item: str, token: int, lease_id: str, trace_id: str = ""
 ) -> tuple[LeaseStore, Lease]:
     """The store and a Lease by token for a holder command; the store's checks of the ids
     run before it connects."""
+    from ..protocol.store.call_checks import check_ref
+
     check_ref(run, item, token, lease_id, trace_id)
     store = open_store(ctx)
     return store, store.lease_ref(run, item, token, lease_id, trace_id)
@@ -80,6 +74,12 @@ def add(
     as_json: JsonOpt = False,
 ) -> None:
     """Add items to a run, creating the run; existing items are left as they are."""
+    from ..errors import InvalidInput
+    from ..operate.output import print_json
+    from ..protocol.store.call_checks import check_add
+    from ..protocol.values import Item
+    from .item_files import ItemFile
+
     if bool(items) == (from_file is not None):
         raise InvalidInput("name the items to add, or give --from-file FILE (not both)")
     check_add(run, items or [], shards=shards, max_attempts=max_attempts)  # before connecting
@@ -115,6 +115,8 @@ def _add_from_file(
 ) -> tuple[int, int]:
     """Adds the file's items after checking every line; returns the counts (an id given
     twice counts once as added, then as already there)."""
+    from ..operate.output import progress_bar
+
     with source.opened():  # every line checked first: a bad one writes nothing
         store = open_store(ctx)
         with progress_bar(f"adding to {run}", source.count) as advance:
@@ -135,6 +137,9 @@ def claim(
     as_json: JsonOpt = False,
 ) -> None:
     """Lease an item (or the next due one) and print its token."""
+    from ..operate.output import compact_json, print_json
+    from ..protocol.store.call_checks import check_claim
+
     check_claim(run, item, worker, ttl)  # the store's checks, before connecting
     store = open_store(ctx)
     if item is None:
@@ -166,6 +171,9 @@ def renew(
     as_json: JsonOpt = False,
 ) -> None:
     """Extend a lease from now; only its holder may (exit 3 otherwise)."""
+    from ..operate.output import iso_time, print_json
+    from ..protocol.validation import ttl_to_ms
+
     ttl_to_ms(ttl)  # the store's check, before connecting (a missing run is exit 5)
     store, lease = _lease_ref(ctx, run, item, token, lease_id, trace_id)
     renewed = store.renew(lease, ttl=ttl)
@@ -190,6 +198,8 @@ def commit(
     as_json: JsonOpt = False,
 ) -> None:
     """Mark an item done; refused (exit 3) unless the token is the current lease."""
+    from ..operate.output import iso_time, print_json, warning_line
+
     value = json_option(result, "result") if result is not None else None
     store, lease = _lease_ref(ctx, run, item, token, lease_id, trace_id)
     outcome = store.commit(lease, value)
@@ -229,6 +239,9 @@ def fail(
     as_json: JsonOpt = False,
 ) -> None:
     """Report a failed attempt: the item is retried with backoff, or dead."""
+    from ..operate.output import iso_time, print_json
+    from ..protocol.store.settle import error_text
+
     error_text(error)  # the store's check, before connecting (a missing run is exit 5)
     store, lease = _lease_ref(ctx, run, item, token, lease_id, trace_id)
     outcome = store.fail(lease, error, permanent=permanent)
@@ -260,6 +273,8 @@ def release(
     as_json: JsonOpt = False,
 ) -> None:
     """Give an item back unprocessed; it is due again at once."""
+    from ..operate.output import print_json
+
     store, lease = _lease_ref(ctx, run, item, token, lease_id, trace_id)
     store.release(lease)
     if as_json:
@@ -276,6 +291,9 @@ def reap(
     as_json: JsonOpt = False,
 ) -> None:
     """Move expired leases back to pending (or dead after their last attempt)."""
+    from ..operate.output import print_json
+    from ..protocol.store.call_checks import check_sweep
+
     check_sweep(run, limit)  # the store's checks, before connecting
     pending, dead = open_store(ctx).reap(run, limit=limit)
     if as_json:
@@ -299,6 +317,10 @@ def requeue(
     as_json: JsonOpt = False,
 ) -> None:
     """Move dead items back to pending, with fresh attempts; an unknown item is exit 5."""
+    from ..fleet.run_control import requeue_items
+    from ..operate.output import print_json
+    from ..protocol.store.call_checks import check_sweep
+
     names = [*(items or []), *(item_options or [])]
     check_sweep(run, limit, names)  # the store's checks, before connecting
     count = requeue_items(open_store(ctx), run, names, limit)

@@ -8,38 +8,20 @@ effect records and attempts.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..errors import InvalidInput
-from ..fleet.effects import check_resolve, resolve_effect
 from ..fleet.run_states import RUN_STATES
-from ..fleet.shard_job_failures import job_failures
-from ..fleet.tick.schedule import pause_states
 from ..limits import ATTEMPTS_PAGE_SIZE, PAGE_MAX, PAGE_SIZE
-from ..operate.output import (
-    iso_time,
-    print_fields,
-    print_json,
-    print_table,
-    progress_bar,
-    same_times,
-)
-from ..operate.run_views import attempt_rows, deadline_text, effect_row, loss_text, record_dict
-from ..operate.views import (
-    SCORE_MEANING,
-    Page,
-    RunFilter,
-    check_page,
-    item_effects,
-    items_page,
-)
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.validation import check_id
-from ..protocol.values import ItemRecord, RunStatus
 from .app import app
 from .shared import ItemArg, JsonOpt, RunArg, json_option, open_store, parse_since
+
+if TYPE_CHECKING:
+    from ..operate.views import Page
+    from ..protocol.store.lease_store import LeaseStore
+    from ..protocol.values import ItemRecord, RunStatus
+
 
 LimitOpt = Annotated[
     int, typer.Option("--limit", "-n", help=f"Most items in the page (1-{PAGE_MAX}).")
@@ -76,6 +58,10 @@ def runs(
 ) -> None:
     """List runs, newest first: state, counts, failed shard jobs; paused jobs are named, and
     runs a loss touched (lost, or made again after one)."""
+    from ..operate.output import print_json, print_table, progress_bar, same_times
+    from ..operate.run_views import loss_text
+    from ..operate.views import RunFilter
+
     wanted = RunFilter(job, state, limit)
     since_ms = parse_since(since, "--since") if since is not None else None
     store = open_store(ctx)
@@ -107,6 +93,10 @@ def _advancing(run_ids: list[str], advance: Callable[[int], None]) -> Iterator[s
 
 
 def _run_row(status: RunStatus, paused: dict[str, str]) -> dict[str, Any]:
+    from ..fleet.shard_job_failures import job_failures
+    from ..operate.output import iso_time
+    from ..operate.run_views import deadline_text, loss_text
+
     failures = job_failures(status.info)
     job = status.info.get("job")
     return {
@@ -128,6 +118,9 @@ def _run_row(status: RunStatus, paused: dict[str, str]) -> dict[str, Any]:
 
 
 def _run_cells(status: RunStatus) -> list[Any]:
+    from ..fleet.shard_job_failures import job_failures
+    from ..operate.output import iso_time
+
     created = status.info.get("created_at", "")
     return [
         status.run_id,
@@ -143,6 +136,9 @@ def _run_cells(status: RunStatus) -> list[Any]:
 
 def _paused_jobs(store: LeaseStore, names: list[str]) -> dict[str, str]:
     """The paused ones among the jobs, each with who paused it and when (one round trip)."""
+    from ..fleet.tick.schedule import pause_states
+    from ..operate.output import iso_time
+
     if not names:
         return {}
     return {
@@ -166,6 +162,10 @@ def items(
     as_json: JsonOpt = False,
 ) -> None:
     """One page of a run's items (by state from its index; all states by a scan)."""
+    from ..operate.output import iso_time, print_json, print_table
+    from ..operate.run_views import record_dict
+    from ..operate.views import SCORE_MEANING, check_page, items_page
+
     check_page(run, state, limit)  # the view's checks, before connecting
     page = items_page(open_store(ctx), run, state, limit, cursor)
     meaning = SCORE_MEANING.get(state or "", "")
@@ -202,6 +202,9 @@ def dead(
     as_json: JsonOpt = False,
 ) -> None:
     """Dead items, oldest death first, with their last errors; requeue them with requeue."""
+    from ..operate.output import iso_time, print_json, print_table
+    from ..operate.views import check_page, items_page
+
     check_page(run, "dead", limit)  # the view's checks, before connecting
     page = items_page(open_store(ctx), run, "dead", limit, cursor)
     if as_json:
@@ -250,6 +253,12 @@ def inspect(
     as_json: JsonOpt = False,
 ) -> None:
     """One item: its record, its effect records and its attempts (with their trace ids)."""
+    from ..errors import InvalidInput
+    from ..operate.output import print_fields, print_json, print_table
+    from ..operate.run_views import attempt_rows, effect_row, record_dict
+    from ..operate.views import item_effects
+    from ..protocol.validation import check_id
+
     check_id(run, "run id")
     check_id(item, "item id")
     if not 1 <= attempts_limit <= PAGE_MAX:
@@ -330,6 +339,11 @@ def resolve_effect_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Settle an effect of unknown outcome with what the provider says (asked by its key)."""
+    from ..errors import InvalidInput
+    from ..fleet.effects import check_resolve, resolve_effect
+    from ..operate.output import print_json
+    from ..operate.run_views import effect_row
+
     check_resolve(run, item, effect, worker)  # the library's checks, before connecting
     if (applied is None) == (not not_applied):
         raise InvalidInput("say what the provider answered: --applied RESULT or --not-applied")

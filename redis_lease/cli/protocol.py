@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from ..operate.output import print_fields, print_json
-from ..protocol.store.stamp import PROTOCOL, SPOKEN, protocol_number, read_stamp
-from ..version import __version__
 from .app import app
 from .shared import JsonOpt, open_store
 
@@ -19,6 +16,10 @@ def protocol(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     both, as every command does (docs/upgrading.md). Writes nothing: the first worker
     stamps the protocol.
     """
+    from ..operate.output import print_fields, print_json
+    from ..protocol.store.stamp import PROTOCOL, SPOKEN, protocol_number, read_stamp
+    from ..version import __version__
+
     store = open_store(ctx)  # refuses a stamp this release does not speak
     found = read_stamp(store)
     data = {

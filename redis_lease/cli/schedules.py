@@ -3,32 +3,16 @@ job's schedule, and backfill a range of business dates."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..errors import InvalidInput, NotFound
-from ..fleet.job import load_job
-from ..fleet.tick.backfill import BACKFILL_POLICIES, backfill
-from ..fleet.tick.schedule import (
-    Pause,
-    default_user,
-    entries,
-    install,
-    job_names,
-    local_time,
-    next_fire,
-    pause,
-    pause_state,
-    remove,
-)
-from ..fleet.tick.schedule import resume as resume_schedule
-from ..operate.output import print_json, print_table, same_times
-from ..protocol.connection.clients import server_ms
-from ..protocol.validation import check_id
-from ..protocol.values import from_ms
 from .app import app
 from .shared import JsonOpt, exit_if_failed, open_store, parse_date, planning_progress
+
+if TYPE_CHECKING:
+    from ..fleet.tick.schedule import Pause
+
 
 JobArg = Annotated[str, typer.Argument(help="A job's import path, package.module:attr.")]
 JobNameArg = Annotated[
@@ -56,6 +40,10 @@ def schedule_install(
     saving included); each tick arms the next one. Run the scheduler with:
     rqscheduler --url URL -j redis_lease.dispatch.JsonJob
     """
+    from ..fleet.job import load_job
+    from ..fleet.tick.schedule import install
+    from ..operate.output import print_json
+
     job = load_job(job_path)
     ids = install(open_store(ctx, needs_rq=True), job_path, job, interval)
     if as_json:
@@ -69,6 +57,12 @@ def schedule_show(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = False
     """The job's tick entries with their next time in the job's timezone and UTC,
     its next scheduled time, and whether its schedule is paused (--json: the entries,
     each with the pause)."""
+    from ..fleet.job import load_job
+    from ..fleet.tick.schedule import entries, local_time, next_fire, pause_state
+    from ..operate.output import print_json, print_table
+    from ..protocol.connection.clients import server_ms
+    from ..protocol.values import from_ms
+
     job = load_job(job_path)
     store = open_store(ctx, needs_rq=True)
     rows = entries(store, job)
@@ -108,6 +102,10 @@ def _pause_json(paused: Pause | None) -> dict[str, object] | None:
 @schedule_app.command("remove")
 def schedule_remove(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = False) -> None:
     """Remove the job's tick entries."""
+    from ..fleet.job import load_job
+    from ..fleet.tick.schedule import remove
+    from ..operate.output import print_json
+
     job = load_job(job_path)
     removed = remove(open_store(ctx, needs_rq=True), job)
     if as_json:
@@ -118,6 +116,11 @@ def schedule_remove(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = Fal
 
 def _job_name(ctx: typer.Context, job: str) -> str:
     """The job's name from its import path, or the name of a job a tick has seen."""
+    from ..errors import NotFound
+    from ..fleet.job import load_job
+    from ..fleet.tick.schedule import job_names
+    from ..protocol.validation import check_id
+
     if ":" in job:
         return load_job(job).name
     name = check_id(job, "job name")
@@ -139,6 +142,10 @@ def schedule_pause(
 
     Scheduled dates that pass while paused are skipped (backfill makes them).
     """
+    from ..fleet.tick.schedule import default_user, pause
+    from ..operate.output import print_json
+    from ..protocol.validation import check_id
+
     who = check_id(by, "--by") if by is not None else default_user()
     name = _job_name(ctx, job)
     paused = pause(open_store(ctx), name, who)
@@ -151,6 +158,9 @@ def schedule_pause(
 @schedule_app.command("resume")
 def schedule_resume(ctx: typer.Context, job: JobNameArg, as_json: JsonOpt = False) -> None:
     """Let the tick create the job's runs again (from its next scheduled time)."""
+    from ..fleet.tick.schedule import resume as resume_schedule
+    from ..operate.output import print_json
+
     name = _job_name(ctx, job)
     ended = resume_schedule(open_store(ctx), name)
     if as_json:
@@ -183,6 +193,11 @@ def backfill_command(
     Dates are those on which the job's schedule fires, in its timezone. Running it
     twice creates nothing new; a date that has a run is left alone. Exit 7 as for tick.
     """
+    from ..errors import InvalidInput
+    from ..fleet.job import load_job
+    from ..fleet.tick.backfill import BACKFILL_POLICIES, backfill
+    from ..operate.output import print_json, same_times
+
     if policy not in BACKFILL_POLICIES:
         raise InvalidInput(f"unknown --policy {policy!r}: use {' or '.join(BACKFILL_POLICIES)}")
     start, end = parse_date(first, "--from"), parse_date(last, "--to")

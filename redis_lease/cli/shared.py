@@ -15,20 +15,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..errors import InvalidInput
-from ..fleet.runs import to_ms
-from ..fleet.tick.scheduler_tick import TickProgress, TickResult
-from ..limits import DEFAULT_PREFIX, JSON_MAX_BYTES
-from ..operate.output import danger_line, error_line, warning_line
-from ..protocol.connection.clients import client_from_url
-from ..protocol.connection.server_checks import EvictionPolicyWarning, check_server
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.store.stamp import check_protocol
-from ..protocol.validation import parse_json
+from ..limits import DEFAULT_PREFIX
+
+if TYPE_CHECKING:
+    from ..fleet.tick.scheduler_tick import TickProgress, TickResult
+    from ..protocol.store.lease_store import LeaseStore
+
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -63,6 +59,12 @@ def open_store(ctx: typer.Context, *, needs_rq: bool = False) -> LeaseStore:
         InvalidInput: the URL (malformed, unknown scheme) or prefix is not acceptable.
         ProtocolMismatch: the data is in a protocol this release does not speak (exit 9).
     """
+    from ..operate.output import danger_line, warning_line
+    from ..protocol.connection.clients import client_from_url
+    from ..protocol.connection.server_checks import EvictionPolicyWarning, check_server
+    from ..protocol.store.lease_store import LeaseStore
+    from ..protocol.store.stamp import check_protocol
+
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     ctx.obj = settings
     if settings.store is None:
@@ -118,6 +120,8 @@ def parse_date(text: str, option: str) -> date:
     Raises:
         InvalidInput: anything else (``20261203`` and week dates included).
     """
+    from ..errors import InvalidInput
+
     try:
         if not _DATE.fullmatch(text):
             raise ValueError(text)
@@ -133,6 +137,9 @@ def parse_since(text: str, option: str) -> int:
     Raises:
         InvalidInput: neither.
     """
+    from ..errors import InvalidInput
+    from ..fleet.runs import to_ms
+
     if _DATE.fullmatch(text):
         day = parse_date(text, option)
         return to_ms(datetime(day.year, day.month, day.day, tzinfo=UTC))
@@ -153,6 +160,10 @@ def json_option(text: str, what: str) -> Any:
     Raises:
         InvalidInput: the file cannot be read, is not UTF-8 or not valid JSON.
     """
+    from ..errors import InvalidInput
+    from ..limits import JSON_MAX_BYTES
+    from ..protocol.validation import parse_json
+
     if not text.startswith("@"):
         return parse_json(text, what)
     path = text[1:]
@@ -228,6 +239,8 @@ def planning_progress(delay: float = PROGRESS_DELAY) -> Iterator[TickProgress]:
 
 def exit_if_failed(result: TickResult) -> None:
     """Exits 7, after one line saying so, when some of the tick's work failed."""
+    from ..operate.output import error_line
+
     if result.failures:
         error_line(
             f"{len(result.failures)} of the tick's runs or jobs failed (decisions error and "

@@ -9,39 +9,17 @@ the dangers to the promise (an evicting Redis). Every run: a lost run in the sta
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..errors import NotFound
-from ..fleet.data_set import read_mark
-from ..fleet.run_states import LOST_HINT, LOST_STATE
-from ..fleet.runs import Runs
-from ..fleet.shard_job_failures import job_failures
-from ..operate.output import (
-    iso_time,
-    print_fields,
-    print_json,
-    print_table,
-    progress_bar,
-    same_times,
-)
-from ..operate.run_views import (
-    deadline_text,
-    effects_by_outcome,
-    loss_text,
-    projected_finish_text,
-    provider_rows,
-    run_details,
-)
-from ..operate.views import providers, run_statuses
-from ..operate.worker_views import WorkerRow, worker_rows
-from ..protocol.connection.server_checks import eviction_danger
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.validation import check_id
-from ..protocol.values import RunStatus
 from .app import app
 from .shared import JsonOpt, open_store
+
+if TYPE_CHECKING:
+    from ..operate.worker_views import WorkerRow
+    from ..protocol.store.lease_store import LeaseStore
+    from ..protocol.values import RunStatus
 
 
 def _status_row(status: RunStatus) -> list[Any]:
@@ -61,6 +39,8 @@ def _status_row(status: RunStatus) -> list[Any]:
 
 def _loss_fields(info: dict[str, str]) -> dict[str, Any]:
     """The fields of a run a loss touched (none for any other run)."""
+    from ..operate.output import same_times
+
     if not info.get("after_loss"):
         return {}
     fields: dict[str, Any] = {"after a loss": same_times(info["after_loss"])}
@@ -82,6 +62,13 @@ def status(
     as_json: JsonOpt = False,
 ) -> None:
     """Counts and ages of a run, or of every run; dangers to the promise (an evicting Redis)."""
+    from ..fleet.data_set import read_mark
+    from ..fleet.run_states import LOST_STATE
+    from ..operate.output import print_json, print_table, progress_bar, same_times
+    from ..operate.views import run_statuses
+    from ..protocol.connection.server_checks import eviction_danger
+    from ..protocol.validation import check_id
+
     if run is not None:
         check_id(run, "run id")
     store = open_store(ctx)
@@ -123,11 +110,28 @@ def status(
 
 def _last_loss(kind: str, at_ms: int, reason: str) -> str:
     """The data set's last loss in one line."""
+    from ..operate.output import iso_time
+
     return f"last loss ({kind}) noticed {iso_time(at_ms)}: {reason}"
 
 
 def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> None:
     """``status RUN``: the run's fields, decisions, effects, providers and dangers."""
+    from ..errors import NotFound
+    from ..fleet.run_states import LOST_HINT
+    from ..fleet.runs import Runs
+    from ..fleet.shard_job_failures import job_failures
+    from ..operate.output import print_fields, print_json, print_table, same_times
+    from ..operate.run_views import (
+        deadline_text,
+        effects_by_outcome,
+        loss_text,
+        projected_finish_text,
+        provider_rows,
+        run_details,
+    )
+    from ..operate.views import providers
+
     try:
         one = store.status(run)
     except NotFound as error:  # gone (evidence it existed) or never there: exit 5 either way
@@ -219,6 +223,9 @@ def workers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     A worker whose heartbeat stopped is shown dead, with the leases taken over from
     it (its items went back to work: docs/durability.md, "A worker dies").
     """
+    from ..operate.output import print_json, print_table
+    from ..operate.worker_views import worker_rows
+
     rows = worker_rows(open_store(ctx))
     if as_json:
         print_json([row.to_dict() for row in rows])

@@ -11,6 +11,8 @@ work they meant to stop.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..limits import (
     CANCELED,
     DEFAULT_RETENTION_DAYS,
@@ -22,8 +24,10 @@ from ..limits import (
     RUNNING,
     SUCCEEDED,
 )
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.values import RunStatus
+
+if TYPE_CHECKING:  # the names of runs' states are read where the store is not needed
+    from ..protocol.store.lease_store import LeaseStore
+    from ..protocol.values import RunStatus
 
 # The words are the protocol's (lua/include/limits.json, through limits.py); the rules are here.
 #: States of a run still being worked.

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..deprecation import warn_renamed
 from ..errors import InvalidInput, NotFound
@@ -19,7 +19,6 @@ from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import clip
 from ..protocol.values import Item, from_ms
 from . import job_tallies, lost_records
-from .job import Job, Planner
 from .run_states import (
     CANCELABLE_STATES,
     CANCELED,
@@ -36,6 +35,9 @@ from .run_states import (
     retention_days,
     retire,
 )
+
+if TYPE_CHECKING:  # views of runs need neither a job nor croniter
+    from .job import Job, Planner
 
 PLAN_BATCH = 500
 PLANNER_LOCK_MS = 120_000

@@ -32,17 +32,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from croniter import croniter
-
 from ...protocol.connection.clients import as_text, server_ms
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.validation import check_id
 from ...protocol.values import from_ms
-from ..job import Job
-from ..shard_jobs import JsonJob
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the command line's views read pauses without RQ or croniter
     from rq_scheduler import Scheduler
+
+    from ..job import Job
 
 TICK_FUNC = "redis_lease.tick.tick_entry"
 #: Seconds RQ allows one tick.
@@ -78,11 +76,15 @@ def scheduler_for(store: LeaseStore, job: Job) -> Scheduler:
     """An rq-scheduler Scheduler that writes JSON jobs onto the job's queue."""
     from rq_scheduler import Scheduler
 
+    from ..shard_jobs import JsonJob
+
     return Scheduler(queue_name=job.options.queue, connection=store.rq, job_class=JsonJob)
 
 
 def next_fire(job: Job, now: datetime) -> datetime:
     """The job's first scheduled time after ``now``, in the job's timezone."""
+    from croniter import croniter
+
     fire: datetime = croniter(job.options.schedule, now.astimezone(job.zone)).get_next(datetime)
     return fire
 

@@ -7,7 +7,11 @@ with waitress (:func:`serve`).
 
 from __future__ import annotations
 
-from .app import create_app
-from .server import serve
+from ...extras import require
+
+require("dashboard", "the dashboard")  # one line naming the extra, before Flask is imported
+
+from .app import create_app  # noqa: E402
+from .server import serve  # noqa: E402
 
 __all__ = ["create_app", "serve"]

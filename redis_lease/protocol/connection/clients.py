@@ -25,6 +25,7 @@ from redis.exceptions import AuthenticationError
 from redis.retry import Retry
 
 from ...errors import InvalidInput
+from ...extras import optional_import
 from .cluster import (
     CLUSTER_SCHEMES,
     SENTINEL_SCHEMES,
@@ -151,10 +152,7 @@ def _check_network_url(url: str) -> None:
 
 
 def _fake_client(url: str, options: dict[str, Any]) -> redis.Redis:
-    try:
-        import fakeredis
-    except ImportError:  # pragma: no cover - fakeredis is a dependency
-        raise InvalidInput("fakeredis:// needs fakeredis: pip install 'fakeredis[lua]'") from None
+    fakeredis = optional_import("fakeredis", "demo", "the embedded backend (fakeredis://)")
     name = url.split("://", 1)[1].split("/", 1)[0] or "default"
     server = _fake_servers.setdefault(name, fakeredis.FakeServer())
     client: redis.Redis = fakeredis.FakeRedis(server=server, **options)

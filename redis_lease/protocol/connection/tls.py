@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, quote
 import redis
 
 from ...errors import InvalidInput, TLSFailed
+from ...limits import INSECURE_ENV as INSECURE_ENV  # read where Redis is not imported
 from .urls import safe_url
 
 #: The URL parameters naming TLS files (redis-py's), and the CLI option that sets each.
@@ -29,8 +30,6 @@ TLS_FILE_PARAMS = {
 }
 #: The options every rediss:// client gets unless its URL says otherwise.
 VERIFIED: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
-#: The environment variable that allows URL parameters turning verification off.
-INSECURE_ENV = "REDIS_LEASE_TLS_INSECURE"
 #: Every TLS URL parameter redis-py reads; on a redis:// URL each is a mistake.
 _TLS_PARAM = re.compile(r"ssl_\w+")
 #: How redis-py reads a false ``ssl_check_hostname`` (its ``to_bool``).

@@ -1,0 +1,42 @@
+"""Optional features and the extras that install them.
+
+A core install (``pip install redis-lease``) brings what a worker, the tick and the
+command line need. The dashboard, the metrics exporter and the embedded backend come
+with extras; :func:`require` imports what a feature needs, or raises
+:class:`~redis_lease.errors.MissingExtra` naming the extra to install.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from types import ModuleType
+
+from .errors import MissingExtra
+
+#: The packages each extra installs, as imported (pyproject.toml lists them by name).
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "dashboard": ("flask", "flask_wtf", "waitress", "prometheus_client"),
+    "metrics": ("prometheus_client",),
+    "demo": ("fakeredis", "lupa"),
+}
+
+
+def require(extra: str, feature: str) -> None:
+    """Imports every package of ``extra``, or raises MissingExtra for ``feature``.
+
+    ``feature`` names what needs them, as the message shows it: ``the dashboard``.
+    """
+    for module in EXTRAS[extra]:
+        optional_import(module, extra, feature)
+
+
+def optional_import(module: str, extra: str, feature: str) -> ModuleType:
+    """The module ``module``, which the extra ``extra`` installs; MissingExtra when it is
+    not installed (exit 10), with one line naming the extra."""
+    try:
+        return import_module(module)
+    except ImportError:
+        raise MissingExtra(
+            f"{feature} needs the extra {extra!r}: pip install 'redis-lease[{extra}]'",
+            extra=extra,
+        ) from None
