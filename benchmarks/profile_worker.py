@@ -79,7 +79,7 @@ def shard_pass(store: LeaseStore, job: Job, items: int) -> tuple[float, Any]:
     """Adds ``items`` items to a fresh run and works its shard; returns (seconds, report)."""
     run_id = f"profile:{uuid.uuid4().hex[:8]}"
     store.add(run_id, [Item(f"i{n:07d}", {"n": n}) for n in range(items)], shards=1)
-    keeper = LeaseKeeper(store, job.options.lease_ttl)
+    keeper = LeaseKeeper(store, job.options.lease_ttl_seconds)
     keeper.start()
     started = time.perf_counter()
     try:
