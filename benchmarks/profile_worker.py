@@ -53,7 +53,7 @@ from redis_lease.protocol.values import Item  # noqa: E402
 
 def make_job(delay: float, concurrency: int, use_async: bool) -> Job:
     """A one-shard job whose handler sleeps ``delay`` seconds (0: does nothing)."""
-    options: dict[str, Any] = {"shards": 1, "lease_ttl": 60, "batch_size": 20}
+    options: dict[str, Any] = {"shards": 1, "lease_ttl_seconds": 60, "batch_size": 20}
     if concurrency > 1:
         options["concurrency"] = concurrency
     job = Job("profile", **options)

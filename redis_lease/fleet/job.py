@@ -20,7 +20,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from datetime import date, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
@@ -51,6 +51,7 @@ Planner = Callable[[date], Iterable[Item]]
 Handler = Callable[[Item, "ActiveLease"], Any]
 
 
+@dataclass
 class Job:
     """A named nightly job: a planner, a handler and their options.
 
@@ -63,9 +64,9 @@ class Job:
     """
 
     name: str
-    options: JobOptions
-    plan_items: Planner | None
-    handle_item: Handler | None
+    options: JobOptions = field(default_factory=JobOptions)
+    plan_items: Planner | None = None
+    handle_item: Handler | None = None
 
     def __init__(
         self,
