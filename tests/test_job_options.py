@@ -95,6 +95,8 @@ def test_the_one_string_deadline_becomes_its_form_with_a_warning(
         job = Job("j", deadline=text)
     assert getattr(job.options, form) == value
     assert "deadline" not in job.settings()
+    with pytest.warns(DeprecationWarning, match="JobOptions.deadline is deprecated"):
+        assert getattr(job.options, "deadline") == text  # noqa: B009 (an old name)
 
 
 def test_the_deadline_has_two_forms_and_only_one_is_taken() -> None:

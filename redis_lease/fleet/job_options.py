@@ -11,11 +11,12 @@ import math
 import re
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
+from ..deprecation import warn_renamed
 from ..errors import InvalidInput
 from ..limits import (
     ATTEMPTS_MAX,
@@ -276,15 +277,20 @@ class JobOptions:
             return None
         return self.deadline_after or DEFAULT_DEADLINE_AFTER
 
-    def __getattr__(self, name: str) -> Any:
-        """An option's old name reads its new one, with a DeprecationWarning."""
-        new = RENAMED_OPTIONS.get(name)
-        if new is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        from ..deprecation import warn_renamed
+    if not TYPE_CHECKING:  # so mypy still refuses an option name that does not exist
 
-        warn_renamed(f"JobOptions.{name}", f"JobOptions.{new}")
-        return getattr(self, new)
+        def __getattr__(self, name: str) -> Any:
+            """An option's old name reads its new one, with a DeprecationWarning; the old
+            one-string ``deadline`` reads as it was (``"06:00"`` or ``"6h"``)."""
+            if name == "deadline":
+                warn_renamed("JobOptions.deadline", "JobOptions.deadline_at or deadline_after")
+                window = self.deadline_window
+                return self.deadline_at if window is None else duration_text(window)
+            new = RENAMED_OPTIONS.get(name)
+            if new is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            warn_renamed(f"JobOptions.{name}", f"JobOptions.{new}")
+            return getattr(self, new)
 
     def settings(self) -> dict[str, str]:
         """The options as text, for the job's record in Redis (no unset deadline form)."""
@@ -306,8 +312,6 @@ def with_old_names(options: dict[str, Any]) -> dict[str, Any]:
     An old one-string ``deadline`` becomes ``deadline_at`` (``"06:00"``) or
     ``deadline_after`` (``"6h"``).
     """
-    from ..deprecation import warn_renamed
-
     new_options = dict(options)
     for old, new in RENAMED_OPTIONS.items():
         if old in new_options:
