@@ -19,7 +19,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from datetime import date
+from datetime import date, timedelta
 from typing import TYPE_CHECKING
 
 from redis_lease.fleet.job import Job
@@ -84,14 +84,14 @@ def make_job(settings: Settings) -> Job:
         shards=settings.shards,
         queue=settings.queue,
         batch_size=BATCH_SIZE,
-        lease_ttl=LEASE_TTL,
+        lease_ttl_seconds=LEASE_TTL,
         max_attempts=MAX_ATTEMPTS,
-        backoff_base=BACKOFF_BASE,
-        backoff_cap=BACKOFF_CAP,
-        shard_budget=SHARD_BUDGET,
-        commit_interval=0.0,
-        deadline="1h",
-        max_workers=64,
+        backoff_base_seconds=BACKOFF_BASE,
+        backoff_cap_seconds=BACKOFF_CAP,
+        shard_budget_seconds=SHARD_BUDGET,
+        commit_interval_seconds=0.0,
+        deadline_after=timedelta(hours=1),
+        max_shard_jobs=64,
     )
 
     @job.planner

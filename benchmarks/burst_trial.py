@@ -228,6 +228,8 @@ def _dispatch(
     for shard in wanted:
         if not live.get(shard):
             opts = job.options
-            shard_jobs.enqueue_shard(store, JOB_PATH, opts.queue, run_id, shard, opts.shard_budget)
+            shard_jobs.enqueue_shard(
+                store, JOB_PATH, opts.queue, run_id, shard, opts.shard_budget_seconds
+            )
             enqueued += 1
     return enqueued, max(0.0, stalled)

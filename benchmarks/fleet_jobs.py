@@ -35,8 +35,8 @@ noop_job = Job(
     shards=int(os.environ.get(SHARDS_ENV, "8")),
     batch_size=int(os.environ.get(BATCH_ENV, str(JobOptions().batch_size))),
     queue=os.environ.get(QUEUE_ENV, "redis-lease"),
-    lease_ttl=600,
-    shard_budget=600,
+    lease_ttl_seconds=600,
+    shard_budget_seconds=600,
     max_attempts=3,
 )
 

@@ -53,7 +53,7 @@ from redis_lease.protocol.values import Item  # noqa: E402
 
 def make_job(delay: float, concurrency: int, use_async: bool) -> Job:
     """A one-shard job whose handler sleeps ``delay`` seconds (0: does nothing)."""
-    options: dict[str, Any] = {"shards": 1, "lease_ttl": 60, "batch_size": 20}
+    options: dict[str, Any] = {"shards": 1, "lease_ttl_seconds": 60, "batch_size": 20}
     if concurrency > 1:
         options["concurrency"] = concurrency
     job = Job("profile", **options)
@@ -79,7 +79,7 @@ def shard_pass(store: LeaseStore, job: Job, items: int) -> tuple[float, Any]:
     """Adds ``items`` items to a fresh run and works its shard; returns (seconds, report)."""
     run_id = f"profile:{uuid.uuid4().hex[:8]}"
     store.add(run_id, [Item(f"i{n:07d}", {"n": n}) for n in range(items)], shards=1)
-    keeper = LeaseKeeper(store, job.options.lease_ttl)
+    keeper = LeaseKeeper(store, job.options.lease_ttl_seconds)
     keeper.start()
     started = time.perf_counter()
     try:

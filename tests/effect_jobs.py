@@ -45,7 +45,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,7 @@ import redis
 from redis_lease.demo.provider import ProviderClient
 from redis_lease.errors import LeaseLost
 from redis_lease.fleet.gate import ProviderGate
-from redis_lease.fleet.job import Job
+from redis_lease.fleet.job import Job, parse_duration
 from redis_lease.fleet.runs import FINAL_STATES, Runs
 from redis_lease.fleet.tick.scheduler_tick import tick_job
 from redis_lease.fleet.worker.shard_job import ActiveLease, HandlerResult
@@ -292,15 +292,15 @@ def make_effects_job(config: EffectConfig) -> Job:
     job = Job(
         "effects-test",
         shards=config.shards,
-        lease_ttl=config.ttl,
+        lease_ttl_seconds=config.ttl,
         max_attempts=config.max_attempts,
-        backoff_base=config.backoff_base,
-        backoff_cap=0.5,
-        deadline=config.deadline,
+        backoff_base_seconds=config.backoff_base,
+        backoff_cap_seconds=0.5,
+        deadline_after=parse_duration(config.deadline),
         schedule=config.schedule,
-        shard_budget=60.0,
+        shard_budget_seconds=60.0,
         batch_size=config.batch_size,
-        max_workers=8,
+        max_shard_jobs=8,
         queue=config.queue,
     )
     hooks = Hooks(config.hook_dir, config.pause_at)
@@ -368,13 +368,13 @@ def make_seat_race_job(queue: str, hook_dir: str) -> Job:
     job = Job(
         "seat-race",
         shards=1,
-        lease_ttl=base.lease_ttl,
+        lease_ttl_seconds=base.lease_ttl_seconds,
         max_attempts=base.max_attempts,
-        backoff_base=base.backoff_base,
-        backoff_cap=base.backoff_cap,
-        deadline="10m",
+        backoff_base_seconds=base.backoff_base_seconds,
+        backoff_cap_seconds=base.backoff_cap_seconds,
+        deadline_after=timedelta(minutes=10),
         schedule=NEVER,
-        shard_budget=60.0,
+        shard_budget_seconds=60.0,
         batch_size=base.batch_size,
         queue=queue,
     )

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from datetime import date
+from datetime import date, timedelta
 from typing import Any
 
 from redis_lease.fleet.job import Job
@@ -44,18 +44,18 @@ HOLD_LIMIT = 300
 fleet = Job(
     "fleet",
     shards=int(os.environ.get("FLEET_SHARDS", "4")),
-    lease_ttl=float(os.environ.get("FLEET_TTL", "5")),
+    lease_ttl_seconds=float(os.environ.get("FLEET_TTL", "5")),
     batch_size=int(os.environ.get("FLEET_BATCH", "10")),
-    shard_budget=float(os.environ.get("FLEET_BUDGET", "30")),
+    shard_budget_seconds=float(os.environ.get("FLEET_BUDGET", "30")),
     max_attempts=10,
-    backoff_base=0.1,
-    backoff_cap=0.5,
-    deadline="10m",
+    backoff_base_seconds=0.1,
+    backoff_cap_seconds=0.5,
+    deadline_after=timedelta(minutes=10),
     # 29 February only: no run of this job falls due by itself while a test runs.
     schedule=os.environ.get("FLEET_SCHEDULE", "0 0 29 2 *"),
     catch_up="latest",
-    catch_up_grace=float(os.environ.get("FLEET_GRACE", "900")),
-    max_workers=16,
+    catch_up_grace_seconds=float(os.environ.get("FLEET_GRACE", "900")),
+    max_shard_jobs=16,
     queue=os.environ.get("FLEET_QUEUE", "rltest-fleet"),
 )
 
@@ -127,14 +127,14 @@ PLAN: dict[str, int | None] = {"items": 4, "fail_after": None, "crash_after": No
 nightly = Job(
     "nightly",
     shards=2,
-    lease_ttl=30,
+    lease_ttl_seconds=30,
     schedule="0 2 * * *",
     timezone="UTC",
-    deadline="6h",
+    deadline_after=timedelta(hours=6),
     catch_up="all",
     catch_up_days=7,
-    catch_up_grace=900,
-    max_workers=4,
+    catch_up_grace_seconds=900,
+    max_shard_jobs=4,
     queue="rltest-nightly",
 )
 

@@ -304,7 +304,7 @@ def test_attempts_reads_every_shard_newest_first_and_checks_its_arguments(
 
 def test_the_handler_sees_the_trace_id_the_log_records(store: LeaseStore) -> None:
     seen: dict[str, str] = {}
-    job = Job("traced", shards=1, lease_ttl=30, batch_size=5)
+    job = Job("traced", shards=1, lease_ttl_seconds=30, batch_size=5)
 
     @job.handler
     def handle(item: Item, lease: ActiveLease) -> None:

@@ -84,7 +84,7 @@ def losses(store: LeaseStore) -> dict[str, float]:
 @pytest.fixture
 def daily(nightly: Configure) -> Iterator[Job]:
     """The nightly job, daily at 02:00 UTC with a 72 h deadline, catching up the latest."""
-    yield nightly(schedule="0 2 * * *", deadline="72h", catch_up="latest")
+    yield nightly(schedule="0 2 * * *", deadline_after=timedelta(hours=72), catch_up="latest")
 
 
 # -- the mark -----------------------------------------------------------------------------
@@ -158,7 +158,7 @@ def test_a_second_side_that_remembers_the_wiped_data_set_does_not_count_it_again
 def test_an_older_snapshot_restored_is_told_by_the_seq_and_the_newer_run_made_again(
     real_store: LeaseStore, nightly: Configure
 ) -> None:
-    nightly(schedule="0 2 * * *", deadline="72h", catch_up="all")
+    nightly(schedule="0 2 * * *", deadline_after=timedelta(hours=72), catch_up="all")
     client = real_store.client
     assert ("create", RUN1) in kinds(tick(real_store, [NIGHTLY_PATH], now=at(D1, 2)))
     snapshot = {
@@ -238,7 +238,7 @@ def test_one_runs_keys_deleted_the_next_tick_makes_it_again(
 def test_a_lost_run_its_policy_does_not_cover_is_named_lost_with_what_to_do(
     real_store: LeaseStore, redis_url: str, nightly: Configure
 ) -> None:
-    nightly(schedule="0 2 * * *", deadline="6h", catch_up="none")
+    nightly(schedule="0 2 * * *", deadline_after=timedelta(hours=6), catch_up="none")
     tick(real_store, [NIGHTLY_PATH], now=at(D1, 2))
     real_store.client.delete(*run_keys(real_store, RUN1))
     late = at(D1, 9)  # past its deadline and the grace: policy none does not run it again
@@ -380,7 +380,9 @@ def test_rq_redis_apart_remembers_the_data_set(prefix: str) -> None:
 def test_a_lost_date_is_made_again_when_the_schedule_and_policy_cover_it(
     nightly: Configure, policy: str, day: date, now: datetime, made: bool
 ) -> None:
-    job = nightly(schedule="0 2 * * *", deadline="6h", catch_up=policy, catch_up_days=7)
+    job = nightly(
+        schedule="0 2 * * *", deadline_after=timedelta(hours=6), catch_up=policy, catch_up_days=7
+    )
     deadline = rerun_deadline(job, day, now)
     assert (deadline is not None) == made
     if deadline is not None:
@@ -389,7 +391,9 @@ def test_a_lost_date_is_made_again_when_the_schedule_and_policy_cover_it(
 
 
 def test_a_lost_run_made_outside_the_schedule_is_not_made_again(nightly: Configure) -> None:
-    job = nightly(schedule="0 2 * * 1", deadline="6h", catch_up="all")  # Mondays only
+    job = nightly(
+        schedule="0 2 * * 1", deadline_after=timedelta(hours=6), catch_up="all"
+    )  # Mondays only
     tuesday = next(
         D1 + timedelta(days=n) for n in range(7) if (D1 + timedelta(days=n)).weekday() == 1
     )

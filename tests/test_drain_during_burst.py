@@ -19,7 +19,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from datetime import date
+from datetime import date, timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -52,16 +52,16 @@ FAIL_EVERY = 6
 drain_job = Job(
     "drain-burst",
     shards=SHARDS,
-    lease_ttl=10,
+    lease_ttl_seconds=10,
     # One item per claim: an item waiting for a worker stays eligible, not leased in a batch.
     batch_size=1,
-    commit_interval=0,
+    commit_interval_seconds=0,
     max_attempts=5,
-    backoff_base=0.1,
-    backoff_cap=0.2,
+    backoff_base_seconds=0.1,
+    backoff_cap_seconds=0.2,
     # Short passes: shard jobs rotate over the workers, and the drained one's shards move on.
-    shard_budget=1.0,
-    deadline="10m",
+    shard_budget_seconds=1.0,
+    deadline_after=timedelta(minutes=10),
     schedule="0 0 29 2 *",  # 29 February only: nothing falls due by itself
     queue=os.environ.get("DRAIN_QUEUE", "rltest-drain"),
 )
@@ -104,7 +104,7 @@ def dispatch_due(store: LeaseStore, run_id: str, queue: str) -> None:
     if not wanted:
         return
     live = shard_jobs.live_jobs(store, run_id)
-    budget = drain_job.options.shard_budget
+    budget = drain_job.options.shard_budget_seconds
     for shard in wanted:
         if not live.get(shard):
             shard_jobs.enqueue_shard(store, DRAIN_PATH, queue, run_id, shard, budget)

@@ -44,10 +44,10 @@ def _job(name: str, schedule: str, timezone: str) -> Job:
         shards=1,
         schedule=schedule,
         timezone=timezone,
-        deadline="1h",
+        deadline_after=timedelta(hours=1),
         catch_up="all",
         catch_up_days=3,
-        catch_up_grace=900,
+        catch_up_grace_seconds=900,
         queue="rltest-dst",
     )
 

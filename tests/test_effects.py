@@ -440,7 +440,7 @@ def test_lookup_that_cannot_tell_changes_nothing(store: LeaseStore) -> None:
 
 def work(store: LeaseStore, handler: Callable[[Item, ActiveLease], Any]) -> ShardReport:
     """One in-process pass of a worker over the item's shard."""
-    job = Job("payouts", shards=2, lease_ttl=30, backoff_base=0.01, batch_size=5)
+    job = Job("payouts", shards=2, lease_ttl_seconds=30, backoff_base_seconds=0.01, batch_size=5)
     job.handler(handler)
     keeper = LeaseKeeper(store, 30.0)  # not started: nothing needs renewing here
     shard = store.shard_for(RUN, ITEM)

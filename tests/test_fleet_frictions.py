@@ -53,11 +53,13 @@ CLI = str(Path(sys.executable).parent / "redis-lease")
 #: A job module written to the test's directory; {name}, {queue}, {handler} filled in.
 MODULE = """
 import time
+from datetime import timedelta
 from redis_lease.fleet.job import Job
 from redis_lease.protocol.values import Item
 
-job = Job("{name}", shards=2, queue="{queue}", schedule="0 0 29 2 *", deadline="10m",
-          lease_ttl=5, max_workers=8, backoff_base=0.1)
+job = Job("{name}", shards=2, queue="{queue}", schedule="0 0 29 2 *",
+          deadline_after=timedelta(minutes=10), lease_ttl_seconds=5, max_shard_jobs=8,
+          backoff_base_seconds=0.1)
 
 @job.planner
 def plan(business_date):

@@ -200,7 +200,7 @@ payment = Job(
     shards=2,
     schedule="0 2 * * *",
     timezone="UTC",
-    deadline="6h",
+    deadline_after=timedelta(hours=6),
     catch_up="latest",
 )
 

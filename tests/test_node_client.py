@@ -269,14 +269,14 @@ def python_worker(url: str, prefix: str, out: str, go: Any) -> None:
     """
     recorder.install(out, "py")
     store = LeaseStore.from_url(url, prefix=prefix)
-    job = Job("mixed", lease_ttl=TTL_MS / 1000, batch_size=5, commit_interval=0.0)
+    job = Job("mixed", lease_ttl_seconds=TTL_MS / 1000, batch_size=5, commit_interval_seconds=0.0)
 
     @job.handler
     def handle(item: Item, lease: Any) -> dict[str, Any]:
         time.sleep(HANDLE_MS / 1000)
         return {"worker": "py", "token": lease.token}
 
-    keeper = LeaseKeeper(store, job.options.lease_ttl)
+    keeper = LeaseKeeper(store, job.options.lease_ttl_seconds)
     keeper.start()
     go.wait(60)
     ends = time.monotonic() + 120

@@ -114,7 +114,9 @@ def work_job(store: LeaseStore, job: Job) -> tuple[str, list[Item]]:
     items = planned or [Item(f"acct_{n}:cursor_1", {"account": n}) for n in range(5)]
     run_id = job.run_id(BUSINESS_DATE)
     store.add(run_id, items, shards=job.options.shards)
-    keeper = LeaseKeeper(store, job.options.lease_ttl)  # not started: no lease needs renewing
+    keeper = LeaseKeeper(
+        store, job.options.lease_ttl_seconds
+    )  # not started: no lease needs renewing
     for shard in range(job.options.shards):
         stop = threading.Event()
         work_shard(store, job, run_id, shard, worker="w1", budget=30, stop=stop, keeper=keeper)

@@ -37,7 +37,7 @@ def test_a_lost_connection_while_planning_leaves_the_run_planning(
     store = LeaseStore.from_url(proxy.url, prefix=prefix)
     direct = LeaseStore.from_url(server.url, prefix=prefix)
     try:
-        job = Job("edge-plan", shards=2, deadline="1h")
+        job = Job("edge-plan", shards=2, deadline_after=timedelta(hours=1))
         run_id, _ = Runs(store).ensure(job, DAY, NOW)
         items = 2 * PLAN_BATCH + 200
         cut = PLAN_BATCH + 100  # inside the second batch, before it is sent
@@ -71,7 +71,7 @@ def test_a_lost_connection_while_planning_leaves_the_run_planning(
 
 
 def test_resuming_a_run_whose_plan_failed_plans_it_again(store: LeaseStore) -> None:
-    job = Job("edge-resume", shards=1, deadline="1h")
+    job = Job("edge-resume", shards=1, deadline_after=timedelta(hours=1))
     runs = Runs(store)
     run_id, _ = runs.ensure(job, DAY, NOW)
     fail = True
@@ -94,7 +94,7 @@ def test_resuming_a_run_whose_plan_failed_plans_it_again(store: LeaseStore) -> N
 
 
 def test_a_result_that_is_not_json_fails_only_its_item(store: LeaseStore) -> None:
-    job = Job("edge-result", shards=1, batch_size=5, lease_ttl=30)
+    job = Job("edge-result", shards=1, batch_size=5, lease_ttl_seconds=30)
 
     @job.handler
     def handle(item: Item, lease: Any) -> Any:

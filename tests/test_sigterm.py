@@ -16,7 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from datetime import date
+from datetime import date, timedelta
 from typing import Any
 
 import pytest
@@ -54,11 +54,11 @@ GATE_READ = 10
 sigterm_job = Job(
     "sigterm",
     shards=1,
-    lease_ttl=TTL,
+    lease_ttl_seconds=TTL,
     batch_size=20,
-    shard_budget=120,
+    shard_budget_seconds=120,
     max_attempts=10,
-    deadline="10m",
+    deadline_after=timedelta(minutes=10),
     schedule="0 0 29 2 *",  # 29 February only: nothing falls due by itself
     queue=os.environ.get("SIGTERM_QUEUE", "rltest-sigterm"),
 )
@@ -139,7 +139,7 @@ def test_sigterm_drains_the_shard_and_releases_unstarted_items(
     assert runs.plan(sigterm_job, run_id) == ITEMS
     env = {"SIGTERM_QUEUE": queue_name}
     worker = procs.worker(redis_url, queue_name, env, simple=simple, name="worker")
-    enqueue_shard(store, JOB_PATH, queue_name, run_id, 0, sigterm_job.options.shard_budget)
+    enqueue_shard(store, JOB_PATH, queue_name, run_id, 0, sigterm_job.options.shard_budget_seconds)
 
     horse = int(text(wait_for(lambda: client.lindex(started_key(prefix), 0), 60, "the slow item")))
     procs.extra_pids.add(horse)  # a forking worker's work horse is in its own group

@@ -36,7 +36,7 @@ from tests.fleet_helpers import wait_for
 pytestmark = pytest.mark.slow
 
 #: The default lease length: far longer than any takeover these tests wait for.
-DEFAULT_TTL = JobOptions().lease_ttl
+DEFAULT_TTL = JobOptions().lease_ttl_seconds
 #: The most a SIGKILLed holder's items may stay out of work (the issue's bound).
 TAKEOVER_BOUND_MS = 10_000
 

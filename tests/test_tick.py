@@ -321,7 +321,9 @@ def test_replanning_after_a_crash_adds_only_the_missing_items(
 def test_burst_adds_shard_jobs_up_to_max_workers(
     real_store: LeaseStore, nightly: Configure
 ) -> None:
-    job = nightly(shards=4, workers_per_shard=1, max_workers=6, deadline="1h")
+    job = nightly(
+        shards=4, workers_per_shard=1, max_shard_jobs=6, deadline_after=timedelta(hours=1)
+    )
     fleet_jobs.PLAN["items"] = 40
     runs = Runs(real_store)
     first = tick(real_store, [NIGHTLY_PATH], now=T0)
@@ -341,8 +343,8 @@ def test_burst_adds_shard_jobs_up_to_max_workers(
     assert int(info["projected_finish_at"]) > int(info["deadline_at"])
     assert float(info["rate_per_s"]) > 0
     live = live_jobs(real_store, RUN)
-    assert sum(len(ids) for ids in live.values()) == job.options.max_workers
-    assert queue(real_store.client, job.options.queue).count == job.options.max_workers
+    assert sum(len(ids) for ids in live.values()) == job.options.max_shard_jobs
+    assert queue(real_store.client, job.options.queue).count == job.options.max_shard_jobs
 
     # At the cap: no more burst, however far behind.
     later = tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(minutes=31))
@@ -358,7 +360,7 @@ def test_burst_adds_shard_jobs_up_to_max_workers(
 def test_tick_publishes_workers_needed_and_the_exporter_serves_it(
     real_store: LeaseStore, nightly: Configure, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = nightly(shards=2, deadline="1h")
+    job = nightly(shards=2, deadline_after=timedelta(hours=1))
     fleet_jobs.PLAN["items"] = 40
     runs = Runs(real_store)
     tick(real_store, [NIGHTLY_PATH], now=T0)
@@ -402,7 +404,7 @@ def test_workers_needed_sums_the_jobs_running_runs(
     real_store: LeaseStore, nightly: Configure
 ) -> None:
     # Runs that last past the next day's start: two of them open at once.
-    nightly(shards=1, deadline="30h")
+    nightly(shards=1, deadline_after=timedelta(hours=30))
     fleet_jobs.PLAN["items"] = 10
     runs = Runs(real_store)
     tick(real_store, [NIGHTLY_PATH], now=T0)
@@ -425,7 +427,7 @@ def test_workers_needed_sums_the_jobs_running_runs(
 
 
 def test_no_burst_for_work_that_fails(real_store: LeaseStore, nightly: Configure) -> None:
-    nightly(shards=4, workers_per_shard=1, max_workers=6, deadline="1h")
+    nightly(shards=4, workers_per_shard=1, max_shard_jobs=6, deadline_after=timedelta(hours=1))
     fleet_jobs.PLAN["items"] = 40
     runs = Runs(real_store)
     first = tick(real_store, [NIGHTLY_PATH], now=T0)

@@ -34,7 +34,9 @@ OTHER_PATH = "tests.test_tick_isolation:other"
 GONE = "is gone: the server may have lost its data: check persistence (docs/durability.md)"
 
 #: A second job, ticked after the nightly one.
-other = Job("isolation-other", shards=1, deadline="1h", schedule=NEVER, catch_up="none")
+other = Job(
+    "isolation-other", shards=1, deadline_after=timedelta(hours=1), schedule=NEVER, catch_up="none"
+)
 
 
 @other.planner

@@ -44,8 +44,8 @@ payments = Job(
     "payment-reconciliation",
     shards=2,
     max_attempts=3,
-    backoff_base=0.02,
-    backoff_cap=0.05,
+    backoff_base_seconds=0.02,
+    backoff_cap_seconds=0.05,
     schedule="0 0 29 2 *",  # 29 February only: nothing falls due while the test runs
     queue="rltest-walkthrough",
 )
@@ -89,7 +89,7 @@ def late_run(store: LeaseStore) -> None:
     run_id, _ = runs.ensure(payments, date(2026, 12, 2), now, deadline=deadline)
     assert run_id == RUN
     assert runs.plan(payments, run_id) == 20
-    keeper = LeaseKeeper(store, payments.options.lease_ttl)  # not started: nothing to renew
+    keeper = LeaseKeeper(store, payments.options.lease_ttl_seconds)  # not started: nothing to renew
     give_up = time.monotonic() + 20
     while store.status(run_id).unfinished:  # a pass ends when nothing is due: retry later
         assert time.monotonic() < give_up, store.status(run_id).counts

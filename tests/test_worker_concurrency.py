@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from datetime import date
+from datetime import date, timedelta
 from typing import Any
 
 import pytest
@@ -65,11 +65,11 @@ def _job(name: str) -> Job:
     return Job(
         name,
         shards=SHARDS,
-        lease_ttl=10,
+        lease_ttl_seconds=10,
         batch_size=20,
-        shard_budget=120,
+        shard_budget_seconds=120,
         max_attempts=5,
-        deadline="10m",
+        deadline_after=timedelta(minutes=10),
         schedule="0 0 29 2 *",  # 29 February only: nothing falls due by itself
         queue=os.environ.get("CONC_QUEUE", "rltest-concurrency"),
     )
@@ -144,7 +144,7 @@ def planned_run(store: LeaseStore, job: Job, path: str, queue: str) -> str:
     run_id, _ = runs.ensure(job, date(2031, 7, 1), runs.server_now())
     assert runs.plan(job, run_id) == ITEMS
     for shard in range(SHARDS):
-        enqueue_shard(store, path, queue, run_id, shard, job.options.shard_budget)
+        enqueue_shard(store, path, queue, run_id, shard, job.options.shard_budget_seconds)
     return run_id
 
 
@@ -265,7 +265,7 @@ def _lost_lease_run(store: LeaseStore, job: Job) -> tuple[ShardReport, str]:
     """Works one item of a fresh run while the test takes its lease away."""
     run_id = "lost:2031-07-02"
     store.add(run_id, [Item("only", {"n": 1})], shards=1)
-    keeper = LeaseKeeper(store, job.options.lease_ttl)
+    keeper = LeaseKeeper(store, job.options.lease_ttl_seconds)
     _watchful(keeper)
     keeper.start()
     try:
@@ -302,7 +302,7 @@ def _take_away(held: list[ActiveLease], running: threading.Event) -> threading.T
 @pytest.mark.parametrize("waits_in", ["handler", "provider-call"])
 def test_lost_lease_cancels_an_async_handlers_task(real_store: LeaseStore, waits_in: str) -> None:
     """The task is cancelled at the keeper's next tick, also inside an async provider call."""
-    job = Job("lost-async", shards=1, lease_ttl=30, commit_interval=0)
+    job = Job("lost-async", shards=1, lease_ttl_seconds=30, commit_interval_seconds=0)
     held: list[ActiveLease] = []
     running, cancelled = threading.Event(), threading.Event()
     reached: list[str] = []
@@ -343,7 +343,9 @@ def test_lost_lease_cancels_an_async_handlers_task(real_store: LeaseStore, waits
 def test_lost_lease_raises_lease_lost_in_a_thread_handler(
     real_store: LeaseStore, call: str
 ) -> None:
-    job = Job("lost-thread", shards=1, lease_ttl=30, commit_interval=0, concurrency=4)
+    job = Job(
+        "lost-thread", shards=1, lease_ttl_seconds=30, commit_interval_seconds=0, concurrency=4
+    )
     held: list[ActiveLease] = []
     running = threading.Event()
     sent: list[str] = []
@@ -394,7 +396,7 @@ def test_worker_concurrency_flag_is_checked(redis_url: str) -> None:
 def test_effect_async_awaits_what_a_plain_callable_returns(real_store: LeaseStore) -> None:
     """``call`` and ``lookup`` may be lambdas returning coroutines; an 'intended' record is
     reconciled by the async lookup, not sent again."""
-    job = Job("effect-async", shards=1, lease_ttl=30, commit_interval=0)
+    job = Job("effect-async", shards=1, lease_ttl_seconds=30, commit_interval_seconds=0)
     sent: list[str] = []
 
     async def provider(key: str) -> dict[str, str]:
@@ -443,7 +445,9 @@ def test_a_commit_refused_after_the_event_loop_closed_is_counted_stale(
     then marks the lease lost, which must not try to cancel a task on the closed loop."""
     store = real_store
     store.add("r", [Item("a", 1), Item("b", 2)], shards=1)
-    job = Job("closed-loop", shards=1, lease_ttl=60, commit_interval=5.0, concurrency=1)
+    job = Job(
+        "closed-loop", shards=1, lease_ttl_seconds=60, commit_interval_seconds=5.0, concurrency=1
+    )
     stop = threading.Event()
 
     @job.handler
@@ -472,7 +476,12 @@ def _sleepy_job(name: str, kind: str, concurrency: int, started: list[str]) -> J
     """A job whose handler (thread or async) records its start and sleeps 4 to 16 ms
     (by item number, so that the slots do not all end together)."""
     job = Job(
-        name, shards=1, lease_ttl=30, batch_size=8, commit_interval=0, concurrency=concurrency
+        name,
+        shards=1,
+        lease_ttl_seconds=30,
+        batch_size=8,
+        commit_interval_seconds=0,
+        concurrency=concurrency,
     )
     lock = threading.Lock()
 
@@ -560,7 +569,14 @@ def test_the_next_batch_is_claimed_while_claimed_items_still_wait_for_a_slot(
     """2 slots, batches of 8: the test lets one handler end at a time. The second claim comes
     while claimed items still wait for a slot, and no more than 2 + 8 leases are ever held."""
     store, started, gate = real_store, [], threading.Semaphore(0)
-    job = Job("ahead", shards=1, lease_ttl=30, batch_size=8, commit_interval=0, concurrency=2)
+    job = Job(
+        "ahead",
+        shards=1,
+        lease_ttl_seconds=30,
+        batch_size=8,
+        commit_interval_seconds=0,
+        concurrency=2,
+    )
     # Claims of the whole batch however long the test holds its handlers (claims are
     # otherwise sized to the handlers' time: test_claims_are_sized_to_the_handler).
     monkeypatch.setattr(shard_loop, "CLAIM_SPAN", 1e3)
@@ -620,7 +636,14 @@ def test_a_stop_gives_back_the_items_waiting_in_the_pool_and_starts_none(
     real_store: LeaseStore, kind: str
 ) -> None:
     store, started = real_store, []
-    job = Job("stop", shards=1, lease_ttl=30, batch_size=8, commit_interval=0, concurrency=2)
+    job = Job(
+        "stop",
+        shards=1,
+        lease_ttl_seconds=30,
+        batch_size=8,
+        commit_interval_seconds=0,
+        concurrency=2,
+    )
     stop = threading.Event()
 
     def begin(item: Item) -> None:
@@ -662,8 +685,15 @@ def test_an_item_whose_lease_is_lost_while_waiting_for_a_slot_is_not_started(
 ) -> None:
     """Both slots are busy until the third item's lease is lost; a slot then skips it."""
     store, started = real_store, []
-    job = Job("skip", shards=1, lease_ttl=30, batch_size=8, commit_interval=0, concurrency=2)
-    keeper = _CountingKeeper(store, job.options.lease_ttl)
+    job = Job(
+        "skip",
+        shards=1,
+        lease_ttl_seconds=30,
+        batch_size=8,
+        commit_interval_seconds=0,
+        concurrency=2,
+    )
+    keeper = _CountingKeeper(store, job.options.lease_ttl_seconds)
     _watchful(keeper)
     both, lost = threading.Barrier(2, timeout=10), threading.Event()
 
@@ -713,7 +743,14 @@ def test_claims_are_sized_to_the_handler(
     nothing get claims of the whole batch, and handlers that take 50 ms claims of about
     slots x CLAIM_SPAN / 50 ms, so that no claimed item waits long under its lease."""
     store = real_store
-    job = Job("sized", shards=1, lease_ttl=30, batch_size=100, commit_interval=0, concurrency=slots)
+    job = Job(
+        "sized",
+        shards=1,
+        lease_ttl_seconds=30,
+        batch_size=100,
+        commit_interval_seconds=0,
+        concurrency=slots,
+    )
 
     @job.handler
     def handle(item: Item, lease: ActiveLease) -> str:
@@ -749,7 +786,7 @@ def test_claims_shrink_soon_after_the_handler_slows_down(
     recent handler time, so the claim after the slow items asks for a few items, not for
     the 44 that the mean over the whole pass would still give."""
     store = real_store
-    job = Job("slower", shards=1, lease_ttl=30, batch_size=100, commit_interval=0)
+    job = Job("slower", shards=1, lease_ttl_seconds=30, batch_size=100, commit_interval_seconds=0)
 
     @job.handler
     def handle(item: Item, lease: ActiveLease) -> str:

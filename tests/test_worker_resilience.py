@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +49,13 @@ DELAY = 0.02
 resilience_job = Job(
     "resilience",
     shards=2,
-    lease_ttl=float(os.environ.get("RESILIENCE_TTL", "6")),
+    lease_ttl_seconds=float(os.environ.get("RESILIENCE_TTL", "6")),
     batch_size=5,
-    shard_budget=120,
+    shard_budget_seconds=120,
     max_attempts=10,
-    backoff_base=0.1,
-    backoff_cap=0.5,
-    deadline="10m",
+    backoff_base_seconds=0.1,
+    backoff_cap_seconds=0.5,
+    deadline_after=timedelta(minutes=10),
     schedule="0 0 29 2 *",  # 29 February only: nothing falls due by itself
     queue="rltest-resilience",  # on a private server: no other test shares it
 )
@@ -110,7 +110,9 @@ def test_shard_jobs_finish_while_connections_are_cut(
     run_id, _ = runs.ensure(resilience_job, date(2031, 6, 2), runs.server_now())
     assert runs.plan(resilience_job, run_id) == ITEMS
     for shard in range(resilience_job.options.shards):
-        enqueue_shard(store, JOB_PATH, queue, run_id, shard, resilience_job.options.shard_budget)
+        enqueue_shard(
+            store, JOB_PATH, queue, run_id, shard, resilience_job.options.shard_budget_seconds
+        )
     try:
         if worker == "rq":
             procs.start(rq_worker_args(proxy.url, queue), env, "worker")
@@ -164,7 +166,7 @@ def test_a_reset_during_the_commit_pipeline_costs_a_retry(
 
 def work_once(store: LeaseStore, job: Job, run_id: str) -> ShardReport:
     """One in-process pass over shard 0."""
-    keeper = LeaseKeeper(store, job.options.lease_ttl)  # not started
+    keeper = LeaseKeeper(store, job.options.lease_ttl_seconds)  # not started
     return work_shard(
         store, job, run_id, 0, worker="w", budget=10, stop=threading.Event(), keeper=keeper
     )
@@ -172,7 +174,7 @@ def work_once(store: LeaseStore, job: Job, run_id: str) -> ShardReport:
 
 def throttling_job(retry_after: float) -> Job:
     """A job whose item ``slow`` is throttled with ``retry_after``; other items succeed."""
-    job = Job("throttled", shards=1, lease_ttl=30, batch_size=10)
+    job = Job("throttled", shards=1, lease_ttl_seconds=30, batch_size=10)
 
     @job.handler
     def handle_throttled(item: Item, lease: ActiveLease) -> Any:
@@ -225,7 +227,7 @@ def refusing_job(action: str, admin: redis.Redis, user: str) -> Job:
     """A job whose item ``bad`` has the server refuse its settling: the handler takes
     EVALSHA away from the worker's Redis user, then fails (``fail``) or is throttled
     (``release``). The other items' handlers give EVALSHA back first."""
-    job = Job("refused", shards=1, lease_ttl=30, batch_size=10, commit_interval=0)
+    job = Job("refused", shards=1, lease_ttl_seconds=30, batch_size=10, commit_interval_seconds=0)
 
     @job.handler
     def handle_refused(item: Item, lease: ActiveLease) -> Any:

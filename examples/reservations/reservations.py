@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from datetime import date
+from datetime import date, timedelta
 from typing import Any
 
 import redis
@@ -30,12 +30,12 @@ PREFIX = os.environ.get("RESERVATIONS_PREFIX", "seats")
 cleanup = Job(
     "seat-cleanup",
     shards=4,
-    lease_ttl=5.0,
+    lease_ttl_seconds=5.0,
     max_attempts=5,
-    backoff_base=0.1,
-    backoff_cap=1.0,
-    deadline="5m",
-    shard_budget=30.0,
+    backoff_base_seconds=0.1,
+    backoff_cap_seconds=1.0,
+    deadline_after=timedelta(minutes=5),
+    shard_budget_seconds=30.0,
     batch_size=10,
     queue=os.environ.get("RESERVATIONS_QUEUE", "seat-cleanup"),
 )

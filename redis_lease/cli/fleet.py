@@ -75,9 +75,14 @@ def start(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create (once) and plan a job's run for a business date now, outside its schedule."""
+    """Create (once) and plan a job's run for a business date now, outside its schedule.
+
+    A date whose deadline has passed (a past date) gets its full window from now, as
+    with backfill. Exit 7 as for tick, and when the run it made failed at once.
+    """
     from ..fleet.job import load_job
     from ..fleet.runs import Runs
+    from ..fleet.tick.backfill import deadline_starting_now
     from ..fleet.tick.scheduler_tick import tick as run_tick
     from ..operate.output import print_json
 
@@ -86,9 +91,13 @@ def start(
     runs = Runs(store)
     now = runs.server_now()
     day = parse_date(business_date, "--date") if business_date else now.astimezone(job.zone).date()
-    run_id, created = runs.ensure(job, day, now)
+    deadline, moved = deadline_starting_now(job, day, now)
+    run_id, created = runs.ensure(job, day, now, deadline)
     if created:
-        runs.record_decision(run_id, "create", "started by an operator")
+        reason = "started by an operator"
+        if moved:
+            reason += "; the date's deadline had passed: its full window from now, as backfill"
+        runs.record_decision(run_id, "create", reason)
     with planning_progress() as progress:
         decisions = run_tick(store, [job_path], progress=progress)
     data = {"run": run_id, "created": created, "decisions": [str(d) for d in decisions]}
@@ -98,7 +107,7 @@ def start(
         typer.echo(f"{run_id}: {'created' if created else 'exists'}")
         for decision in decisions:
             typer.echo(f"  {decision}")
-    exit_if_failed(decisions)
+    exit_if_failed(decisions, made=[run_id] if created else [])
 
 
 @app.command()

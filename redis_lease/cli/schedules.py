@@ -222,4 +222,4 @@ def backfill_command(
         typer.echo(f"{len(created)} runs created ({job.name}, {start} to {end}, policy {policy})")
         for decision in [*created, *decisions]:
             typer.echo(f"  {decision.kind} {decision.run_id}: {same_times(decision.reason)}")
-    exit_if_failed(decisions)
+    exit_if_failed(decisions, made=[d.run_id for d in created])

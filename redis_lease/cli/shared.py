@@ -11,7 +11,7 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -237,13 +237,25 @@ def planning_progress(delay: float = PROGRESS_DELAY) -> Iterator[TickProgress]:
             shown["bar"].stop()
 
 
-def exit_if_failed(result: TickResult) -> None:
-    """Exits 7, after one line saying so, when some of the tick's work failed."""
+def exit_if_failed(result: TickResult, made: Collection[str] = ()) -> None:
+    """Exits 7, after one line saying so, when some of the tick's work failed, or a run
+    the command ``made`` was finalized failed in it (before any work)."""
     from ..operate.output import error_line
 
     if result.failures:
         error_line(
             f"{len(result.failures)} of the tick's runs or jobs failed (decisions error and "
             "drop above; each is in its run's log: redis-lease status RUN)"
+        )
+        raise typer.Exit(TICK_FAILED_EXIT)
+    failed = [
+        d.run_id
+        for d in result
+        if d.kind == "finalize" and d.run_id in made and d.reason.startswith("failed")
+    ]
+    if failed:
+        error_line(
+            f"{', '.join(failed)}: made and failed before any work (see its decisions: "
+            "redis-lease status RUN)"
         )
         raise typer.Exit(TICK_FAILED_EXIT)

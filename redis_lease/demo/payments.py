@@ -19,7 +19,7 @@ from typing import Any
 
 from redis_lease.demo.provider import ProviderClient
 from redis_lease.fleet.gate import ProviderGate
-from redis_lease.fleet.job import Job
+from redis_lease.fleet.job import Job, parse_duration
 from redis_lease.fleet.worker.shard_job import ActiveLease
 from redis_lease.protocol.values import Item
 
@@ -32,16 +32,16 @@ HONOURS_KEYS = os.environ.get("REDIS_LEASE_DEMO_HONOURS_KEYS", "1") == "1"
 reconcile = Job(
     "payment-reconciliation",
     shards=int(os.environ.get("REDIS_LEASE_DEMO_SHARDS", "8")),
-    lease_ttl=float(os.environ.get("REDIS_LEASE_DEMO_TTL", "2")),
+    lease_ttl_seconds=float(os.environ.get("REDIS_LEASE_DEMO_TTL", "2")),
     max_attempts=8,
-    backoff_base=0.2,
-    backoff_cap=2.0,
-    deadline=os.environ.get("REDIS_LEASE_DEMO_DEADLINE", "50s"),
+    backoff_base_seconds=0.2,
+    backoff_cap_seconds=2.0,
+    deadline_after=parse_duration(os.environ.get("REDIS_LEASE_DEMO_DEADLINE", "50s")),
     schedule="0 2 * * *",
     timezone="UTC",
-    shard_budget=20.0,
+    shard_budget_seconds=20.0,
     batch_size=10,
-    max_workers=12,
+    max_shard_jobs=12,
     queue=os.environ.get("REDIS_LEASE_DEMO_QUEUE", "redis-lease-demo"),
 )
 

@@ -237,8 +237,8 @@ class Runs:
                     run_id,
                     batch,
                     max_attempts=job.options.max_attempts,
-                    backoff_base=job.options.backoff_base,
-                    backoff_cap=job.options.backoff_cap,
+                    backoff_base=job.options.backoff_base_seconds,
+                    backoff_cap=job.options.backoff_cap_seconds,
                     deadline_ms=plan.deadline_ms,
                 )
             except InvalidInput as error:  # the planner yielded a bad item

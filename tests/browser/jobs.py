@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import date
+from datetime import date, timedelta
 from typing import Any
 
 from redis_lease.errors import PermanentError
@@ -30,24 +30,24 @@ HOLD_SECONDS = 300.0
 settlement = Job(
     "settlement",
     shards=6,
-    lease_ttl=10,
+    lease_ttl_seconds=10,
     batch_size=4,
     max_attempts=5,
-    backoff_base=0.1,
-    backoff_cap=0.3,
-    deadline="30m",
+    backoff_base_seconds=0.1,
+    backoff_cap_seconds=0.3,
+    deadline_after=timedelta(minutes=30),
     # 29 February only: no run falls due by itself while a test runs.
     schedule="0 0 29 2 *",
     catch_up="latest",
-    max_workers=8,
+    max_shard_jobs=8,
     queue="dash-settlement",
 )
 
 hold = Job(
     "hold",
     shards=1,
-    lease_ttl=10,
-    deadline="30m",
+    lease_ttl_seconds=10,
+    deadline_after=timedelta(minutes=30),
     schedule="0 0 29 2 *",
     catch_up="latest",
     queue="dash-hold",

@@ -67,6 +67,25 @@ def check_due(job: Job, dates: list[date], last: date, now: datetime) -> None:
     )
 
 
+def full_window(job: Job, day: date) -> timedelta:
+    """A business date's window: from its scheduled start to its deadline."""
+    scheduled = job.scheduled_start(day)
+    return job.deadline_for(day, scheduled) - scheduled
+
+
+def deadline_starting_now(job: Job, day: date, now: datetime) -> tuple[datetime, bool]:
+    """The deadline of a run an operator starts ``now``, and whether it was moved.
+
+    The date's own deadline while it is ahead; once it has passed (a past date, or
+    today after a ``deadline_at`` clock time), the date's full window from now, as
+    :func:`backfill` gives, so the run is not failed before any work.
+    """
+    own = job.deadline_for(day, now)
+    if own > now:
+        return own, False
+    return now + full_window(job, day), True
+
+
 def backfill(
     store: LeaseStore,
     job: Job,
@@ -101,8 +120,7 @@ def backfill(
     decisions: list[Decision] = []
     for day in dates:
         scheduled = job.scheduled_start(day)
-        window = job.deadline_for(day, scheduled) - scheduled
-        run_id, created = runs.ensure(job, day, moment, moment + window)
+        run_id, created = runs.ensure(job, day, moment, moment + full_window(job, day))
         if created:
             reason = (
                 f"backfilled (policy {policy}, {first} to {last}); scheduled for "

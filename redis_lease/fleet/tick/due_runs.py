@@ -31,18 +31,18 @@ def create_due_runs(
 
     The window is the job's ``catch_up_days`` back from now, after the last
     scheduled time a tick handled (``last_fire_at``), else after the newest run's
-    creation less ``catch_up_grace``. With no record of the job's runs at all (a
+    creation less ``catch_up_grace_seconds``. With no record of the job's runs at all (a
     new job, or a server that lost its data) the due run is the latest scheduled
     time in the window, and it is on time while its deadline is ahead (whatever
     the policy: the server lost it, nothing missed it). The catch-up policy then
     picks: ``all`` missed dates, the ``latest``, or ``none`` but those on time
-    (within ``catch_up_grace``). The dates it skips were missed, and so were those
+    (within ``catch_up_grace_seconds``). The dates it skips were missed, and so were those
     between ``last_fire_at`` and the window's start: each is counted once in the job's
     ``missed`` tally (``redis_lease_missed_runs_total``, :mod:`redis_lease.fleet.tick.missed_runs`),
     and a ``missed`` decision on the run created with them names them.
     """
     opts = job.options
-    grace = timedelta(seconds=opts.catch_up_grace)
+    grace = timedelta(seconds=opts.catch_up_grace_seconds)
     with store.translating_errors():
         record = _JobRecord.read(store, job)
     fires = job.fire_times(record.since(now, opts.catch_up_days, grace), now)

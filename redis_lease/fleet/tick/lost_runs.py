@@ -93,7 +93,7 @@ def rerun_deadline(job: Job, day: date, now: datetime) -> datetime | None:
     """The deadline a lost run of ``day`` gets when made again now, or None when the job's
     schedule does not fire on ``day`` (by now) or its catch-up policy does not cover it.
 
-    Covered: a run still on time (within ``catch_up_grace`` of its scheduled time, or before
+    Covered: a run still on time (within ``catch_up_grace_seconds`` of its scheduled time, or before
     its deadline) whatever the policy; with ``all`` any within ``catch_up_days``; with
     ``latest`` the newest scheduled date. A run still before its deadline keeps it; a late
     one gets its full window from now, as a late catch-up does.
@@ -104,7 +104,7 @@ def rerun_deadline(job: Job, day: date, now: datetime) -> datetime | None:
     if fire is None or business_date(job, fire) != day:
         return None
     due = job.deadline_for(day, fire)
-    on_time = now - fire <= timedelta(seconds=opts.catch_up_grace) or due > now
+    on_time = now - fire <= timedelta(seconds=opts.catch_up_grace_seconds) or due > now
     newest = _latest_fire(job, now)
     covered = (
         on_time

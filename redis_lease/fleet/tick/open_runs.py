@@ -138,7 +138,7 @@ def _dispatch(
     status.info.update(runs.info(run_id))
     total_live = sum(len(ids) for ids in live.values())
     decisions: list[Decision] = []
-    cap, probing = opts.max_workers, False
+    cap, probing = opts.max_shard_jobs, False
     failures = job_failures(status.info)
     if failures.streak >= FAILURE_STREAK_LIMIT:
         held, backoff = hold_dispatch(store, runs, status.info, run_id, now_ms)
@@ -152,7 +152,9 @@ def _dispatch(
             continue
         have = len(live.get(shard, []))
         while have < opts.workers_per_shard and total_live < cap:
-            shard_jobs.enqueue_shard(store, path, opts.queue, run_id, shard, opts.shard_budget)
+            shard_jobs.enqueue_shard(
+                store, path, opts.queue, run_id, shard, opts.shard_budget_seconds
+            )
             have, total_live, enqueued = have + 1, total_live + 1, enqueued + 1
     if enqueued:
         reason = f"enqueued {enqueued} shard jobs where no job was live"
@@ -176,7 +178,7 @@ def _burst(
     now_ms: int,
     deadline_ms: int,
 ) -> Decision | None:
-    """Adds shard jobs (up to max_workers) when the projected finish passes the deadline.
+    """Adds shard jobs (up to max_shard_jobs) when the projected finish passes the deadline.
 
     The rate is of finished items (done or dead: no longer work); the work left is
     the unfinished items. Both come from :class:`~redis_lease.protocol.values.RunStatus`.
@@ -210,20 +212,22 @@ def _burst(
         fields["projected_finish_at"] = int(projected_ms)
     with store.translating_errors(run_id):
         store.client.hset(store.keys.run(run_id), mapping=fields)
-    if projected_ms <= deadline_ms or total_live >= opts.max_workers or failing:
+    if projected_ms <= deadline_ms or total_live >= opts.max_shard_jobs or failing:
         return None
     busiest = sorted(range(len(per_shard)), key=lambda s: -per_shard[s]["pending"])
-    targets = [s for s in busiest if per_shard[s]["pending"] > 0][: opts.max_workers - total_live]
+    targets = [s for s in busiest if per_shard[s]["pending"] > 0][
+        : opts.max_shard_jobs - total_live
+    ]
     if not targets:
         return None
     for shard in targets:
-        shard_jobs.enqueue_shard(store, path, opts.queue, run_id, shard, opts.shard_budget)
+        shard_jobs.enqueue_shard(store, path, opts.queue, run_id, shard, opts.shard_budget_seconds)
     when = "never at this rate" if rate <= 0 else f"in {(projected_ms - now_ms) / 1000:.0f}s"
     return runs.record_decision(
         run_id,
         "burst",
         f"projected finish {when} passes the deadline in {(deadline_ms - now_ms) / 1000:.0f}s "
-        f"at {rate:.2f} items/s; +{len(targets)} shard jobs (cap {opts.max_workers})",
+        f"at {rate:.2f} items/s; +{len(targets)} shard jobs (cap {opts.max_shard_jobs})",
     )
 
 

@@ -31,6 +31,7 @@ from ...protocol.store.base import lock
 from ...protocol.store.lease_store import LeaseStore
 from .. import data_set
 from ..job import Job, load_job
+from ..job_options import RENAMED_OPTIONS
 from ..runs import Decision, Runs, to_ms
 from ..shard_jobs import close_job_store, job_store
 from . import lost_runs
@@ -165,6 +166,11 @@ def _failure(runs: Runs, subject: str, error: Exception, logged: bool) -> Decisi
     return Decision("error", subject, reason)
 
 
+#: Settings an earlier version recorded under names the options no longer have; a
+#: deadline_at or deadline_after not set is dropped too, so only the one given shows.
+STALE_SETTINGS = (*RENAMED_OPTIONS, "deadline", "deadline_at", "deadline_after")
+
+
 def _register(store: LeaseStore, path: str, job: Job, now: datetime, data_set_id: str) -> bool:
     """Records the job's path and settings, and its copy of the data set's id; True on its
     first tick (no record of it yet)."""
@@ -173,9 +179,10 @@ def _register(store: LeaseStore, path: str, job: Job, now: datetime, data_set_id
         pipe = store.client.pipeline(transaction=False)
         record: dict[Any, Any] = {"path": path, **job.settings(), "dataset": data_set_id}
         pipe.hset(key, mapping=record)
+        pipe.hdel(key, *(name for name in STALE_SETTINGS if name not in record))
         pipe.hsetnx(key, "registered_at", str(to_ms(now)))
         pipe.sadd(store.keys.jobs, job.name)
-        return bool(pipe.execute()[1])
+        return bool(pipe.execute()[2])
 
 
 def tick_entry(job_paths: list[str], prefix: str = DEFAULT_PREFIX, arm: bool = False) -> list[str]:

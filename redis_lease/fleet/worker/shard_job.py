@@ -119,7 +119,7 @@ def _process(
     name = rq_job.worker_name
     keeper = LeaseKeeper(
         store,
-        job.options.lease_ttl,
+        job.options.lease_ttl_seconds,
         beat_key=store.keys.run_beat(run_id, rq_job.id),
         stop_flag=(f"rq:worker:{name}", "shutdown_requested_date") if name else None,
     )
@@ -137,7 +137,7 @@ def _process(
             run_id,
             shard,
             worker=owner,
-            budget=job.options.shard_budget,
+            budget=job.options.shard_budget_seconds,
             stop=stop,
             keeper=keeper,
             concurrency=concurrency_override(),
@@ -145,7 +145,7 @@ def _process(
         _record_pass(store, run_id, report, time.monotonic() - started)
         if not report.drained and not report.closed:
             shard_jobs.enqueue_shard(
-                store, job_path, job.options.queue, run_id, shard, job.options.shard_budget
+                store, job_path, job.options.queue, run_id, shard, job.options.shard_budget_seconds
             )
     finally:
         keeper.close()
@@ -179,7 +179,7 @@ def _registration(
         pid=os.getpid(),
         path=job_path,
         queue=job.options.queue,
-        budget=job.options.shard_budget,
+        budget=job.options.shard_budget_seconds,
     )
 
 

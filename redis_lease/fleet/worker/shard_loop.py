@@ -106,7 +106,9 @@ class _ShardLoop:
         self.store, self.job, self.run_id, self.shard = store, job, run_id, shard
         self.worker, self.keeper, self.pool, self.size = worker, keeper, pool, size
         self.report = report
-        self.pending = PendingSettlements(store, keeper, report, job.options.commit_interval)
+        self.pending = PendingSettlements(
+            store, keeper, report, job.options.commit_interval_seconds
+        )
         #: The recent mean handler time (seconds) of the items that did their work (not
         #: throttled), weighted by RECENT_WEIGHT; None until one has.
         self.recent_seconds: float | None = None
@@ -196,7 +198,7 @@ class _ShardLoop:
     def _claim(self) -> bool:
         """Claims a claim's size of items (:meth:`_claim_size`), no more than fill the
         slots with that many waiting; True when some were due."""
-        ttl = self.job.options.lease_ttl
+        ttl = self.job.options.lease_ttl_seconds
         held = self.in_pool + len(self.waiting)
         size = self._claim_size()
         limit = min(size, self.size + size - held)

@@ -295,15 +295,16 @@ class LeaseCollector(Collector):
         return sorted(chosen, key=lambda r: (order.get(r, -1), r))
 
     def _caps(self, jobs: set[str]) -> dict[str, int]:
-        """Each job's ``max_workers``, as its last tick recorded it."""
+        """Each job's ``max_shard_jobs``, as its last tick recorded it (``max_workers`` in a
+        record an earlier version wrote)."""
         names = sorted(jobs)
         with self.store.translating_errors():
             pipe = self.store.client.pipeline(transaction=False)
             for job in names:
-                pipe.hget(self.store.keys.job(job), "max_workers")
+                pipe.hmget(self.store.keys.job(job), ["max_shard_jobs", "max_workers"])
             replies = pipe.execute() if names else []
-        return {
-            job: int(raw)
-            for job, raw in zip(names, replies, strict=True)
-            if raw is not None and raw.isdigit()
+        caps = {
+            job: new if new is not None else old
+            for job, (new, old) in zip(names, replies, strict=True)
         }
+        return {job: int(raw) for job, raw in caps.items() if raw is not None and raw.isdigit()}
