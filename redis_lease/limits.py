@@ -61,8 +61,8 @@ CONCURRENCY_MAX = bound("concurrency")[1]
 #: The bounds of a job's options (:class:`redis_lease.fleet.job.JobOptions`).
 CATCH_UP_DAYS_MAX = bound("catch_up_days")[1]
 WORKERS_PER_SHARD_MAX = bound("workers_per_shard")[1]
-#: limits.json's ``max_workers`` bounds the option ``max_shard_jobs`` (its old name).
-MAX_SHARD_JOBS_MAX = bound("max_workers")[1]
+#: The most shard jobs working one run at once (the job option ``max_shard_jobs``).
+MAX_SHARD_JOBS_MAX = bound("max_shard_jobs")[1]
 MAX_WORKERS_MAX = MAX_SHARD_JOBS_MAX  # the earlier name of this bound
 RETENTION_DAYS_MAX = bound("retention_days")[1]
 SPARE_NODES_MAX = bound("spare_nodes")[1]

@@ -38,7 +38,7 @@ def test_every_entry_of_limits_json_is_read_by_a_script_or_the_package() -> None
     [
         ("catch_up_days", "catch_up_days"),
         ("workers_per_shard", "workers_per_shard"),
-        ("max_shard_jobs", "max_workers"),
+        ("max_shard_jobs", "max_shard_jobs"),
         ("retention_days", "retention_days"),
         ("spare_nodes", "spare_nodes"),
         ("workers_per_node", "workers_per_node"),
