@@ -38,14 +38,16 @@ OPTIONAL = {
 #: Distributions every fresh environment has, not counted as what an install pulls in.
 BOOTSTRAP = {"pip", "setuptools"}
 JOB_MODULE = """
-from redis_lease.fleet.job import Job
+from datetime import timedelta
 
-wheeljob = Job("wheeljob", shards=2, deadline="10m", queue={queue!r})
+from redis_lease import Job
+
+wheeljob = Job("wheeljob", shards=2, deadline_after=timedelta(minutes=10), queue={queue!r})
 
 
 @wheeljob.planner
 def plan(business_date):
-    from redis_lease.protocol.values import Item
+    from redis_lease import Item
 
     for n in range(6):
         yield Item(f"item-{{n}}", {{"n": n}})

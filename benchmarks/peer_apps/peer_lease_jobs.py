@@ -36,8 +36,15 @@ SLEEP_MS_ENV = "PEER_SLEEP_MS"
 CONCURRENCY_ENV = "PEER_CONCURRENCY"
 JOB_PATH = "peer_lease_jobs:peer_job"
 
+_OPTIONS = {f.name for f in fields(JobOptions)}
 #: True when this redis-lease runs several items of a worker at once (``JobOptions.concurrency``).
-HAS_CONCURRENCY = "concurrency" in {f.name for f in fields(JobOptions)}
+HAS_CONCURRENCY = "concurrency" in _OPTIONS
+#: The option names of this redis-lease (releases before 0.10.0 had no unit in them).
+TTL, BUDGET = (
+    ("lease_ttl_seconds", "shard_budget_seconds")
+    if "lease_ttl_seconds" in _OPTIONS
+    else ("lease_ttl", "shard_budget")
+)
 
 
 def make_job(
@@ -48,8 +55,8 @@ def make_job(
         "shards": shards,
         "batch_size": batch_size,
         "queue": queue,
-        "lease_ttl": 600,
-        "shard_budget": 600,
+        TTL: 600,
+        BUDGET: 600,
         "max_attempts": 3,
     }
     overlap = HAS_CONCURRENCY and concurrency > 1
