@@ -264,6 +264,9 @@ def demo(
     ] = True,
 ) -> None:
     """Run a nightly payment reconciliation end to end on real worker processes, with faults."""
+    from ..extras import require
+
+    require("demo", "the demo")  # its embedded backend: one line naming the extra
     from ..demo.report import print_report, progress_bar
     from ..demo.runner import DemoConfig, run_demo
     from ..errors import InvalidInput

@@ -1,5 +1,5 @@
-"""The demo: a nightly payment reconciliation run by real RQ workers, with faults injected."""
+"""The demo: a nightly payment reconciliation run by real RQ workers, with faults injected.
 
-from ..extras import require
-
-require("demo", "the demo")  # its embedded backend; one line naming the extra
+Its command and its embedded backend need the extra ``demo`` (:func:`redis_lease.extras.require`
+is called there); the provider and the payments it simulates need nothing more than the core.
+"""

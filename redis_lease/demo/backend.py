@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from ..errors import InvalidInput
+from ..extras import require
 from ..protocol.connection.urls import safe_url
 
 
@@ -116,6 +117,7 @@ def demo_backend(url: str | None, kind: str = "auto") -> Iterator[Backend]:
                     process.kill()
                     process.wait(timeout=5)
         return
+    require("demo", "the demo's embedded backend")
     from fakeredis import TcpFakeServer
 
     server = TcpFakeServer(("127.0.0.1", 0), server_type="redis")
