@@ -97,6 +97,20 @@ def test_requeue_of_an_unknown_item_exits_5_and_requeues_nothing(cli: Cli) -> No
     assert cli.ok("inspect", "r", "a")["state"] == "pending"
 
 
+def test_requeue_on_a_partial_run_says_nothing_runs_until_resume(cli: Cli) -> None:
+    run = "nightly:2026-12-01"
+    job_run(store_of(cli), run, "nightly")
+    dead_item(cli, run, "a", "boom")
+    Runs(store_of(cli)).transition(run, "running", "partial", "deadline passed")
+    done = cli("requeue", run)
+    assert done.exit_code == 0, done.output
+    assert done.stdout == (
+        f"run {run}: 1 item(s) requeued; the run is partial: nothing runs until resumed "
+        f"(redis-lease resume {run})\n"
+    )
+    assert cli("requeue", run).stdout == f"run {run}: 0 item(s) requeued\n"
+
+
 # -- add from a file, payloads from files ----------------------------------------
 
 
