@@ -111,6 +111,12 @@ def test_requeue_on_a_partial_run_says_nothing_runs_until_resume(cli: Cli) -> No
     assert cli("requeue", run).stdout == f"run {run}: 0 item(s) requeued\n"
 
 
+def test_an_unknown_run_points_at_the_runs_command(cli: Cli) -> None:
+    hint = "run 'nope' not found (`redis-lease runs` lists the runs)"
+    assert_error(cli("status", "nope"), 5, hint, "add items to create it")
+    assert_error(cli("resume", "nope"), 5, hint)
+
+
 # -- add from a file, payloads from files ----------------------------------------
 
 

@@ -65,7 +65,7 @@ def read(store: StoreBase, run_id: str) -> tuple[dict[str, str], list[Snapshot]]
             raise store.translating_errors(run_id).error(reply)
     now_reply, info_raw, *shards = replies
     if not info_raw:  # the shard count was known, the record is gone since (lost or expired)
-        raise NotFound(f"run {run_id!r} not found; add items to create it", run_id=run_id)
+        raise NotFound.run(run_id, then="add items to create it")
     now = time_ms(now_reply)
     snapshots = [_shard(now, shards[i : i + _PER_SHARD]) for i in range(0, len(shards), _PER_SHARD)]
     return {as_text(k): as_text(v) for k, v in info_raw.items()}, snapshots
