@@ -117,6 +117,14 @@ def test_an_unknown_run_points_at_the_runs_command(cli: Cli) -> None:
     assert_error(cli("resume", "nope"), 5, hint)
 
 
+def test_status_says_why_the_rate_is_missing_before_the_first_sample(cli: Cli) -> None:
+    cli.ok("add", "r", "a")
+    assert "rate (items/s)\t- (no sample yet)" in cli("status", "r").stdout.splitlines()
+    store = store_of(cli)
+    store.client.hset(store.keys.run("r"), "rate_per_s", "2.5")
+    assert "rate (items/s)\t2.5" in cli("status", "r").stdout.splitlines()
+
+
 # -- add from a file, payloads from files ----------------------------------------
 
 

@@ -169,7 +169,7 @@ def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> 
             "job": info.get("job"),
             "business date": info.get("business_date"),
             "deadline": deadline,
-            "rate (items/s)": info.get("rate_per_s"),
+            "rate (items/s)": info.get("rate_per_s", "- (no sample yet)"),
             "projected finish": projected_finish_text(one),
             "shards": one.shards,
             "planned": one.planned,
