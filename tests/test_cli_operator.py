@@ -125,6 +125,31 @@ def test_status_says_why_the_rate_is_missing_before_the_first_sample(cli: Cli) -
     assert "rate (items/s)\t2.5" in cli("status", "r").stdout.splitlines()
 
 
+def test_a_run_past_its_deadline_is_shown_late_open_or_final(cli: Cli) -> None:
+    store = store_of(cli)
+    hour = 3_600_000
+    now = int(cli.client.time()[0]) * 1000
+    job_run(store, "over:2026-12-01", "over", deadline_at=str(now - hour))
+    job_run(store, "closed:2026-12-01", "closed", deadline_at=str(now - hour))
+    Runs(store).transition("closed:2026-12-01", "running", "partial", "deadline passed")
+    job_run(store, "early:2026-12-01", "early", deadline_at=str(now + hour))
+    Runs(store).transition("early:2026-12-01", "running", "failed", "finalized by an operator")
+    late = {row["run"]: row["past_deadline"] for row in cli.ok("runs")}
+    assert late == {"over:2026-12-01": True, "closed:2026-12-01": True, "early:2026-12-01": False}
+    states = {line.split("\t")[0]: line.split("\t")[1] for line in cli("runs").stdout.splitlines()}
+    assert states["over:2026-12-01"] == "running (late)"
+    assert states["closed:2026-12-01"] == "partial (late)"
+    assert states["early:2026-12-01"] == "failed"
+    listed = {
+        line.split("\t")[0]: line.split("\t")[1] for line in cli("status").stdout.splitlines()
+    }
+    assert listed["closed:2026-12-01"] == "partial (late)"
+    one = cli("status", "closed:2026-12-01").stdout.splitlines()
+    assert "state\tpartial (late)" in one
+    assert cli.ok("status", "closed:2026-12-01")["past_deadline"] is True
+    assert cli.ok("status", "early:2026-12-01")["past_deadline"] is False
+
+
 # -- add from a file, payloads from files ----------------------------------------
 
 
