@@ -137,6 +137,17 @@ class NotFound(LeaseError):
 
     exit_code = 5
 
+    @classmethod
+    def run(cls, run_id: str, *, then: str = "") -> NotFound:
+        """The error for an unknown run: it points at the command listing the runs.
+
+        ``then``: what else may help, after a ``;`` (e.g. ``add items to create it``).
+        """
+        tail = f"; {then}" if then else ""
+        return cls(
+            f"run {run_id!r} not found (`redis-lease runs` lists the runs){tail}", run_id=run_id
+        )
+
 
 class RunClosed(LeaseError):
     """The run grants no lease: it was closed, or its deadline passed.

@@ -384,6 +384,35 @@ def test_url_comes_from_the_environment(cli: Cli) -> None:
     assert by_env.exit_code == 0, by_env.output
 
 
+def test_the_default_url_is_named_on_stderr_only_when_taken(cli: Cli) -> None:
+    cleared: dict[str, str | None] = dict.fromkeys(ENV_NAMES)
+    taken = runner.invoke(app, ["--prefix", cli.prefix, "runs", "--json"], env=cleared)
+    assert taken.exit_code == 0, taken.output
+    assert taken.stderr == (
+        "using redis://127.0.0.1:6379/0 (no --url, REDIS_LEASE_URL or REDIS_URL given)\n"
+    )
+    assert json.loads(taken.stdout) == []
+    given = cli("runs", "--json")
+    assert given.exit_code == 0, given.output
+    assert given.stderr == ""
+    by_env = runner.invoke(
+        app, ["--prefix", cli.prefix, "runs"], env={**cleared, "REDIS_URL": cli.url}
+    )
+    assert by_env.exit_code == 0, by_env.output
+    assert by_env.stderr == ""
+
+
+def test_a_global_option_after_the_command_says_to_put_it_first(cli: Cli) -> None:
+    assert_error(
+        cli("runs", "--url", cli.url),
+        2,
+        "--url is a global option: put it before the command",
+        "--url ... runs ...",
+    )
+    assert_error(cli("schedule", "show", "--prefix", "p"), 2, "--prefix ... schedule show ...")
+    assert_error(cli("runs", "--bogus"), 2, "No such option: --bogus")
+
+
 # -- the installed command, in real processes -----------------------------------
 
 

@@ -97,6 +97,59 @@ def test_requeue_of_an_unknown_item_exits_5_and_requeues_nothing(cli: Cli) -> No
     assert cli.ok("inspect", "r", "a")["state"] == "pending"
 
 
+def test_requeue_on_a_partial_run_says_nothing_runs_until_resume(cli: Cli) -> None:
+    run = "nightly:2026-12-01"
+    job_run(store_of(cli), run, "nightly")
+    dead_item(cli, run, "a", "boom")
+    Runs(store_of(cli)).transition(run, "running", "partial", "deadline passed")
+    done = cli("requeue", run)
+    assert done.exit_code == 0, done.output
+    assert done.stdout == (
+        f"run {run}: 1 item(s) requeued; the run is partial: nothing runs until resumed "
+        f"(redis-lease resume {run})\n"
+    )
+    assert cli("requeue", run).stdout == f"run {run}: 0 item(s) requeued\n"
+
+
+def test_an_unknown_run_points_at_the_runs_command(cli: Cli) -> None:
+    hint = "run 'nope' not found (`redis-lease runs` lists the runs)"
+    assert_error(cli("status", "nope"), 5, hint, "add items to create it")
+    assert_error(cli("resume", "nope"), 5, hint)
+
+
+def test_status_says_why_the_rate_is_missing_before_the_first_sample(cli: Cli) -> None:
+    cli.ok("add", "r", "a")
+    assert "rate (items/s)\t- (no sample yet)" in cli("status", "r").stdout.splitlines()
+    store = store_of(cli)
+    store.client.hset(store.keys.run("r"), "rate_per_s", "2.5")
+    assert "rate (items/s)\t2.5" in cli("status", "r").stdout.splitlines()
+
+
+def test_a_run_past_its_deadline_is_shown_late_open_or_final(cli: Cli) -> None:
+    store = store_of(cli)
+    hour = 3_600_000
+    now = int(cli.client.time()[0]) * 1000
+    job_run(store, "over:2026-12-01", "over", deadline_at=str(now - hour))
+    job_run(store, "closed:2026-12-01", "closed", deadline_at=str(now - hour))
+    Runs(store).transition("closed:2026-12-01", "running", "partial", "deadline passed")
+    job_run(store, "early:2026-12-01", "early", deadline_at=str(now + hour))
+    Runs(store).transition("early:2026-12-01", "running", "failed", "finalized by an operator")
+    late = {row["run"]: row["past_deadline"] for row in cli.ok("runs")}
+    assert late == {"over:2026-12-01": True, "closed:2026-12-01": True, "early:2026-12-01": False}
+    states = {line.split("\t")[0]: line.split("\t")[1] for line in cli("runs").stdout.splitlines()}
+    assert states["over:2026-12-01"] == "running (late)"
+    assert states["closed:2026-12-01"] == "partial (late)"
+    assert states["early:2026-12-01"] == "failed"
+    listed = {
+        line.split("\t")[0]: line.split("\t")[1] for line in cli("status").stdout.splitlines()
+    }
+    assert listed["closed:2026-12-01"] == "partial (late)"
+    one = cli("status", "closed:2026-12-01").stdout.splitlines()
+    assert "state\tpartial (late)" in one
+    assert cli.ok("status", "closed:2026-12-01")["past_deadline"] is True
+    assert cli.ok("status", "early:2026-12-01")["past_deadline"] is False
+
+
 # -- add from a file, payloads from files ----------------------------------------
 
 

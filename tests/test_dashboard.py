@@ -117,6 +117,10 @@ def test_runs_page_shows_every_run_newest_first_with_the_status_numbers(
         "fine:2026-12-01": "ok",
         "broken:2026-12-01": "failed",
     }
+    # a run the deadline closed is late as well as failed
+    shown = {r.attrs["data-run"]: r.one("td", **{"class": "health"}).text for r in rows}
+    assert shown["broken:2026-12-01"] == "failed, late" and shown["late:2026-12-01"] == "late"
+    assert shown["fine:2026-12-01"] == "ok"
     for row in rows:
         status = store.status(row.attrs["data-run"])
         assert row.field("job") == status.info["job"]

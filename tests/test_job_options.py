@@ -202,3 +202,19 @@ def test_a_command_whose_new_run_failed_at_once_exits_7(capsys: pytest.CaptureFi
         exit_if_failed(TickResult([failed]), made=["job:2026-12-01"])
     assert stopped.value.exit_code == TICK_FAILED_EXIT
     assert "job:2026-12-01: made and failed before any work" in capsys.readouterr().err
+
+
+def test_a_job_path_names_what_the_module_lacks() -> None:
+    from redis_lease.fleet.job import load_job
+
+    with pytest.raises(InvalidInput) as missing:
+        load_job("tests.fleet_jobs:nope")
+    assert str(missing.value) == (
+        "module 'tests.fleet_jobs' has no 'nope' for job 'tests.fleet_jobs:nope' "
+        "(its jobs: fleet, nightly)"
+    )
+    with pytest.raises(InvalidInput, match=r"'tests.fleet_helpers' has no 'x'.*defines no"):
+        load_job("tests.fleet_helpers:x")
+    with pytest.raises(InvalidInput, match=r"'tests.fleet_jobs:os' is a module, not a"):
+        load_job("tests.fleet_jobs:os")
+    assert load_job("tests.fleet_jobs:fleet").name

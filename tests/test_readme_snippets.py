@@ -224,3 +224,14 @@ def test_every_library_class_the_readme_names_imports_from_redis_lease() -> None
     assert {"EffectFailed", "Throttled", "ProviderGate", "Job", "HandlerResult"} <= named
     missing = {name: classes[name] for name in sorted(named) if name not in redis_lease.__all__}
     assert missing == {}, "named in the README but not importable from redis_lease"
+
+
+def test_the_readme_says_what_make_test_installs_and_how_to_run_without() -> None:
+    """Every package an ensure script installs or fetches is named next to ``make test``."""
+    scripts = "".join(path.read_text() for path in (ROOT / "scripts").glob("ensure-*.sh"))
+    packages = set(re.findall(r"apt-get (?:install|download) [^\n]*?(\S+) >/dev/null", scripts))
+    assert packages == {"redis-server", "faketime", "chromium", "prometheus"}
+    paragraph = next(p for p in README.split("\n\n") if p.startswith("`make test` may install"))
+    for package in packages:
+        assert f"`{package}`" in paragraph, package
+    assert "CI=true" in paragraph and ".venv/bin/pytest" in paragraph

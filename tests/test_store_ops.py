@@ -174,6 +174,20 @@ def test_status_ages_come_from_the_oldest_eligible_and_oldest_lease(store: Lease
     assert (done.oldest_eligible_age_seconds, done.oldest_leased_age_seconds) == (0, 0)
 
 
+def test_a_final_runs_eligible_age_stops_at_its_end(store: LeaseStore) -> None:
+    from redis_lease.fleet.runs import Runs
+
+    store.add(RUN, items("a", "b"), shards=2)
+    wait_past(store.client, store.status(RUN).now_ms + 20)
+    Runs(store).finalize(RUN, "closed by the test")
+    ended = store.status(RUN)
+    assert ended.state == "failed" and ended.oldest_eligible_age_seconds >= 0.02
+    wait_past(store.client, ended.now_ms + 30)
+    later = store.status(RUN)
+    assert later.oldest_eligible_age_seconds == ended.oldest_eligible_age_seconds
+    assert later.counts["pending"] == 2
+
+
 def test_an_item_waiting_for_its_retry_is_not_eligible_yet(store: LeaseStore) -> None:
     store.add(RUN, items("a"), backoff_base=60)
     store.fail(store.claim(RUN, "a", "w"), "later")

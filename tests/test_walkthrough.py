@@ -142,9 +142,9 @@ def test_the_readme_walkthrough_leads_to_the_failed_attempt(
             dead_now = real_store.item(RUN, BROKEN).state
 
     runs_line = next(line for line in outputs["runs"].splitlines() if line.startswith(RUN))
-    assert runs_line.split("\t")[:5] == [RUN, "partial", "20", "19", "1"]
+    assert runs_line.split("\t")[:5] == [RUN, "partial (late)", "20", "19", "1"]
     status = dict(line.split("\t", 1) for line in outputs["status"].splitlines() if "\t" in line)
-    assert status["state"] == "partial" and status["dead"] == "1"
+    assert status["state"] == "partial (late)" and status["dead"] == "1"
     assert status["reason"].startswith("deadline passed: 19 done of 20 planned, 1 dead")
     assert status["projected finish"] == "-"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", status["deadline"])
@@ -167,7 +167,10 @@ def test_the_readme_walkthrough_leads_to_the_failed_attempt(
     assert dead_now == "dead"
 
     # The fix: the item is due again and the run claimable until its new deadline.
-    assert outputs["requeue"] == f"run {RUN}: 1 item(s) requeued\n"
+    assert outputs["requeue"] == (
+        f"run {RUN}: 1 item(s) requeued; the run is partial: nothing runs until resumed "
+        f"(redis-lease resume {RUN})\n"
+    )
     assert outputs["resume"].startswith(f"{RUN}: running (resumed by an operator")
     assert real_store.item(RUN, BROKEN).state == "pending"
     assert real_store.claim(RUN, BROKEN, "w2").attempt == 1

@@ -56,12 +56,32 @@ def report(error: Exception) -> int:
             if text.strip():  # rich help is printed while it is built, plain help is not
                 typer.echo(text, err=True)
             return exit_code
+        global_hint = _global_option_hint(error)
+        if global_hint:
+            error_line(global_hint)
+            return exit_code
         command_path = getattr(getattr(error, "ctx", None), "command_path", None)
         hint = f" (see '{command_path} --help')" if command_path else ""
         error_line(text + hint)
         return exit_code
     error_line(f"unexpected {type(error).__name__}: {error}")
     return 1
+
+
+def _global_option_hint(error: Exception) -> str | None:
+    """For a global option given after the command (``runs --url URL``): where it goes."""
+    option = getattr(error, "option_name", None)
+    ctx = getattr(error, "ctx", None)
+    if type(error).__name__ != "NoSuchOption" or not option or ctx is None or ctx.parent is None:
+        return None
+    root = ctx.find_root()
+    if not any(option in getattr(param, "opts", ()) for param in root.command.params):
+        return None
+    command = ctx.command_path[len(root.info_name or "") :].strip()
+    return (
+        f"{option} is a global option: put it before the command "
+        f"({root.info_name} {option} ... {command} ...)"
+    )
 
 
 def show_warning(
@@ -230,4 +250,10 @@ def _global_options(
             "--queue-url cannot be a cluster: RQ does not run on Redis Cluster; give a plain "
             "redis://HOST:PORT/DB"
         )
-    ctx.obj = Settings(url=tls_url, prefix=prefix, queue_url=tls_queue_url)
+    source = ctx.get_parameter_source("url")
+    ctx.obj = Settings(
+        url=tls_url,
+        prefix=prefix,
+        queue_url=tls_queue_url,
+        url_defaulted=source is None or source.name == "DEFAULT",
+    )

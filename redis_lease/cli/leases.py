@@ -317,16 +317,20 @@ def requeue(
     as_json: JsonOpt = False,
 ) -> None:
     """Move dead items back to pending, with fresh attempts; an unknown item is exit 5."""
-    from ..fleet.run_control import requeue_items
+    from ..fleet.run_control import requeue_items, resume_needed
     from ..operate.output import print_json
     from ..protocol.store.call_checks import check_sweep
 
     names = [*(items or []), *(item_options or [])]
     check_sweep(run, limit, names)  # the store's checks, before connecting
-    count = requeue_items(open_store(ctx), run, names, limit)
+    store = open_store(ctx)
+    count = requeue_items(store, run, names, limit)
     if as_json:
         print_json({"run": run, "requeued": count})
         return
     left = len(set(names)) - count if names else 0
     note = f" ({left} named item(s) not dead, left as they are)" if left > 0 else ""
+    state = resume_needed(store, run) if count else None
+    if state:
+        note += f"; the run is {state}: nothing runs until resumed (redis-lease resume {run})"
     typer.echo(f"run {run}: {count} item(s) requeued{note}")

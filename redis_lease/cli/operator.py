@@ -95,7 +95,7 @@ def _advancing(run_ids: list[str], advance: Callable[[int], None]) -> Iterator[s
 def _run_row(status: RunStatus, paused: dict[str, str]) -> dict[str, Any]:
     from ..fleet.shard_job_failures import job_failures
     from ..operate.output import iso_time
-    from ..operate.run_views import deadline_text, loss_text
+    from ..operate.run_views import deadline_text, is_past_deadline, loss_text
 
     failures = job_failures(status.info)
     job = status.info.get("job")
@@ -108,6 +108,7 @@ def _run_row(status: RunStatus, paused: dict[str, str]) -> dict[str, Any]:
         if status.info.get("created_at", "").isdigit()
         else None,
         "deadline": deadline_text(status),
+        "past_deadline": is_past_deadline(status),
         "counts": dict(status.counts),
         "planned": status.planned,
         "lost": status.lost,
@@ -120,11 +121,12 @@ def _run_row(status: RunStatus, paused: dict[str, str]) -> dict[str, Any]:
 def _run_cells(status: RunStatus) -> list[Any]:
     from ..fleet.shard_job_failures import job_failures
     from ..operate.output import iso_time
+    from ..operate.run_views import state_text
 
     created = status.info.get("created_at", "")
     return [
         status.run_id,
-        status.state,
+        state_text(status),
         status.planned,
         status.counts["done"],
         status.counts["dead"],

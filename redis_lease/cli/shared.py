@@ -41,6 +41,8 @@ class Settings:
     store: LeaseStore | None = None
     #: RQ's Redis when it is not the store's (required with a cluster URL).
     queue_url: str | None = None
+    #: Whether ``url`` is :data:`DEFAULT_URL` because none was given (said on stderr).
+    url_defaulted: bool = False
 
 
 def open_store(ctx: typer.Context, *, needs_rq: bool = False) -> LeaseStore:
@@ -49,6 +51,7 @@ def open_store(ctx: typer.Context, *, needs_rq: bool = False) -> LeaseStore:
     ``needs_rq``: the command enqueues or reads RQ jobs, so a cluster URL without a
     queue URL is refused before anything is written (exit 2).
 
+    When no URL was given, a ``using redis://...`` line on stderr names the default taken.
     Warnings become ``warning: ...`` lines on stderr; a server that may evict keys
     (``maxmemory-policy`` other than ``noeviction``) is a ``danger: ...`` line. The
     protocol stamp is checked (and stamped by the commands of :data:`STAMPING_COMMANDS`).
@@ -68,6 +71,10 @@ def open_store(ctx: typer.Context, *, needs_rq: bool = False) -> LeaseStore:
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     ctx.obj = settings
     if settings.store is None:
+        if settings.url_defaulted:  # never on stdout: --json output stays JSON alone
+            typer.echo(
+                f"using {DEFAULT_URL} (no --url, REDIS_LEASE_URL or REDIS_URL given)", err=True
+            )
         client = client_from_url(settings.url)
         ctx.find_root().call_on_close(client.close)
         rq_client = client_from_url(settings.queue_url) if settings.queue_url else None

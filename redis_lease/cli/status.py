@@ -23,10 +23,12 @@ if TYPE_CHECKING:
 
 
 def _status_row(status: RunStatus) -> list[Any]:
+    from ..operate.run_views import state_text
+
     counts = status.counts
     return [
         status.run_id,
-        status.state,
+        state_text(status),
         status.shards,
         counts["pending"],
         counts["leased"],
@@ -125,10 +127,12 @@ def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> 
     from ..operate.run_views import (
         deadline_text,
         effects_by_outcome,
+        is_past_deadline,
         loss_text,
         projected_finish_text,
         provider_rows,
         run_details,
+        state_text,
     )
     from ..operate.views import providers
 
@@ -147,6 +151,7 @@ def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> 
             {
                 **one.to_dict(),
                 "deadline": deadline,
+                "past_deadline": is_past_deadline(one),
                 "projected_finish": projected_finish_text(one),
                 "failed_jobs": failures.count,
                 "last_job_error": failures.last_error or None,
@@ -164,12 +169,12 @@ def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> 
     failed = f"{failures.count} (last: {failures.last_error})" if failures else "0"
     print_fields(
         {
-            "state": one.state,
+            "state": state_text(one),
             "reason": same_times(info["reason"]) if info.get("reason") else None,
             "job": info.get("job"),
             "business date": info.get("business_date"),
             "deadline": deadline,
-            "rate (items/s)": info.get("rate_per_s"),
+            "rate (items/s)": info.get("rate_per_s", "- (no sample yet)"),
             "projected finish": projected_finish_text(one),
             "shards": one.shards,
             "planned": one.planned,

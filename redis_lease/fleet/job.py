@@ -207,7 +207,11 @@ def load_job(path: str) -> Job:
         raise InvalidInput(
             f"cannot import {module_name!r} for job {path!r}: {error}{where}"
         ) from None
-    job = getattr(module, attr, None)
+    if not hasattr(module, attr):
+        jobs = sorted(name for name, value in vars(module).items() if isinstance(value, Job))
+        known = f"its jobs: {', '.join(jobs)}" if jobs else "it defines no redis_lease.Job"
+        raise InvalidInput(f"module {module_name!r} has no {attr!r} for job {path!r} ({known})")
+    job = getattr(module, attr)
     if not isinstance(job, Job):
-        raise InvalidInput(f"{path!r} is not a redis_lease.Job")
+        raise InvalidInput(f"{path!r} is a {type(job).__name__}, not a redis_lease.Job")
     return job

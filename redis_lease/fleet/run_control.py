@@ -16,7 +16,7 @@ from ..limits import DEFAULT_SWEEP
 from ..protocol.store.call_checks import check_sweep
 from ..protocol.store.lease_store import LeaseStore
 from .job import parse_duration
-from .run_states import OPEN_STATES
+from .run_states import OPEN_STATES, RESUMABLE_STATES
 from .runs import Decision, Runs
 
 #: A deadline given as a duration from now (``90s``, ``30m``, ``2h``, ``1.5d``).
@@ -90,4 +90,15 @@ def requeue_items(
     return store.requeue(run_id, item_ids, limit=limit)
 
 
-__all__ = ["finalize_if_open", "is_open", "new_deadline", "requeue_items"]
+def resume_needed(store: LeaseStore, run_id: str) -> str | None:
+    """The run's state when it is final but resumable (partial, failed): its requeued items
+    are not claimed until an operator resumes it. None for an open run or one with no record.
+    """
+    try:
+        state = Runs(store).info(run_id).get("state", "")
+    except NotFound:  # a run made by ``add`` or LeaseStore alone: claimable as it is
+        return None
+    return state if state in RESUMABLE_STATES else None
+
+
+__all__ = ["finalize_if_open", "is_open", "new_deadline", "requeue_items", "resume_needed"]

@@ -80,7 +80,7 @@ class Runs:
         with self.store.translating_errors(run_id):
             raw = self.client.hgetall(self.keys.run(run_id))
         if not raw:
-            raise NotFound(f"run {run_id!r} not found", run_id=run_id)
+            raise NotFound.run(run_id)
         return {as_text(k): as_text(v) for k, v in raw.items()}
 
     def record_decision(self, run_id: str, kind: str, reason: str, **fields: Any) -> Decision:

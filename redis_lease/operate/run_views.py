@@ -67,9 +67,27 @@ def run_health(status: RunStatus) -> str:
     return "at-risk" if projected is not None and projected > deadline else "ok"
 
 
+def is_past_deadline(status: RunStatus) -> bool:
+    """Whether the run is past its deadline: open after it, or final (not canceled) with an
+    end after it (a run the deadline closed is late as well as partial or failed)."""
+    deadline = deadline_ms(status)
+    if deadline is None or status.state in (CANCELED, LOST_STATE):
+        return False
+    if status.state not in FINAL_STATES:
+        return status.now_ms > deadline
+    ended = status.info.get("state_at", "")
+    return ended.isdigit() and int(ended) > deadline
+
+
+def state_text(status: RunStatus) -> str:
+    """The run's state for people: ``partial (late)`` when :func:`is_past_deadline`."""
+    return f"{status.state} (late)" if is_past_deadline(status) else status.state
+
+
 def run_row(status: RunStatus) -> dict[str, Any]:
     """The run's row in a listing: job, state, deadline, projected finish, counts, health,
-    and for a run lost or made again after a loss, why (``loss``)."""
+    whether it is late (:func:`is_past_deadline`), and for a run lost or made again after a loss,
+    why (``loss``)."""
     counts = status.counts
     return {
         "run": status.run_id,
@@ -84,6 +102,7 @@ def run_row(status: RunStatus) -> dict[str, Any]:
         "pending": counts["pending"],
         "leased": counts["leased"],
         "health": run_health(status),
+        "past_deadline": is_past_deadline(status),
         "loss": loss_text(status),
     }
 

@@ -153,7 +153,7 @@ class StoreBase:
             with self.translating_errors(run_id):
                 raw = self.client.hget(self.keys.run(run_id), "shards")
             if raw is None:
-                raise NotFound(f"run {run_id!r} not found; add items to create it", run_id=run_id)
+                raise NotFound.run(run_id, then="add items to create it")
             self._shards[run_id] = int(raw)
         return self._shards[run_id]
 

@@ -19,7 +19,7 @@ import redis
 
 from ...deprecation import renamed_attribute
 from ...errors import NotFound
-from ...limits import RUNNING
+from ...limits import FINAL_RUN_STATES, RUNNING
 from ..connection.clients import as_text, queue_time, time_ms
 from ..replies import Snapshot
 from ..values import COUNT_STATES, RunStatus
@@ -65,7 +65,7 @@ def read(store: StoreBase, run_id: str) -> tuple[dict[str, str], list[Snapshot]]
             raise store.translating_errors(run_id).error(reply)
     now_reply, info_raw, *shards = replies
     if not info_raw:  # the shard count was known, the record is gone since (lost or expired)
-        raise NotFound(f"run {run_id!r} not found; add items to create it", run_id=run_id)
+        raise NotFound.run(run_id, then="add items to create it")
     now = time_ms(now_reply)
     snapshots = [_shard(now, shards[i : i + _PER_SHARD]) for i in range(0, len(shards), _PER_SHARD)]
     return {as_text(k): as_text(v) for k, v in info_raw.items()}, snapshots
@@ -107,9 +107,13 @@ def summary(run_id: str, info: dict[str, str], snapshots: list[Snapshot]) -> Run
         for name, value in snap.counts.items():
             totals[name] = totals.get(name, 0) + value
     now = max((snap.now_ms for snap in snapshots), default=0)
+    # A final run's eligible items wait for nothing: their age stops at the run's end.
+    ended = info.get("state_at", "")
+    final = info.get("state") in FINAL_RUN_STATES and ended.isdigit()
+    eligible_until = min(now, int(ended)) if final else now
 
-    def oldest(times: Iterable[int | None]) -> float:
-        ages = [now - t for t in times if t is not None and t <= now]
+    def oldest(times: Iterable[int | None], until: int = now) -> float:
+        ages = [until - t for t in times if t is not None and t <= until]
         return max(ages, default=0) / 1000
 
     counts = {state: totals.pop(state, 0) for state in COUNT_STATES}
@@ -119,7 +123,7 @@ def summary(run_id: str, info: dict[str, str], snapshots: list[Snapshot]) -> Run
         state=info.get("state", RUNNING),
         counts=counts,
         counters=totals,
-        oldest_eligible_age_seconds=oldest(s.first_due_ms for s in snapshots),
+        oldest_eligible_age_seconds=oldest((s.first_due_ms for s in snapshots), eligible_until),
         oldest_leased_age_seconds=oldest(s.first_held_ms for s in snapshots),
         oldest_unknown_effect_age_seconds=oldest(s.first_unknown_ms for s in snapshots),
         now_ms=now,
