@@ -14,8 +14,9 @@ from datetime import time as clock
 
 import pytest
 
-from redis_lease import LeaseStore
+from redis_lease import LeaseStore, run_worker
 from redis_lease.errors import InvalidInput
+from redis_lease.fleet.job import Job
 from redis_lease.fleet.tick.leader import check_jobs
 from redis_lease.fleet.tick.scheduler_tick import NOT_LEADER, tick
 from redis_lease.protocol.store.leader import (
@@ -28,6 +29,7 @@ from redis_lease.protocol.store.leader import (
     release_leadership,
     still_leading,
 )
+from tests import leader_jobs
 from tests.fleet_helpers import NIGHTLY_PATH, Configure, configure_nightly, wait_for
 from tests.helpers import keys_under, stable_dump
 
@@ -149,3 +151,37 @@ def test_jobs_are_checked_before_a_worker_starts() -> None:
         check_jobs(["tests.fleet_jobs:item_id"])
     with pytest.raises(InvalidInput, match=r"has no handler: decorate a function with @bare"):
         check_jobs(["tests.leader_jobs:bare"])
+
+
+def test_run_worker_from_python_checks_its_jobs_first(redis_url: str, prefix: str) -> None:
+    with pytest.raises(InvalidInput, match=r"has no handler"):
+        run_worker(jobs=["tests.leader_jobs:bare"], url="redis://127.0.0.1:1/0", prefix=prefix)
+    here = Job("here", schedule="0 0 29 2 *")  # in no module's globals: no path to import
+    here.planner(leader_jobs.plan)
+    here.handler(leader_jobs.handle)
+    with pytest.raises(InvalidInput, match=r"not defined at the top level"):
+        run_worker(jobs=[here], url=redis_url, prefix=prefix)
+    with pytest.raises(InvalidInput, match=r"tick_every 0.5 is under 1 second"):
+        run_worker(jobs=[leader_jobs.scheduled], url=redis_url, tick_every=0.5)
+
+
+def test_run_worker_from_python_works_and_frees_the_lease_when_it_stops(
+    real_store: LeaseStore, queue_name: str
+) -> None:
+    """A burst worker given a Job object: it starts, finds its queue empty, stops, and the
+    lease it may have taken is free at once."""
+    lines: list[str] = []
+    run_worker(
+        jobs=[leader_jobs.scheduled],
+        url=real_store.url,
+        prefix=real_store.prefix,
+        queues=[queue_name],
+        burst=True,
+        simple=True,
+        say=lines.append,
+    )
+    holder = real_store.client.hget(real_store.keys.tick_leader, "holder")
+    assert holder in (None, b"", ""), "the lease is freed when the worker stops"
+    records = real_store.client.hvals(real_store.keys.workers[0])
+    assert len(records) == 1 and b"stopped_at" in records[0], "it ran with its fleet watch"
+    assert all("tick" in line for line in lines), lines
