@@ -188,6 +188,7 @@ def worker(
             f"{'in-process' if simple else 'forking'}{', burst' if burst else ''}, "
             f"Redis {safe_url(settings.url)}"
             + (f", queues on {safe_url(settings.queue_url)}" if settings.queue_url else "")
+            + (f"; ticks {', '.join(jobs)} while the tick leader" if jobs else "")
         )
 
     leader = [TickLeader(store, rq_worker.name, jobs, typer.echo, tick_every)] if jobs else []
