@@ -17,8 +17,9 @@ import pytest
 from redis_lease import LeaseStore, run_worker
 from redis_lease.errors import InvalidInput
 from redis_lease.fleet.job import Job
-from redis_lease.fleet.tick.leader import check_jobs
+from redis_lease.fleet.tick.leader import TickLeader, check_jobs
 from redis_lease.fleet.tick.scheduler_tick import NOT_LEADER, tick
+from redis_lease.limits import TICK_LEADER_RENEW_MS, TICK_LEADER_TTL_MS
 from redis_lease.protocol.store.leader import (
     BUSY,
     STALE,
@@ -185,3 +186,31 @@ def test_run_worker_from_python_works_and_frees_the_lease_when_it_stops(
     records = real_store.client.hvals(real_store.keys.workers[0])
     assert len(records) == 1 and b"stopped_at" in records[0], "it ran with its fleet watch"
     assert all("tick" in line for line in lines), lines
+
+
+def test_two_leader_threads_one_leads_and_a_closed_one_hands_over_at_once(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    """In one process: one of two TickLeader threads leads and ticks; closed, it frees the
+    lease, and the other leads at its next try (one renewal period, not the lease's TTL)."""
+    said: list[str] = []
+    first = TickLeader(real_store, "w1", [NIGHTLY_PATH], said.append, every=1)
+    second = TickLeader(real_store, "w2", [NIGHTLY_PATH], said.append, every=1)
+    first.start()
+    wait_for(lambda: first.ticks > 0, 10, "w1 to lead and tick")
+    second.start()
+    try:
+        assert second.leadership is None and first.leadership == Leadership("w1", 1)
+        first.close()
+        since = time.monotonic()
+        wait_for(lambda: second.leadership, 2 * TICK_LEADER_RENEW_MS / 1000 + 1, "w2 to lead")
+        assert time.monotonic() - since < TICK_LEADER_TTL_MS / 1000, "not the lease's TTL"
+        assert second.leadership == Leadership("w2", 2)
+        wait_for(lambda: second.ticks > 0, 10, "w2 to tick")
+    finally:
+        second.close()
+        first.close()
+    assert [line.split(":")[0] for line in said if "tick leader (token" in line] == [
+        "worker w1",
+        "worker w2",
+    ]

@@ -84,6 +84,7 @@ class TickLeader(threading.Thread):
         self.say = say
         self.every = every
         self._done = threading.Event()
+        self._losing = threading.Lock()  # the renewals and the tick may both see a loss
         #: The lease held now, None while another holds it.
         self.leadership: Leadership | None = None
         self._renewed = 0.0
@@ -145,9 +146,10 @@ class TickLeader(threading.Thread):
             self._lose("its lease ran out unrenewed")
 
     def _lose(self, why: str) -> None:
-        if self.leadership is None:
-            return
-        token, self.leadership = self.leadership.token, None
+        with self._losing:
+            if self.leadership is None:
+                return
+            token, self.leadership = self.leadership.token, None
         self._tell(f"worker {self.worker}: no longer the tick leader (token {token}): {why}")
 
     def _tell(self, line: str) -> None:
