@@ -214,3 +214,24 @@ def test_two_leader_threads_one_leads_and_a_closed_one_hands_over_at_once(
         "worker w1",
         "worker w2",
     ]
+
+
+def test_a_leader_that_loses_its_lease_midway_stops_at_its_next_step(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    """The lease passes to w2 while w1's tick plans a run: the step under way (that run's
+    tick) ends, the next step does not start, and the decisions made so far are kept."""
+    store = real_store
+    me = Leadership("w1", hold_leadership(store, "w1", 10_000).token)
+    passed: list[int] = []
+
+    def lease_passes(run_id: str, planned: int) -> None:  # w1 stands still here
+        if not passed:
+            release_leadership(store, "w1")
+            passed.append(hold_leadership(store, "w2", 10_000).token)
+
+    made = tick(store, [NIGHTLY_PATH], now=T0, progress=lease_passes, leader=me)
+    kinds = [d.kind for d in made]
+    assert passed == [2]
+    assert kinds[0] == "create" and "plan" in kinds, kinds
+    assert kinds[-1] == NOT_LEADER and kinds.count(NOT_LEADER) == 1, kinds

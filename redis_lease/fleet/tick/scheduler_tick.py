@@ -55,6 +55,8 @@ TICK_LOCK_SECONDS = 60
 FAILURE_KINDS = ("error",)
 #: Told which run planned how many items so far (``redis-lease tick`` shows it).
 TickProgress = Callable[[str, int], None]
+#: The decision that ends a leader's tick once it no longer leads (recorded nowhere).
+NOT_LEADER = "not_leader"
 #: Asked before each step of a job's tick: may it go on (a leader's tick: does it still lead)?
 GoOn = Callable[[], bool]
 
@@ -107,10 +109,6 @@ def tick(
     return result
 
 
-#: The decision that ends a leader's tick once it no longer leads (recorded nowhere).
-NOT_LEADER = "not_leader"
-
-
 def _tick_path(
     store: LeaseStore,
     runs: Runs,
@@ -127,20 +125,20 @@ def _tick_path(
         if taken == BUSY:
             return []  # another tick of this job is at work, as with the plain lock
         if taken == STALE or not still_leading(store, leader, job.name, owner):
-            return [_not_leading(job, leader)]
+            return [_not_leading(job)]
         go_on = partial(still_leading, store, leader, job.name, owner)
         try:
             return _tick_locked(store, runs, path, job, now, progress, go_on)
-        except _NotLeading:
-            return [_not_leading(job, leader)]
+        except _NotLeading:  # before its first step
+            return [_not_leading(job)]
 
 
-def _not_leading(job: Job, leader: Leadership) -> Decision:
+def _not_leading(job: Job) -> Decision:
     return Decision(
         NOT_LEADER,
         job.name,
-        f"tick leader token {leader.token} no longer leads (or a newer one ticked this job): "
-        "this tick stops here",
+        "this tick's leader no longer leads (another worker holds the lease, or a newer "
+        "leader ticked this job): it stops here",
     )
 
 
@@ -201,20 +199,24 @@ def _tick_job_runs(
     go_on: GoOn,
 ) -> list[Decision]:
     """The job's tick after the mark was observed: lost runs, due runs, open runs; each
-    step only when ``go_on`` says yes (else :class:`_NotLeading` is raised)."""
-    _check(go_on)
-    first = _register(store, path, job, now, seen.id)
-    _check(go_on)
-    decisions = lost_runs.recover(store, runs, path, job, now, seen)
-    _check(go_on)
-    decisions += create_due_runs(store, runs, path, job, now, first)
-    for run_id in runs.open_runs(job.name):
+    step only when ``go_on`` says yes, else the decisions so far and a ``not_leader`` one."""
+    decisions: list[Decision] = []
+    try:
         _check(go_on)
-        told = partial(progress, run_id) if progress else None
-        work = partial(tick_run, store, runs, path, job, run_id, now, told)
-        decisions += _isolated(runs, run_id, work, True)
-    _check(go_on)
-    lost_runs.remember_open(store, runs, job)
+        first = _register(store, path, job, now, seen.id)
+        _check(go_on)
+        decisions += lost_runs.recover(store, runs, path, job, now, seen)
+        _check(go_on)
+        decisions += create_due_runs(store, runs, path, job, now, first)
+        for run_id in runs.open_runs(job.name):
+            _check(go_on)
+            told = partial(progress, run_id) if progress else None
+            work = partial(tick_run, store, runs, path, job, run_id, now, told)
+            decisions += _isolated(runs, run_id, work, True)
+        _check(go_on)
+        lost_runs.remember_open(store, runs, job)
+    except _NotLeading:
+        decisions.append(_not_leading(job))
     return decisions
 
 
