@@ -60,7 +60,8 @@ class Fleet:
         return f"scheduled:{self.fire.date().isoformat()}"
 
     def start(self, count: int) -> None:
-        """Starts ``count`` workers, each ticking the scheduled job when it leads."""
+        """Starts ``count`` workers, each ticking the scheduled job when it leads; the first
+        forks a work horse per shard job, the others run them in place (``--simple``)."""
         second, minute, hour = self.fire.second, self.fire.minute, self.fire.hour
         env = {
             "LEADER_SCHEDULE": f"{minute} {hour} * * * {second}",
@@ -70,7 +71,7 @@ class Fleet:
             name = f"{self.prefix}-w{n}"
             args = [*PROGRAM, "--url", self.url]
             args += ["--prefix", self.prefix, "worker", "--queue", f"{self.prefix}-q"]
-            args += ["--simple", "--name", name, "--job", JOB_PATH]
+            args += [*(["--simple"] if n else []), "--name", name, "--job", JOB_PATH]
             args += ["--tick-every", str(TICK_EVERY)]
             self.workers[name] = self.procs.start(args, env, name)
 
