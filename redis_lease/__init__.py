@@ -83,6 +83,7 @@ if TYPE_CHECKING:
         ReleaseRequest,
         RunStatus,
     )
+    from .runner import run_worker
 
 __all__ = [
     "ActiveLease",
@@ -169,6 +170,7 @@ __all__ = [
     "process_shard",
     "purge_queue",
     "resolve_effect",
+    "run_worker",
     "source",
     "tick_entry",
 ]
@@ -261,6 +263,7 @@ _LAZY = {
     "purge_queue": "fleet.shard_jobs",
     "TickResult": "fleet.tick.scheduler_tick",
     "tick_entry": "fleet.tick.scheduler_tick",
+    "run_worker": "runner",
 }
 
 #: Old names, importable with a DeprecationWarning for one release.

@@ -103,6 +103,14 @@ AGE_SAMPLES: int = default("age_samples")
 AGE_INTERVAL_MS: int = default("age_interval_ms")
 #: Days a lost run's record is kept after it was noticed.
 LOST_KEPT_DAYS: int = default("lost_kept_days")
+#: The tick leader's lease (ms), how often its holder renews it (ms), and how often the
+#: leader ticks its jobs (seconds): ``redis-lease worker --job`` (docs/concepts/tick-leader.md).
+TICK_LEADER_TTL_MS: int = default("tick_leader_ttl_ms")
+TICK_LEADER_RENEW_MS: int = default("tick_leader_renew_ms")
+TICK_EVERY: float = default("tick_every_ms") / 1000
+#: Seconds within which another worker ticks once the leader died or stopped: the lease runs
+#: out at most its TTL after the leader's last renewal, and every worker tries every renewal.
+TICK_TAKEOVER_BOUND: float = (TICK_LEADER_TTL_MS + TICK_LEADER_RENEW_MS) / 1000
 #: Entries kept in a run's decision log (a stream, XADD MAXLEN ~).
 RUN_LOG_CAP: int = default("run_log")
 #: Takeovers kept in the list of the latest ones.

@@ -99,6 +99,9 @@ OTHER_KEYS = {
     ("record_lost_run", "1"): _TALLIES,
     ("record_lost_run", "2"): f"{_JOB}:lost` (ad-hoc runs: {_ADHOC}:lost`)",
     ("observe_data_set", "1"): "`<prefix>:dataset`",
+    ("tick_leader", "1"): "`<prefix>:{tick_leader}`",
+    ("tick_lock", "1"): f"{_JOB}:tick`",
+    ("tick_lock", "2"): f"{_JOB}:tick:fence`",
 }
 _START = re.compile(r"^(KEYS\[[^\]]+\]|ARGV\[[^\]]+\]|\(no ARGV\)|Counters:|Log:|Returns:|Errors:)")
 _KIND = re.compile(r"\((id\??|int|num|json|text|one of [^)]+)(?:, bound ([a-z_]+))?\)")

@@ -36,6 +36,13 @@ from redis_lease.protocol.connection.clients import client_from_url
 from redis_lease.protocol.connection.server_checks import eviction_danger
 from redis_lease.protocol.scripts import KEY_COUNTS, observe
 from redis_lease.protocol.store.base import lock
+from redis_lease.protocol.store.leader import (
+    TAKEN,
+    Leadership,
+    fenced_lock,
+    hold_leadership,
+    release_leadership,
+)
 from redis_lease.protocol.values import CommitRequest
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, REPO, Processes, all_records, drive, fleet_env
@@ -111,6 +118,12 @@ def test_every_script_touches_one_hash_slot(
         assert lost_records.record(store, lost)
     assert job_tallies.count_missed(store, "nightly", ["2024-01-01"]) == ["2024-01-01"]
     assert data_set.observe(store, "nightly").loss is None
+    # The tick leader's lease and a job's tick lock fenced by its token.
+    lease = hold_leadership(store, "worker-1", 5000)
+    assert lease.held
+    with fenced_lock(store, "nightly", Leadership("worker-1", lease.token), 5000) as (taken, _):
+        assert taken == TAKEN
+    assert not release_leadership(store, "worker-1").held
     names = {name for name, _ in recorder.calls}
     assert names == set(KEY_COUNTS), f"not exercised: {set(KEY_COUNTS) - names}"
     spanning = [(name, slots) for name, slots in recorder.calls if len(slots) != 1]

@@ -109,11 +109,22 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"demo": ("demo",)},
     {"cli": ("cli",)},
 ]
-#: Above every layer: the package's face, ``python -m``, and the old modules kept for
-#: names stored outside the code (each hands on the names of the module that moved).
+#: Above every layer: the package's face, ``python -m``, the old modules kept for names
+#: stored outside the code (each hands on the names of the module that moved), and
+#: ``runner``: ``run_worker``, which joins the worker and the tick rooms of one layer.
 FACES = {
     f"redis_lease.{name}"
-    for name in ("__main__", "worker", "tick", "dispatch", "effects", "metrics", "scripts", "store")
+    for name in (
+        "__main__",
+        "worker",
+        "tick",
+        "dispatch",
+        "effects",
+        "metrics",
+        "scripts",
+        "store",
+        "runner",
+    )
 } | {"redis_lease"}
 
 

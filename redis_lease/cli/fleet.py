@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from ..fleet.run_states import RESUMABLE_STATES, SUCCEEDED, in_words
-from ..limits import METRICS_RUNS
+from ..limits import METRICS_RUNS, TICK_EVERY
 from .app import app
 from .shared import (
     JOBS_FAILED_EXIT,
@@ -131,8 +131,25 @@ def worker(
             help="Handlers each shard job runs at once (overrides the jobs' concurrency).",
         ),
     ] = None,
+    jobs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--job",
+            help="Also tick this job (package.module:attr, repeatable) while this worker is "
+            "the fleet's tick leader.",
+        ),
+    ] = None,
+    tick_every: Annotated[
+        float,
+        typer.Option("--tick-every", min=1.0, help="Seconds between two ticks of the leader."),
+    ] = TICK_EVERY,
 ) -> None:
     """Start an RQ worker set up for redis-lease shard jobs (JSON serializer).
+
+    With --job (repeatable) it also runs the scheduler's tick for those jobs, every
+    --tick-every seconds (60), while it holds the fleet's tick leader lease: one
+    worker of the fleet ticks; another takes over within 12 s of its death or pause.
+    Each job must import and be well formed, or the worker does not start (exit 2).
 
     Prints one line once started (a command the Redis user may not run is one error
     line and exit 6 instead), one per shard job (its run, shard, items committed and
@@ -144,10 +161,12 @@ def worker(
     Plain RQ works too: rq worker -u URL --serializer rq.serializers.JSONSerializer
     --job-class redis_lease.dispatch.JsonJob redis-lease
     """
+    from ..fleet.tick.leader import TickLeader, check_jobs
     from ..fleet.worker.rq_worker import DEFAULT_QUEUE, WorkerSettings, build_worker, run_worker
     from ..operate.output import error_line
     from ..protocol.connection.urls import safe_url
 
+    check_jobs(jobs or [])  # before anything starts: a bad path is one line, exit 2
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     wanted = WorkerSettings(
         queues=tuple(queues or [DEFAULT_QUEUE]),
@@ -169,9 +188,11 @@ def worker(
             f"{'in-process' if simple else 'forking'}{', burst' if burst else ''}, "
             f"Redis {safe_url(settings.url)}"
             + (f", queues on {safe_url(settings.queue_url)}" if settings.queue_url else "")
+            + (f"; ticks {', '.join(jobs)} while the tick leader" if jobs else "")
         )
 
-    run_worker(rq_worker, store, burst=burst, started=started)
+    leader = [TickLeader(store, rq_worker.name, jobs, typer.echo, tick_every)] if jobs else []
+    run_worker(rq_worker, store, burst=burst, started=started, beside=leader)
     done, failed, bad = rq_worker.shard_jobs, rq_worker.failed_shard_jobs, rq_worker.bad_jobs
     lost = rq_worker.lost_leases
     typer.echo(

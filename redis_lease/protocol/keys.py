@@ -31,6 +31,7 @@ OUTLIVE_RUNS = (
     "job_tallies",
     "job_counted_runs",
     "job_tick_lock",
+    "job_tick_fence",
     "provider",
     "jobs",
     "runs",
@@ -41,6 +42,7 @@ OUTLIVE_RUNS = (
     "takeovers",
     "workers",
     "bad_jobs",
+    "tick_leader",
 )
 
 
@@ -140,6 +142,11 @@ class Keys:
         """The lock of one tick of the job (string with a TTL)."""
         return f"{self.prefix}:job:{{{name}}}:tick"
 
+    def job_tick_fence(self, name: str) -> str:
+        """The newest tick leader's token that took the job's tick lock (string: a decimal
+        number, ``tick_lock.lua``)."""
+        return f"{self.job_tick_lock(name)}:fence"
+
     def _job_records(self, name: str) -> str:
         """Where a job's records of its runs start; ad-hoc runs' (``name`` "") have theirs."""
         return self.job(name) if name else f"{self.prefix}:{ADHOC_TAG}:{{{ADHOC_TAG}}}"
@@ -193,6 +200,12 @@ class Keys:
         """The worker processes' records (hash: name -> JSON) and beats (sorted set: name
         -> server ms), one hash tag for the script that writes both."""
         return [f"{self.prefix}:{{workers}}", f"{self.prefix}:{{workers}}:seen"]
+
+    @property
+    def tick_leader(self) -> str:
+        """The tick leader's lease (hash: holder, token, expires ms; ``tick_leader.lua``):
+        the one worker of the fleet that ticks."""
+        return f"{self.prefix}:{{tick_leader}}"
 
     @property
     def jobs(self) -> str:

@@ -131,6 +131,18 @@ class Transition(NamedTuple):
     now_ms: int
 
 
+class LeaderLease(NamedTuple):
+    """tick_leader: whether the caller holds the tick leader's lease now; the lease's token,
+    holder and expiry (ms, the server's clock; another's, or '' and 0 when none holds it);
+    the server's time."""
+
+    held: bool
+    token: int
+    holder: str
+    expires_ms: int
+    now_ms: int
+
+
 class EffectRecorded(NamedTuple):
     """record_effect: the previous state ('' when new), the stored record (JSON text) and
     the key it is stored under."""
@@ -292,4 +304,8 @@ DECODERS: dict[str, Callable[[Any], Any]] = {
     "count_missed": lambda reply: [_text(day) for day in reply],
     "record_lost_run": bool,
     "observe_data_set": _mark,
+    "tick_leader": lambda reply: LeaderLease(
+        bool(reply[0]), int(reply[1]), _text(reply[2]), int(reply[3]), int(reply[4])
+    ),
+    "tick_lock": int,
 }

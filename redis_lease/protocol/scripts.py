@@ -25,7 +25,8 @@ from .replies import DECODERS
 #: Each script and the number of KEYS it takes (commit takes more: its guarded keys). The
 #: scripts that end attempts take the shard's attempt log as their eighth key (LOGGED). The
 #: last ones keep the fleet's records: a run's failed shard jobs, its ages, a job's tallies
-#: and lost runs, the data set's mark.
+#: and lost runs, the data set's mark; the tick leader's lease and the fenced lock of a
+#: job's tick.
 KEY_COUNTS: dict[str, int] = {
     "add_items": 7,
     "claim": 8,
@@ -55,6 +56,8 @@ KEY_COUNTS: dict[str, int] = {
     "count_missed": 2,
     "record_lost_run": 2,
     "observe_data_set": 1,
+    "tick_leader": 1,
+    "tick_lock": 2,
 }
 
 #: The scripts that take the shard's attempt log as their eighth key: those that end attempts.

@@ -12,6 +12,12 @@ side remembers (:mod:`redis_lease.fleet.data_set`), then the job's lost runs, ma
 the schedule and catch-up policy cover them (:mod:`redis_lease.fleet.tick.lost_runs`); once a tick,
 the run index is looked through for lost ad-hoc runs. A loss found is not a failure of
 the tick: it is counted, named and acted on.
+
+A tick of the tick leader (``redis-lease worker --job``, :mod:`.leader`) is fenced by its
+token: it takes each job's lock through ``tick_lock.lua`` and asks, before each step
+(the data set's mark, the job's record, lost runs, due runs, each open run, the ad-hoc
+runs), whether it still leads; once not, it stops and says so in one ``not_leader``
+decision, recorded nowhere (docs/concepts/tick-leader.md).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from rq import get_current_job
 from ...errors import RedisLeaseError, RedisUnavailable
 from ...limits import DEFAULT_PREFIX
 from ...protocol.store.base import lock
+from ...protocol.store.leader import BUSY, STALE, Leadership, fenced_lock, still_leading
 from ...protocol.store.lease_store import LeaseStore
 from .. import data_set
 from ..job import Job, load_job
@@ -48,6 +55,15 @@ TICK_LOCK_SECONDS = 60
 FAILURE_KINDS = ("error",)
 #: Told which run planned how many items so far (``redis-lease tick`` shows it).
 TickProgress = Callable[[str, int], None]
+#: The decision that ends a leader's tick once it no longer leads (recorded nowhere).
+NOT_LEADER = "not_leader"
+#: Asked before each step of a job's tick: may it go on (a leader's tick: does it still lead)?
+GoOn = Callable[[], bool]
+
+
+class _NotLeading(BaseException):
+    """A leader's tick found, between two steps, that it no longer leads (a BaseException:
+    no isolation of a run's or a job's errors may take it for one)."""
 
 
 class TickResult(list[Decision]):
@@ -64,6 +80,7 @@ def tick(
     job_paths: Sequence[str],
     now: datetime | None = None,
     progress: TickProgress | None = None,
+    leader: Leadership | None = None,
 ) -> TickResult:
     """One tick for each job path (``package.module:attr``); returns the decisions made.
 
@@ -71,14 +88,21 @@ def tick(
     by it, so a test or a replay can tick at any time. ``progress`` is told the
     items planned so far while a run is planned. A job that fails (it cannot be
     imported, its tick raises) becomes an ``error`` decision and the other jobs
-    are still ticked. Raises RedisUnavailable when Redis cannot be reached at all.
+    are still ticked. ``leader``: the tick of the tick leader holding this lease,
+    fenced by its token (a job a newer leader ticked is skipped; once the lease is
+    another's, the tick stops with a ``not_leader`` decision). Raises
+    RedisUnavailable when Redis cannot be reached at all.
     """
     runs = Runs(store)
     moment = now or runs.server_now()
     result = TickResult()
     for path in job_paths:
-        work = partial(_tick_path, store, runs, path, moment, progress)
+        work = partial(_tick_path, store, runs, path, moment, progress, leader)
         result += _isolated(runs, path, work, False)
+        if result and result[-1].kind == NOT_LEADER:
+            return result
+    if leader is not None and not still_leading(store, leader):
+        return result
     result += _isolated(
         runs, "ad-hoc runs", partial(lost_runs.scan_index, store, runs, moment), False
     )
@@ -86,9 +110,36 @@ def tick(
 
 
 def _tick_path(
-    store: LeaseStore, runs: Runs, path: str, now: datetime, progress: TickProgress | None
+    store: LeaseStore,
+    runs: Runs,
+    path: str,
+    now: datetime,
+    progress: TickProgress | None,
+    leader: Leadership | None,
 ) -> list[Decision]:
-    return tick_job(store, runs, path, load_job(path), now, progress)
+    job = load_job(path)
+    if leader is None:
+        return tick_job(store, runs, path, job, now, progress)
+    ttl_ms = TICK_LOCK_SECONDS * 1000
+    with fenced_lock(store, job.name, leader, ttl_ms) as (taken, owner):
+        if taken == BUSY:
+            return []  # another tick of this job is at work, as with the plain lock
+        if taken == STALE or not still_leading(store, leader, job.name, owner):
+            return [_not_leading(job)]
+        go_on = partial(still_leading, store, leader, job.name, owner)
+        try:
+            return _tick_locked(store, runs, path, job, now, progress, go_on)
+        except _NotLeading:  # before its first step
+            return [_not_leading(job)]
+
+
+def _not_leading(job: Job) -> Decision:
+    return Decision(
+        NOT_LEADER,
+        job.name,
+        "this tick's leader no longer leads (another worker holds the lease, or a newer "
+        "leader ticked this job): it stops here",
+    )
 
 
 def tick_job(
@@ -110,12 +161,31 @@ def tick_job(
     with lock(store, store.keys.job_tick_lock(job.name), TICK_LOCK_SECONDS * 1000) as taken:
         if not taken:
             return []
-        seen = data_set.observe(store, job.name)
-        work = partial(_tick_job_runs, store, runs, path, job, now, seen, progress)
-        if seen.loss is None:
-            return work()
-        told = Decision("data_lost", job.name, seen.loss.reason)
-        return [told, *_isolated(runs, job.name, work, False)]  # told even if the rest fails
+        return _tick_locked(store, runs, path, job, now, progress, lambda: True)
+
+
+def _tick_locked(
+    store: LeaseStore,
+    runs: Runs,
+    path: str,
+    job: Job,
+    now: datetime,
+    progress: TickProgress | None,
+    go_on: GoOn,
+) -> list[Decision]:
+    """One tick of one job under its lock; ``go_on`` is asked before each step."""
+    _check(go_on)
+    seen = data_set.observe(store, job.name)
+    work = partial(_tick_job_runs, store, runs, path, job, now, seen, progress, go_on)
+    if seen.loss is None:
+        return work()
+    told = Decision("data_lost", job.name, seen.loss.reason)
+    return [told, *_isolated(runs, job.name, work, False)]  # told even if the rest fails
+
+
+def _check(go_on: GoOn) -> None:
+    if not go_on():
+        raise _NotLeading
 
 
 def _tick_job_runs(
@@ -126,16 +196,27 @@ def _tick_job_runs(
     now: datetime,
     seen: data_set.Observation,
     progress: TickProgress | None,
+    go_on: GoOn,
 ) -> list[Decision]:
-    """The job's tick after the mark was observed: lost runs, due runs, open runs."""
-    first = _register(store, path, job, now, seen.id)
-    decisions = lost_runs.recover(store, runs, path, job, now, seen)
-    decisions += create_due_runs(store, runs, path, job, now, first)
-    for run_id in runs.open_runs(job.name):
-        told = partial(progress, run_id) if progress else None
-        work = partial(tick_run, store, runs, path, job, run_id, now, told)
-        decisions += _isolated(runs, run_id, work, True)
-    lost_runs.remember_open(store, runs, job)
+    """The job's tick after the mark was observed: lost runs, due runs, open runs; each
+    step only when ``go_on`` says yes, else the decisions so far and a ``not_leader`` one."""
+    decisions: list[Decision] = []
+    try:
+        _check(go_on)
+        first = _register(store, path, job, now, seen.id)
+        _check(go_on)
+        decisions += lost_runs.recover(store, runs, path, job, now, seen)
+        _check(go_on)
+        decisions += create_due_runs(store, runs, path, job, now, first)
+        for run_id in runs.open_runs(job.name):
+            _check(go_on)
+            told = partial(progress, run_id) if progress else None
+            work = partial(tick_run, store, runs, path, job, run_id, now, told)
+            decisions += _isolated(runs, run_id, work, True)
+        _check(go_on)
+        lost_runs.remember_open(store, runs, job)
+    except _NotLeading:
+        decisions.append(_not_leading(job))
     return decisions
 
 

@@ -13,9 +13,9 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 from redis.exceptions import NoPermissionError
@@ -293,17 +293,30 @@ def build_worker(store: LeaseStore, settings: WorkerSettings) -> LeaseWorker | S
     return worker
 
 
+class Beside(Protocol):
+    """A thread a worker runs beside its RQ loop (the tick leader): started once the worker
+    started, closed when it stops."""
+
+    def start(self) -> None:
+        """Starts the thread."""
+
+    def close(self) -> None:
+        """Stops it, and undoes what it holds."""
+
+
 def run_worker(
     worker: LeaseWorker | SimpleLeaseWorker,
     store: LeaseStore,
     *,
     burst: bool = False,
     started: Callable[[], None] | None = None,
+    beside: Sequence[Beside] = (),
 ) -> None:
     """Works the worker's queues (until stopped, or until they are empty with ``burst``)
     with the fleet watch beside it: once RQ registered the worker, the watch's first beat
     and sweep (a refusal is raised as this library's error), then ``started``, then the
-    watch beats every second until the worker stops."""
+    watch beats every second until the worker stops. The threads of ``beside`` start
+    after ``started`` and are closed when the worker stops."""
     queues = worker.queue_names()
     watch = FleetWatch(
         store, worker.name, queues, say=worker.say, prefixes=lambda: worker.shard_prefixes
@@ -315,10 +328,16 @@ def run_worker(
         if started is not None:
             started()
         watch.start()
+        for thread in beside:
+            thread.start()
+            running.append(thread)
 
+    running: list[Beside] = []
     worker.started = on_started
     try:
         worker.work(burst=burst, logging_level="INFO" if worker.tracebacks else "WARNING")
     finally:
+        for thread in running:
+            thread.close()
         if watch.is_alive():
             watch.close()

@@ -1,0 +1,103 @@
+"""One call runs a worker process of the fleet from Python: :func:`run_worker`.
+
+It is what ``redis-lease worker --job ...`` runs: the RQ worker
+(:mod:`redis_lease.fleet.worker.rq_worker`), its fleet watch, and, given jobs, the tick
+leader (:mod:`redis_lease.fleet.tick.leader`). It stands above the layers, as the
+package's face does, because it joins two rooms of one layer (the worker and the tick)
+that may not import each other.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+from .errors import InvalidInput
+from .fleet.job import Job, load_job
+from .fleet.tick.leader import TickLeader, check_jobs
+from .fleet.worker.rq_worker import DEFAULT_QUEUE, WorkerSettings, build_worker
+from .fleet.worker.rq_worker import run_worker as work_queues
+from .limits import DEFAULT_PREFIX, TICK_EVERY
+from .protocol.store.lease_store import LeaseStore
+
+__all__ = ["run_worker"]
+
+
+def run_worker(
+    jobs: Sequence[str | Job] = (),
+    url: str = "redis://localhost:6379/0",
+    *,
+    queues: Sequence[str] = (DEFAULT_QUEUE,),
+    prefix: str = DEFAULT_PREFIX,
+    queue_url: str | None = None,
+    burst: bool = False,
+    simple: bool = False,
+    name: str | None = None,
+    concurrency: int | None = None,
+    tick_every: float = TICK_EVERY,
+    say: Callable[[str], None] | None = print,
+) -> None:
+    """Runs a worker of the fleet, as ``redis-lease worker --job ...`` does, until SIGTERM or
+    SIGINT (or, with ``burst``, until its queues are empty).
+
+    It works the shard jobs of ``queues`` with the fleet watch beside it (heartbeat, takeover
+    of dead workers' shard jobs). Given ``jobs``, it also runs the tick leader: while this
+    worker holds the fleet's tick leader lease (one per ``prefix``) it ticks the jobs every
+    ``tick_every`` seconds; when the leader dies or is paused another worker takes over
+    within :data:`~redis_lease.limits.TICK_TAKEOVER_BOUND` seconds
+    (docs/concepts/tick-leader.md). Each job is checked before anything starts.
+
+    Args:
+        jobs: the jobs to tick: import paths (``"app.jobs:nightly"``), or :class:`Job`
+            objects defined at the top level of an importable module (the tick records the
+            path and the shard jobs import it).
+        url: the lease store's Redis.
+        queues: the RQ queues to work.
+        prefix: the key prefix of the store.
+        queue_url: RQ's Redis when it is not ``url``'s (required when ``url`` is a cluster).
+        burst: stop once the queues are empty.
+        simple: run shard jobs in this process (no fork per job).
+        name: the worker's name (default: a new random one).
+        concurrency: handlers each shard job runs at once (default: the jobs' own).
+        tick_every: seconds between two ticks of the leader (at least 1).
+        say: where the worker's lines go (started, shard jobs, leadership, ticks); None
+            for nowhere.
+
+    Raises:
+        InvalidInput: a job does not import or is not well formed, or an option is wrong.
+        RedisUnavailable: Redis cannot be reached, or refuses what a worker needs.
+    """
+    if tick_every < 1:
+        raise InvalidInput(f"tick_every {tick_every} is under 1 second: give 1 or more")
+    paths = [job if isinstance(job, str) else _path_of(job) for job in jobs]
+    check_jobs(paths)
+    settings = WorkerSettings(
+        queues=tuple(queues),
+        simple=simple,
+        name=name,
+        concurrency=concurrency,
+        lease_url=url if queue_url else None,
+        say=say,
+    )
+    store = LeaseStore.from_url(url, prefix, queue_url=queue_url)
+    try:
+        worker = build_worker(store, settings)
+        leader = [TickLeader(store, worker.name, paths, say, tick_every)] if paths else []
+        work_queues(worker, store, burst=burst, beside=leader)
+    finally:
+        store.close()
+
+
+def _path_of(job: Job) -> str:
+    """The import path of a Job object: the module-level name that holds it."""
+    module = getattr(job.plan_items or job.handle_item, "__module__", None)
+    if module and module != "__main__":
+        for attr, value in vars(sys.modules[module]).items():
+            if value is job:
+                path = f"{module}:{attr}"
+                if load_job(path) is job:
+                    return path
+    raise InvalidInput(
+        f"job {job.name!r} is not defined at the top level of an importable module: give "
+        "its import path, e.g. run_worker(jobs=['app.jobs:nightly'])"
+    )

@@ -1,0 +1,237 @@
+"""The tick leader's lease (tick_leader.lua), a job's tick lock fenced by its token
+(tick_lock.lua), and a leader's tick that no longer leads: it changes nothing.
+
+The worker processes that hold the lease and tick are in tests/test_tick_leader_fleet.py.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from datetime import time as clock
+
+import pytest
+
+from redis_lease import LeaseStore, run_worker
+from redis_lease.errors import InvalidInput
+from redis_lease.fleet.job import Job
+from redis_lease.fleet.tick.leader import TickLeader, check_jobs
+from redis_lease.fleet.tick.scheduler_tick import NOT_LEADER, tick
+from redis_lease.limits import TICK_LEADER_RENEW_MS, TICK_LEADER_TTL_MS
+from redis_lease.protocol.store.leader import (
+    BUSY,
+    STALE,
+    TAKEN,
+    Leadership,
+    fenced_lock,
+    hold_leadership,
+    release_leadership,
+    still_leading,
+)
+from tests import leader_jobs
+from tests.fleet_helpers import NIGHTLY_PATH, Configure, configure_nightly, wait_for
+from tests.helpers import keys_under, stable_dump
+
+#: 30 seconds after the nightly job's 02:00 start tomorrow (UTC), as tests/test_tick.py.
+DAY = datetime.now(UTC).date() + timedelta(days=1)
+T0 = datetime.combine(DAY, clock(2, 0, 30), UTC)
+
+
+@pytest.fixture
+def nightly(real_store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[Configure]:
+    """The nightly job on an RQ queue of this test's own."""
+    yield from configure_nightly(real_store, monkeypatch, items=4)
+
+
+def test_one_holder_at_a_time_and_a_new_token_for_each_new_holder(store: LeaseStore) -> None:
+    first = hold_leadership(store, "w1", 10_000)
+    assert (first.held, first.token, first.holder) == (True, 1, "w1")
+    assert first.expires_ms - first.now_ms == 10_000
+    other = hold_leadership(store, "w2", 10_000)
+    assert (other.held, other.token, other.holder) == (False, 1, "w1")
+    renewed = hold_leadership(store, "w1", 10_000)
+    assert (renewed.held, renewed.token) == (True, 1), "a holder renews with its token"
+    assert release_leadership(store, "w2").holder == "w1", "another's release changes nothing"
+    released = release_leadership(store, "w1")
+    assert (released.held, released.token, released.holder) == (False, 1, "")
+    taken = hold_leadership(store, "w2", 10_000)
+    assert (taken.held, taken.token) == (True, 2), "released: another takes it at once"
+
+
+def test_an_expired_lease_goes_to_the_next_that_asks_with_the_next_token(
+    store: LeaseStore,
+) -> None:
+    assert hold_leadership(store, "w1", 50).held
+    taken = wait_for(
+        lambda: (lease := hold_leadership(store, "w2", 10_000)).held and lease,
+        5,
+        "the expired lease to be taken",
+    )
+    assert taken.token == 2
+    back = hold_leadership(store, "w1", 10_000)
+    assert (back.held, back.holder) == (False, "w2"), "the old holder does not get it back"
+
+
+def test_the_job_lock_refuses_an_older_token_and_yields_to_a_newer_one(
+    store: LeaseStore,
+) -> None:
+    with fenced_lock(store, "nightly", Leadership("w1", 1), 60_000) as (taken, owner):
+        assert taken == TAKEN
+        with fenced_lock(store, "nightly", Leadership("w1", 1), 60_000) as (again, _):
+            assert again == BUSY, "the same token: the lock is held"
+        with fenced_lock(store, "nightly", Leadership("w2", 2), 60_000) as (newer, newer_owner):
+            assert newer == TAKEN, "a newer leader takes it from an older one at once"
+            assert store.client.get(store.keys.job_tick_lock("nightly")) in (
+                newer_owner,
+                newer_owner.encode(),
+            )
+        assert owner != newer_owner
+    with fenced_lock(store, "nightly", Leadership("w1", 1), 60_000) as (late, _):
+        assert late == STALE, "once a newer leader took it, an older one is refused for good"
+    assert store.client.get(store.keys.job_tick_fence("nightly")) in (b"2", "2")
+
+
+def test_still_leading_asks_the_lease_and_the_job_lock(store: LeaseStore) -> None:
+    lease = hold_leadership(store, "w1", 10_000)
+    me = Leadership("w1", lease.token)
+    with fenced_lock(store, "nightly", me, 60_000) as (_, owner):
+        assert still_leading(store, me, "nightly", owner)
+        assert not still_leading(store, me, "nightly", "someone-else")
+        release_leadership(store, "w1")
+        assert not still_leading(store, me, "nightly", owner)
+        assert not still_leading(store, me)
+
+
+def test_a_late_tick_of_a_former_leader_changes_nothing(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    """Leader w1 (token 1) is paused; w2 takes over (token 2) and ticks; w1's late tick,
+    given the same clock, returns a not_leader decision and leaves every key as it was."""
+    store = real_store
+    assert hold_leadership(store, "w1", 1).token == 1
+    time.sleep(0.005)  # the 1 ms lease runs out: w1 stands for a worker paused past it
+    lease = hold_leadership(store, "w2", 10_000)
+    assert (lease.held, lease.token) == (True, 2)
+    made = tick(store, [NIGHTLY_PATH], now=T0, leader=Leadership("w2", 2))
+    assert [d.kind for d in made].count("create") == 1
+    before = {key: stable_dump(store.client, key) for key in keys_under(store.client, store.prefix)}
+    later = T0 + timedelta(minutes=1)
+    late = tick(store, [NIGHTLY_PATH], now=later, leader=Leadership("w1", 1))
+    assert [d.kind for d in late] == [NOT_LEADER]
+    after = {key: stable_dump(store.client, key) for key in keys_under(store.client, store.prefix)}
+    assert after == before, "the late tick wrote something"
+    again = tick(store, [NIGHTLY_PATH], now=later, leader=Leadership("w2", 2))
+    assert NOT_LEADER not in [d.kind for d in again], "the leader itself still ticks"
+
+
+def test_a_leader_that_lost_its_lease_stops_before_its_first_step(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    """No newer leader ticked the job yet, but the lease is another's: still nothing written."""
+    store = real_store
+    hold_leadership(store, "w1", 1)
+    time.sleep(0.005)
+    assert hold_leadership(store, "w2", 10_000).held
+    before = {key: stable_dump(store.client, key) for key in keys_under(store.client, store.prefix)}
+    late = tick(store, [NIGHTLY_PATH], now=T0, leader=Leadership("w1", 1))
+    assert [d.kind for d in late] == [NOT_LEADER]
+    after = {key: stable_dump(store.client, key) for key in keys_under(store.client, store.prefix)}
+    fence = store.keys.job_tick_fence("nightly")
+    assert {k: v for k, v in after.items() if k != fence} == before, "only the fence moved"
+
+
+def test_jobs_are_checked_before_a_worker_starts() -> None:
+    assert [job.name for job in check_jobs([NIGHTLY_PATH])] == ["nightly"]
+    with pytest.raises(InvalidInput, match=re.escape("cannot import 'tests.no_such_module'")):
+        check_jobs(["tests.no_such_module:job"])
+    with pytest.raises(InvalidInput, match=re.escape("must look like package.module:attr")):
+        check_jobs(["tests.fleet_jobs"])
+    with pytest.raises(InvalidInput, match=re.escape("is a function, not a redis_lease.Job")):
+        check_jobs(["tests.fleet_jobs:item_id"])
+    with pytest.raises(InvalidInput, match=r"has no handler: decorate a function with @bare"):
+        check_jobs(["tests.leader_jobs:bare"])
+
+
+def test_run_worker_from_python_checks_its_jobs_first(redis_url: str, prefix: str) -> None:
+    with pytest.raises(InvalidInput, match=r"has no handler"):
+        run_worker(jobs=["tests.leader_jobs:bare"], url="redis://127.0.0.1:1/0", prefix=prefix)
+    here = Job("here", schedule="0 0 29 2 *")  # in no module's globals: no path to import
+    here.planner(leader_jobs.plan)
+    here.handler(leader_jobs.handle)
+    with pytest.raises(InvalidInput, match=r"not defined at the top level"):
+        run_worker(jobs=[here], url=redis_url, prefix=prefix)
+    with pytest.raises(InvalidInput, match=r"tick_every 0.5 is under 1 second"):
+        run_worker(jobs=[leader_jobs.scheduled], url=redis_url, tick_every=0.5)
+
+
+def test_run_worker_from_python_works_and_frees_the_lease_when_it_stops(
+    real_store: LeaseStore, queue_name: str
+) -> None:
+    """A burst worker given a Job object: it starts, finds its queue empty, stops, and the
+    lease it may have taken is free at once."""
+    lines: list[str] = []
+    run_worker(
+        jobs=[leader_jobs.scheduled],
+        url=real_store.url,
+        prefix=real_store.prefix,
+        queues=[queue_name],
+        burst=True,
+        simple=True,
+        say=lines.append,
+    )
+    holder = real_store.client.hget(real_store.keys.tick_leader, "holder")
+    assert holder in (None, b"", ""), "the lease is freed when the worker stops"
+    records = real_store.client.hvals(real_store.keys.workers[0])
+    assert len(records) == 1 and b"stopped_at" in records[0], "it ran with its fleet watch"
+    assert all("tick" in line for line in lines), lines
+
+
+def test_two_leader_threads_one_leads_and_a_closed_one_hands_over_at_once(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    """In one process: one of two TickLeader threads leads and ticks; closed, it frees the
+    lease, and the other leads at its next try (one renewal period, not the lease's TTL)."""
+    said: list[str] = []
+    first = TickLeader(real_store, "w1", [NIGHTLY_PATH], said.append, every=1)
+    second = TickLeader(real_store, "w2", [NIGHTLY_PATH], said.append, every=1)
+    first.start()
+    wait_for(lambda: first.ticks > 0, 10, "w1 to lead and tick")
+    second.start()
+    try:
+        assert second.leadership is None and first.leadership == Leadership("w1", 1)
+        first.close()
+        since = time.monotonic()
+        wait_for(lambda: second.leadership, 2 * TICK_LEADER_RENEW_MS / 1000 + 1, "w2 to lead")
+        assert time.monotonic() - since < TICK_LEADER_TTL_MS / 1000, "not the lease's TTL"
+        assert second.leadership == Leadership("w2", 2)
+        wait_for(lambda: second.ticks > 0, 10, "w2 to tick")
+    finally:
+        second.close()
+        first.close()
+    assert [line.split(":")[0] for line in said if "tick leader (token" in line] == [
+        "worker w1",
+        "worker w2",
+    ]
+
+
+def test_a_leader_that_loses_its_lease_midway_stops_at_its_next_step(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    """The lease passes to w2 while w1's tick plans a run: the step under way (that run's
+    tick) ends, the next step does not start, and the decisions made so far are kept."""
+    store = real_store
+    me = Leadership("w1", hold_leadership(store, "w1", 10_000).token)
+    passed: list[int] = []
+
+    def lease_passes(run_id: str, planned: int) -> None:  # w1 stands still here
+        if not passed:
+            release_leadership(store, "w1")
+            passed.append(hold_leadership(store, "w2", 10_000).token)
+
+    made = tick(store, [NIGHTLY_PATH], now=T0, progress=lease_passes, leader=me)
+    kinds = [d.kind for d in made]
+    assert passed == [2]
+    assert kinds[0] == "create" and "plan" in kinds, kinds
+    assert kinds[-1] == NOT_LEADER and kinds.count(NOT_LEADER) == 1, kinds
