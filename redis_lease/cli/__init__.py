@@ -4,8 +4,8 @@ The app and its error door are in :mod:`.app`; what the commands share (the stor
 shared options, parsers) in :mod:`.shared`. One module per audience adds its commands to
 the app with ``@app.command()``, and is registered here, in one place: :mod:`.leases`
 (items and leases), :mod:`.operator` and :mod:`.status` (operator views: runs, items, dead
-items, one item, a run's status), :mod:`.fleet` (jobs and the worker fleet),
-:mod:`.schedules` (schedules and backfill), :mod:`.capacity` (plan-capacity),
+items, one item, a run's status, waiting for a run to end), :mod:`.fleet` (jobs and the
+worker fleet), :mod:`.schedules` (schedules and backfill), :mod:`.capacity` (plan-capacity),
 :mod:`.dashboard` and :mod:`.protocol` (the protocol stamp).
 """
 
