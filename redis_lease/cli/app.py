@@ -23,6 +23,7 @@ import typer
 from typer.core import TyperGroup
 
 from ..limits import DEFAULT_PREFIX, INSECURE_ENV
+from .plain_values import read_plainly
 from .shared import DEFAULT_URL, Settings
 
 #: Set to 1 to let unexpected exceptions show their traceback.
@@ -126,6 +127,7 @@ class LeaseGroup(TyperGroup):
         **extra: Any,
     ) -> Any:
         """Runs the command line; with ``standalone_mode=False`` errors propagate."""
+        read_plainly()  # values of plain types without pydantic's import
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         try:
