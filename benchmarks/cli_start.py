@@ -61,7 +61,7 @@ def command_names() -> list[str]:
     from redis_lease.cli import app
 
     group = typer.main.get_command(app)
-    return sorted(getattr(group, "commands", {}))
+    return sorted(group.list_commands(typer.Context(group)))  # type: ignore[attr-defined]
 
 
 def wall_time(argv: list[str]) -> float:

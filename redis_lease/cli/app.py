@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from importlib import import_module
 from typing import Annotated, Any
 
 import typer
@@ -28,6 +29,34 @@ from .shared import DEFAULT_URL, Settings
 
 #: Set to 1 to let unexpected exceptions show their traceback.
 DEBUG_ENV = "REDIS_LEASE_DEBUG"
+#: The modules of this package that add commands, in the order ``--help`` lists them.
+COMMAND_MODULES = (
+    "capacity",
+    "dashboard",
+    "fleet",
+    "leases",
+    "operator",
+    "protocol",
+    "schedules",
+    "status",
+)
+#: The module that adds each command: a command line imports only its command's module
+#: (a name not here imports them all; tests/test_extras.py checks this list is whole).
+COMMAND_HOMES = {
+    "plan-capacity": "capacity",
+    "dashboard": "dashboard",
+    **dict.fromkeys(
+        ("tick", "start", "worker", "resume", "finalize", "cancel", "demo", "metrics"), "fleet"
+    ),
+    **dict.fromkeys(
+        ("add", "claim", "renew", "commit", "fail", "release", "reap", "requeue"), "leases"
+    ),
+    **dict.fromkeys(("runs", "items", "dead", "inspect", "resolve-effect"), "operator"),
+    "protocol": "protocol",
+    "backfill": "schedules",
+    "schedule": "schedules",
+    **dict.fromkeys(("status", "workers", "wait"), "status"),
+}
 
 
 def report(error: Exception) -> int:
@@ -101,7 +130,36 @@ def show_warning(
 
 
 class LeaseGroup(TyperGroup):
-    """The root command: turns every failure into one stderr line and an exit code."""
+    """The root command: turns every failure into one stderr line and an exit code.
+
+    Its commands are made when first named: a command line imports the module of its
+    command (:data:`COMMAND_HOMES`) and not the others; listing them imports them all.
+    """
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        """The command ``cmd_name``, its module imported now when it was not yet."""
+        if cmd_name not in self.commands:
+            home = COMMAND_HOMES.get(cmd_name)
+            self._add_commands(COMMAND_MODULES if home is None else (home,))
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """Every command's name, in the order of :data:`COMMAND_MODULES`."""
+        self._add_commands(COMMAND_MODULES)
+        return super().list_commands(ctx)
+
+    def _add_commands(self, modules: Iterable[str]) -> None:
+        """Imports ``modules`` and adds the commands they registered on :data:`app`."""
+        for module in modules:
+            import_module(f"{__package__}.{module}")
+        if len(app.registered_commands) + len(app.registered_groups) == len(self.commands):
+            return  # each made already
+        import typer.main
+
+        order = {f"{__package__}.{module}": index for index, module in enumerate(COMMAND_MODULES)}
+        app.registered_commands.sort(key=lambda info: order.get(info.callback.__module__, 99))
+        built = typer.main.get_group(app).commands
+        self.commands = {name: self.commands.get(name, command) for name, command in built.items()}
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         """The command named first in ``args``; a command's ``--help`` is shown here, before
