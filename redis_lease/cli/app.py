@@ -114,6 +114,11 @@ def _global_option_hint(error: Exception) -> str | None:
     )
 
 
+def _function(command: Any) -> Any:
+    """The function a command made by typer runs (None for a group)."""
+    return getattr(getattr(command, "callback", None), "__wrapped__", None)
+
+
 def show_warning(
     message: Warning | str,
     category: type[Warning],
@@ -144,22 +149,32 @@ class LeaseGroup(TyperGroup):
         return super().get_command(ctx, cmd_name)
 
     def list_commands(self, ctx: Any) -> list[str]:
-        """Every command's name, in the order of :data:`COMMAND_MODULES`."""
+        """Every command's name: those of :data:`COMMAND_MODULES` in its order (each
+        module's in the order it adds them), then the groups (``schedule``)."""
         self._add_commands(COMMAND_MODULES)
-        return super().list_commands(ctx)
+        rank = {f"{__package__}.{module}": index for index, module in enumerate(COMMAND_MODULES)}
+        infos = sorted(app.registered_commands, key=lambda i: rank.get(i.callback.__module__, 99))
+        place = {info.callback: index for index, info in enumerate(infos)}
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda name: place.get(_function(self.commands[name]), 999))
 
     def _add_commands(self, modules: Iterable[str]) -> None:
-        """Imports ``modules`` and adds the commands they registered on :data:`app`."""
+        """Imports ``modules`` and makes the commands they added to :data:`app`."""
         for module in modules:
             import_module(f"{__package__}.{module}")
-        if len(app.registered_commands) + len(app.registered_groups) == len(self.commands):
-            return  # each made already
+        made = {_function(command) for command in self.commands.values()}
+        commands = [info for info in app.registered_commands if info.callback not in made]
+        groups = [info for info in app.registered_groups if info.name not in self.commands]
+        if not commands and not groups:
+            return
         import typer.main
 
-        order = {f"{__package__}.{module}": index for index, module in enumerate(COMMAND_MODULES)}
-        app.registered_commands.sort(key=lambda info: order.get(info.callback.__module__, 99))
-        built = typer.main.get_group(app).commands
-        self.commands = {name: self.commands.get(name, command) for name, command in built.items()}
+        new = typer.Typer(
+            rich_markup_mode=app.rich_markup_mode,
+            pretty_exceptions_short=app.pretty_exceptions_short,
+        )
+        new.registered_commands, new.registered_groups = commands, groups
+        self.commands.update(typer.main.get_group(new).commands)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         """The command named first in ``args``; a command's ``--help`` is shown here, before
