@@ -57,6 +57,15 @@ COMMAND_HOMES = {
     "schedule": "schedules",
     **dict.fromkeys(("status", "workers", "wait"), "status"),
 }
+#: The commands that run no code but this package's (no job module, handler or web app):
+#: they start with redis-py's asyncio client deferred (:mod:`.deferred`).
+QUICK_COMMANDS = frozenset(
+    (
+        *("status", "workers", "wait", "runs", "items", "dead", "inspect", "resolve-effect"),
+        *("add", "claim", "renew", "commit", "fail", "release", "reap", "requeue"),
+        *("resume", "cancel", "finalize", "protocol"),
+    )
+)
 
 
 def report(error: Exception) -> int:
@@ -180,6 +189,10 @@ class LeaseGroup(TyperGroup):
         """The command named first in ``args``; a command's ``--help`` is shown here, before
         the global options are checked (their checks import Redis's client: help needs none)."""
         name, command, rest = super().resolve_command(ctx, args)
+        if name in QUICK_COMMANDS:
+            from .deferred import REDIS_ASYNCIO, defer
+
+            defer(REDIS_ASYNCIO)  # before redis-py is imported (a no-op after)
         asked = rest[: rest.index("--")] if "--" in rest else rest
         if command is not None and set(asked) & set(ctx.help_option_names):
             try:  # prints the help and exits, unless --help was an option's value
