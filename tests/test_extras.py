@@ -211,6 +211,7 @@ def test_a_view_of_a_real_run_imports_only_what_it_uses(
     real_store.add("r", [Item("a", {"n": 1}), Item("b", {"n": 2})], shards=2)
     others = {"redis_lease.cli.fleet", "redis_lease.cli.leases", "redis_lease.cli.schedules"}
     heavy = {*NOT_FOR_A_VIEW, "croniter", "rich", *others}  # rich: a terminal's tables only
+    heavy |= {"redis.asyncio.client", "opentelemetry.trace"}  # redis.asyncio is deferred
     line = loaded(heavy, "--url", redis_url, "--prefix", real_store.prefix, *args, "--json")
     assert line == "loaded: []"
 
@@ -234,3 +235,32 @@ def test_each_command_is_listed_with_the_module_that_adds_it() -> None:
     assert sorted(names) == sorted(homes)
     assert {name: f"redis_lease.cli.{module}" for name, module in COMMAND_HOMES.items()} == homes
     assert set(COMMAND_HOMES.values()) == set(COMMAND_MODULES)
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        "from redis.asyncio import Redis; assert Redis.__module__ == 'redis.asyncio.client'",
+        "import redis.asyncio as a; assert a.Redis is a.client.Redis and a.StrictRedis",
+        "from redis.asyncio import *; assert Redis and RedisCluster",
+        "import redis.asyncio.client as c, redis.asyncio as a; assert a.Redis is c.Redis",
+    ],
+)
+def test_a_deferred_redis_asyncio_runs_when_first_used(use: str) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from redis_lease.cli.deferred import REDIS_ASYNCIO, defer
+        assert defer(REDIS_ASYNCIO)
+        import redis
+        assert "redis.asyncio.client" not in sys.modules, "not run by import redis"
+        {use}
+        assert type(sys.modules["redis.asyncio"]).__name__ == "module"
+        assert not defer(REDIS_ASYNCIO), "once imported, left alone"
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "ok", done.stderr

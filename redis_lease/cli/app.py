@@ -189,10 +189,6 @@ class LeaseGroup(TyperGroup):
         """The command named first in ``args``; a command's ``--help`` is shown here, before
         the global options are checked (their checks import Redis's client: help needs none)."""
         name, command, rest = super().resolve_command(ctx, args)
-        if name in QUICK_COMMANDS:
-            from .deferred import REDIS_ASYNCIO, defer
-
-            defer(REDIS_ASYNCIO)  # before redis-py is imported (a no-op after)
         asked = rest[: rest.index("--")] if "--" in rest else rest
         if command is not None and set(asked) & set(ctx.help_option_names):
             try:  # prints the help and exits, unless --help was an option's value
@@ -201,6 +197,10 @@ class LeaseGroup(TyperGroup):
                 raise
             except Exception:  # a usage error: reported as usual, after the global options
                 pass
+        if name in QUICK_COMMANDS:
+            from .deferred import REDIS_ASYNCIO, defer
+
+            defer(REDIS_ASYNCIO)  # before redis-py is imported (a no-op after)
         return name, command, rest
 
     def main(
