@@ -5,9 +5,10 @@ that a change of the machine's load reaches every command alike; the figures are
 medians over ``--rounds`` rounds of the wall time from start to exit, and each command's
 ratio to ``rq --help`` measured in the same run (below 1.0: faster than ``rq --help``).
 
-Measured: ``redis-lease --help``, ``redis-lease status --help``, ``redis-lease runs``
-and ``redis-lease status`` (both against a private redis-server the benchmark starts,
-holding one run), ``rq --help``; with ``--every-command`` also each command's ``--help``.
+Measured: ``redis-lease --help``, ``redis-lease status --help``, ``redis-lease runs``,
+``redis-lease status RUN``, ``redis-lease workers`` and ``redis-lease inspect RUN ITEM``
+(against a private redis-server the benchmark starts, holding one run), ``rq --help``;
+with ``--every-command`` also each command's ``--help``.
 
 Usage::
 
@@ -46,6 +47,8 @@ def commands(url: str, every_command: bool) -> dict[str, list[str]]:
         "redis-lease status --help": [lease, "status", "--help"],
         "redis-lease runs": [lease, "--url", url, "--prefix", "clistart", "runs"],
         "redis-lease status": [lease, "--url", url, "--prefix", "clistart", "status", "r"],
+        "redis-lease workers": [lease, "--url", url, "--prefix", "clistart", "workers"],
+        "redis-lease inspect": [lease, "--url", url, "--prefix", "clistart", "inspect", "r", "i7"],
         BASELINE: [str(BIN / "rq"), "--help"],
     }
     if every_command:
@@ -61,13 +64,19 @@ def command_names() -> list[str]:
     from redis_lease.cli import app
 
     group = typer.main.get_command(app)
-    return sorted(getattr(group, "commands", {}))
+    return sorted(group.list_commands(typer.Context(group)))  # type: ignore[attr-defined]
+
+
+#: The commands' environment: bytecode written (the warm-up writes it), as an installed
+#: package has it; with ``PYTHONDONTWRITEBYTECODE`` a checkout's modules would be compiled
+#: from source on every start, and installed packages (``rq``'s) would not.
+ENV = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
 
 
 def wall_time(argv: list[str]) -> float:
     """Seconds from start to exit of ``argv``; its output is dropped, a failure raised."""
     started = time.perf_counter()
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True)
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV, check=True)
     return time.perf_counter() - started
 
 

@@ -1,6 +1,8 @@
 """Old public names kept for one release: each use warns with a DeprecationWarning
 that names the new one, and then does what the new name does. Old module paths too:
-the modules that moved into layer folders (0.10.0) import under their old names."""
+the modules that moved into layer folders (0.10.0) import under their old names, and
+those that names stored outside the code still use (:data:`KEPT_MODULES`) import without
+a warning."""
 
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ import importlib
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
-from importlib.abc import Loader, MetaPathFinder
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
 
 #: Old module path -> where the module is now; each import of an old path warns.
 MOVED_MODULES = {
@@ -89,6 +93,24 @@ SPLIT_MODULES = {
     ),
 }
 
+#: Old module path -> where its names are now, imported WITHOUT a warning: stored RQ jobs
+#: name ``redis_lease.worker.process_shard``, installed schedules
+#: ``redis_lease.tick.tick_entry``, command lines ``redis_lease.dispatch.JsonJob``, and the
+#: README's imports the others. One part: the old path is that module under a second name;
+#: more: a module that hands on the names of each (the first part's where two share one).
+KEPT_MODULES: dict[str, tuple[str, ...]] = {
+    "redis_lease.worker": ("redis_lease.fleet.worker.shard_job",),
+    "redis_lease.tick": (
+        "redis_lease.fleet.tick.scheduler_tick",
+        "redis_lease.fleet.tick.open_runs",
+    ),
+    "redis_lease.dispatch": ("redis_lease.fleet.shard_jobs", "redis_lease.fleet.worker.rq_worker"),
+    "redis_lease.effects": ("redis_lease.fleet.effects",),
+    "redis_lease.metrics": ("redis_lease.operate.metrics.collector",),
+    "redis_lease.scripts": ("redis_lease.protocol.scripts",),
+    "redis_lease.store": ("redis_lease.protocol.store.lease_store",),
+}
+
 #: Old ``module.name`` -> the module that holds the name now; each use warns.
 MOVED_NAMES = {
     "redis_lease.errors.SCRIPT_CODES": "redis_lease.protocol.error_replies",
@@ -148,20 +170,29 @@ def joined_module(name: str, parts: Sequence[ModuleType]) -> ModuleType:
     return joined
 
 
-class MovedModules(MetaPathFinder, Loader):
+class MovedModules:
     """Imports a moved module under its old path (:data:`MOVED_MODULES`), with a warning: the
     old name is bound to the moved module itself, so it is one module under two names. A
-    module split by concept (:data:`SPLIT_MODULES`) imports as one that joins its parts."""
+    module split by concept (:data:`SPLIT_MODULES`) imports as one that joins its parts. A
+    kept path (:data:`KEPT_MODULES`) imports the same ways, without a warning.
+
+    A finder and loader of the import system (``importlib.abc.MetaPathFinder`` and
+    ``Loader`` in all but name: that module takes a while to import, at every start)."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
         """A spec for an old path, else None (the usual finders go first)."""
-        moved = fullname in MOVED_MODULES or fullname in SPLIT_MODULES
-        return ModuleSpec(fullname, self) if moved else None
+        moved = fullname in MOVED_MODULES or fullname in SPLIT_MODULES or fullname in KEPT_MODULES
+        return ModuleSpec(fullname, cast("Loader", self)) if moved else None
 
     def create_module(self, spec: ModuleSpec) -> ModuleType:
         """The moved module (or its parts joined), after a warning that names the new paths."""
+        kept = KEPT_MODULES.get(spec.name)
+        if kept is not None:
+            if len(kept) == 1:
+                return importlib.import_module(kept[0])
+            return joined_module(spec.name, [importlib.import_module(p) for p in kept])
         new = MOVED_MODULES.get(spec.name)
         if new is None:
             parts = SPLIT_MODULES[spec.name]

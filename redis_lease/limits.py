@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 
 def lua_dir() -> Path:
     """The folder of the scripts: inside the installed package, else the source tree."""
-    packaged = Path(str(resources.files("redis_lease"))) / "lua"
+    # the package's own folder (what importlib.resources.files names for a package on
+    # disk; that module takes milliseconds to import, at every start of the command line)
+    packaged = Path(__file__).resolve().parent / "lua"
     if packaged.is_dir():
         return packaged
     return Path(__file__).resolve().parent.parent / "lua"

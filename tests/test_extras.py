@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import redis_lease
-from redis_lease import MissingExtra, RedisLeaseError
+from redis_lease import Item, LeaseStore, MissingExtra, RedisLeaseError
 from redis_lease.extras import EXTRAS, optional_import, require
 
 #: Blocks the given packages in a child process (an import of them raises ImportError),
@@ -140,11 +140,8 @@ def _optional() -> set[str]:
 _LOADED = """
 import atexit, sys
 watched = set({watched!r})
-atexit.register(
-    lambda: sys.stderr.write(
-        "loaded: %s\\n" % sorted(watched & {{m.split(".")[0] for m in sys.modules}})
-    )
-)
+names = lambda: {{*sys.modules, *(m.split(".")[0] for m in sys.modules)}}
+atexit.register(lambda: sys.stderr.write("loaded: %s\\n" % sorted(watched & names())))
 sys.argv = ["redis-lease", *{args!r}]
 from redis_lease.cli import main
 main()
@@ -152,7 +149,8 @@ main()
 
 
 def loaded(watched: set[str], *args: str) -> str:
-    """Which of ``watched`` ``redis-lease ARGS`` imported, as its last stderr line says."""
+    """Which of ``watched`` (packages, or modules by their full name) ``redis-lease ARGS``
+    imported, as its last stderr line says."""
     code = _LOADED.format(watched=sorted(watched), args=list(args))
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
@@ -160,8 +158,31 @@ def loaded(watched: set[str], *args: str) -> str:
     return done.stderr.splitlines()[-1]
 
 
+#: What a command line needs for none of its views: the web stack, the metrics, the
+#: embedded backend, RQ, and pydantic (typer's coercion; plain values are read without it).
+NOT_FOR_A_VIEW = {"flask", "prometheus_client", "fakeredis", "rq", "rq_scheduler", "pydantic"}
+
+
+def test_the_app_and_its_commands_import_nothing_heavy() -> None:
+    code = textwrap.dedent(
+        """
+        import sys, typer, typer.main
+        from redis_lease.cli import app
+        group = typer.main.get_command(app)
+        names = group.list_commands(typer.Context(group))  # every command module imported
+        assert "status" in names and "wait" in names, names
+        print(sorted({*sys.modules, *(m.split(".")[0] for m in sys.modules)} & set(sys.argv[1:])))
+        """
+    )
+    heavy = [*NOT_FOR_A_VIEW, "redis", "redis.asyncio", "croniter", "rich"]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *heavy], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
+
+
 def test_help_imports_neither_redis_nor_rq() -> None:
-    heavy = {"redis", "rq", "croniter", "flask", "prometheus_client", "fakeredis"}
+    heavy = {"redis", "rq", "croniter", "flask", "prometheus_client", "fakeredis", "pydantic"}
     assert loaded(heavy, "--help") == "loaded: []"
     assert loaded(heavy, "status", "--help") == "loaded: []"
     assert loaded(heavy, "--url", "redis://127.0.0.1:1/0", "worker", "--help") == "loaded: []"
@@ -171,3 +192,75 @@ def test_a_view_imports_no_rq(redis_url: str, prefix: str) -> None:
     heavy = {"redis", "rq", "rq_scheduler", "croniter", "flask", "prometheus_client"}
     assert loaded(heavy, "--url", redis_url, "--prefix", prefix, "status") == "loaded: ['redis']"
     assert loaded(heavy, "--url", redis_url, "--prefix", prefix, "runs") == "loaded: ['redis']"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status"],
+        ["status", "r"],
+        ["runs"],
+        ["workers"],
+        ["inspect", "r", "a"],
+        ["wait", "r", "--timeout", "0"],
+    ],
+)
+def test_a_view_of_a_real_run_imports_only_what_it_uses(
+    real_store: LeaseStore, redis_url: str, args: list[str]
+) -> None:
+    real_store.add("r", [Item("a", {"n": 1}), Item("b", {"n": 2})], shards=2)
+    others = {"redis_lease.cli.fleet", "redis_lease.cli.leases", "redis_lease.cli.schedules"}
+    heavy = {*NOT_FOR_A_VIEW, "croniter", "rich", *others}  # rich: a terminal's tables only
+    heavy |= {"redis.asyncio.client", "opentelemetry.trace"}  # redis.asyncio is deferred
+    line = loaded(heavy, "--url", redis_url, "--prefix", real_store.prefix, *args, "--json")
+    assert line == "loaded: []"
+
+
+def test_each_command_is_listed_with_the_module_that_adds_it() -> None:
+    import typer.main
+
+    from redis_lease.cli.app import COMMAND_HOMES, COMMAND_MODULES, app
+
+    group = typer.main.get_command(app)
+    names = group.list_commands(typer.Context(group))  # type: ignore[attr-defined]
+    homes = {
+        info.name or typer.main.get_command_name(info.callback.__name__): info.callback.__module__
+        for info in app.registered_commands
+        if info.callback is not None
+    }
+    for info in app.registered_groups:
+        assert info.typer_instance is not None
+        first = info.typer_instance.registered_commands[0].callback
+        homes[str(info.name)] = first.__module__
+    assert sorted(names) == sorted(homes)
+    assert {name: f"redis_lease.cli.{module}" for name, module in COMMAND_HOMES.items()} == homes
+    assert set(COMMAND_HOMES.values()) == set(COMMAND_MODULES)
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        "from redis.asyncio import Redis; assert Redis.__module__ == 'redis.asyncio.client'",
+        "import redis.asyncio as a; assert a.Redis is a.client.Redis and a.StrictRedis",
+        "from redis.asyncio import *; assert Redis and RedisCluster",
+        "import redis.asyncio.client as c, redis.asyncio as a; assert a.Redis is c.Redis",
+    ],
+)
+def test_a_deferred_redis_asyncio_runs_when_first_used(use: str) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from redis_lease.cli.deferred import REDIS_ASYNCIO, defer
+        assert defer(REDIS_ASYNCIO)
+        import redis
+        assert "redis.asyncio.client" not in sys.modules, "not run by import redis"
+        {use}
+        assert type(sys.modules["redis.asyncio"]).__name__ == "module"
+        assert not defer(REDIS_ASYNCIO), "once imported, left alone"
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "ok", done.stderr

@@ -16,12 +16,13 @@ import logging
 import sys
 import warnings
 from datetime import date
+from pathlib import Path
 
 import pytest
 from rq.utils import import_attribute
 
 from redis_lease import LeaseStore
-from redis_lease.deprecation import MOVED_MODULES, SPLIT_MODULES
+from redis_lease.deprecation import KEPT_MODULES, MOVED_MODULES, SPLIT_MODULES
 from redis_lease.fleet import shard_jobs
 from redis_lease.fleet.runs import Runs
 from redis_lease.fleet.tick import schedule, scheduler_tick
@@ -30,6 +31,7 @@ from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, assert_json_job, fleet_env, purge_queue
 from tests.rq_helpers import burst
 
+PACKAGE = Path(__file__).resolve().parent.parent / "redis_lease"
 #: Old module paths that moved and import with a warning (a module, a package's module).
 OLD_PATHS = ["redis_lease.pool", "redis_lease.jobs", "redis_lease.dashboard.app"]
 #: Where each old module's names live now (a module split by concept: each of its parts).
@@ -129,8 +131,20 @@ def test_every_old_module_path_leads_to_a_module_that_exists() -> None:
         *((o, n) for o, p in SPLIT_MODULES.items() for n in p),
     ]:
         assert importlib.util.find_spec(new) is not None, f"{old} -> {new}"
-        assert old.rpartition(".")[2] not in ("worker", "tick", "dispatch"), "kept as files"
+        assert old not in KEPT_MODULES, f"{old}: kept (no warning) or moved (a warning)"
         assert old not in MOVED_MODULES or old not in SPLIT_MODULES, f"{old}: moved or split"
+    for old, parts in KEPT_MODULES.items():
+        assert all(importlib.util.find_spec(new) is not None for new in parts), old
+        assert not (PACKAGE / f"{old.rpartition('.')[2]}.py").exists(), f"{old}: served, no file"
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_a_kept_module_path_imports_without_a_warning(old: str) -> None:
+    sys.modules.pop(old, None)  # imported already by an earlier test: import it again
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        exec(compile(f"import {old}", __file__, "exec"), {})  # an import statement of a user's
+    assert old in sys.modules
 
 
 @pytest.mark.parametrize("old", sorted(SPLIT_MODULES))

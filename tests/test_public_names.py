@@ -24,6 +24,7 @@ from types import ModuleType
 import pytest
 
 import redis_lease
+from redis_lease.deprecation import KEPT_MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Subpackages that are programs, not the library.
@@ -44,10 +45,12 @@ def library_modules() -> dict[str, ModuleType]:
 
 
 def is_submodule(name: str) -> bool:
-    """``name`` is also a module or package of redis_lease."""
-    return (Path(redis_lease.__file__).parent / name).with_suffix(".py").exists() or (
-        Path(redis_lease.__file__).parent / name / "__init__.py"
-    ).exists()
+    """``name`` is also a module or package of redis_lease (a file, or an old path kept)."""
+    return (
+        (Path(redis_lease.__file__).parent / name).with_suffix(".py").exists()
+        or (Path(redis_lease.__file__).parent / name / "__init__.py").exists()
+        or f"redis_lease.{name}" in KEPT_MODULES
+    )
 
 
 def exceptions_and_warnings() -> dict[str, str]:

@@ -16,17 +16,56 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from importlib import import_module
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
 from ..limits import DEFAULT_PREFIX, INSECURE_ENV
+from .plain_values import read_plainly
 from .shared import DEFAULT_URL, Settings
 
 #: Set to 1 to let unexpected exceptions show their traceback.
 DEBUG_ENV = "REDIS_LEASE_DEBUG"
+#: The modules of this package that add commands, in the order ``--help`` lists them.
+COMMAND_MODULES = (
+    "capacity",
+    "dashboard",
+    "fleet",
+    "leases",
+    "operator",
+    "protocol",
+    "schedules",
+    "status",
+)
+#: The module that adds each command: a command line imports only its command's module
+#: (a name not here imports them all; tests/test_extras.py checks this list is whole).
+COMMAND_HOMES = {
+    "plan-capacity": "capacity",
+    "dashboard": "dashboard",
+    **dict.fromkeys(
+        ("tick", "start", "worker", "resume", "finalize", "cancel", "demo", "metrics"), "fleet"
+    ),
+    **dict.fromkeys(
+        ("add", "claim", "renew", "commit", "fail", "release", "reap", "requeue"), "leases"
+    ),
+    **dict.fromkeys(("runs", "items", "dead", "inspect", "resolve-effect"), "operator"),
+    "protocol": "protocol",
+    "backfill": "schedules",
+    "schedule": "schedules",
+    **dict.fromkeys(("status", "workers", "wait"), "status"),
+}
+#: The commands that run no code but this package's (no job module, handler or web app):
+#: they start with redis-py's asyncio client deferred (:mod:`.deferred`).
+QUICK_COMMANDS = frozenset(
+    (
+        *("status", "workers", "wait", "runs", "items", "dead", "inspect", "resolve-effect"),
+        *("add", "claim", "renew", "commit", "fail", "release", "reap", "requeue"),
+        *("resume", "cancel", "finalize", "protocol"),
+    )
+)
 
 
 def report(error: Exception) -> int:
@@ -84,6 +123,11 @@ def _global_option_hint(error: Exception) -> str | None:
     )
 
 
+def _function(command: Any) -> Any:
+    """The function a command made by typer runs (None for a group)."""
+    return getattr(getattr(command, "callback", None), "__wrapped__", None)
+
+
 def show_warning(
     message: Warning | str,
     category: type[Warning],
@@ -100,7 +144,46 @@ def show_warning(
 
 
 class LeaseGroup(TyperGroup):
-    """The root command: turns every failure into one stderr line and an exit code."""
+    """The root command: turns every failure into one stderr line and an exit code.
+
+    Its commands are made when first named: a command line imports the module of its
+    command (:data:`COMMAND_HOMES`) and not the others; listing them imports them all.
+    """
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        """The command ``cmd_name``, its module imported now when it was not yet."""
+        if cmd_name not in self.commands:
+            home = COMMAND_HOMES.get(cmd_name)
+            self._add_commands(COMMAND_MODULES if home is None else (home,))
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """Every command's name: those of :data:`COMMAND_MODULES` in its order (each
+        module's in the order it adds them), then the groups (``schedule``)."""
+        self._add_commands(COMMAND_MODULES)
+        rank = {f"{__package__}.{module}": index for index, module in enumerate(COMMAND_MODULES)}
+        infos = sorted(app.registered_commands, key=lambda i: rank.get(i.callback.__module__, 99))
+        place = {info.callback: index for index, info in enumerate(infos)}
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda name: place.get(_function(self.commands[name]), 999))
+
+    def _add_commands(self, modules: Iterable[str]) -> None:
+        """Imports ``modules`` and makes the commands they added to :data:`app`."""
+        for module in modules:
+            import_module(f"{__package__}.{module}")
+        made = {_function(command) for command in self.commands.values()}
+        commands = [info for info in app.registered_commands if info.callback not in made]
+        groups = [info for info in app.registered_groups if info.name not in self.commands]
+        if not commands and not groups:
+            return
+        import typer.main
+
+        new = typer.Typer(
+            rich_markup_mode=app.rich_markup_mode,
+            pretty_exceptions_short=app.pretty_exceptions_short,
+        )
+        new.registered_commands, new.registered_groups = commands, groups
+        self.commands.update(typer.main.get_group(new).commands)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         """The command named first in ``args``; a command's ``--help`` is shown here, before
@@ -114,6 +197,10 @@ class LeaseGroup(TyperGroup):
                 raise
             except Exception:  # a usage error: reported as usual, after the global options
                 pass
+        if name in QUICK_COMMANDS:
+            from .deferred import REDIS_ASYNCIO, defer
+
+            defer(REDIS_ASYNCIO)  # before redis-py is imported (a no-op after)
         return name, command, rest
 
     def main(
@@ -126,6 +213,7 @@ class LeaseGroup(TyperGroup):
         **extra: Any,
     ) -> Any:
         """Runs the command line; with ``standalone_mode=False`` errors propagate."""
+        read_plainly()  # values of plain types without pydantic's import
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         try:

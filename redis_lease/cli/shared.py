@@ -201,6 +201,10 @@ def json_option(text: str, what: str) -> Any:
 TICK_FAILED_EXIT = 7
 #: Exit code of ``worker --burst`` when shard jobs it ran failed, or jobs it took could not run.
 JOBS_FAILED_EXIT = 8
+#: Exit code of ``wait`` when the run ended partial, failed or canceled (not succeeded).
+RUN_NOT_SUCCEEDED_EXIT = 11
+#: Exit code of ``wait`` when its timeout passed before the run ended.
+WAIT_TIMED_OUT_EXIT = 12
 #: Seconds planning runs before its progress is shown.
 PROGRESS_DELAY = 1.0
 

@@ -1,4 +1,4 @@
-"""Operator views: ``status`` of a run or of every run; ``workers``.
+"""Operator views: ``status`` of a run or of every run; ``wait`` for a run to end; ``workers``.
 
 A run's status: counts, accounting (lost items, late commits), deadline and projected
 finish, failed shard jobs, effects by outcome, the providers' caps, its decisions and
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from .app import app
-from .shared import JsonOpt, open_store
+from .shared import JsonOpt, RunArg, open_store
 
 if TYPE_CHECKING:
     from ..operate.worker_views import WorkerRow
@@ -255,3 +255,61 @@ def _worker_row(row: WorkerRow) -> list[Any]:
         row.leases_held,
         f"{row.leases_taken_over} leases ({taken})" if row.taken_over else None,
     ]
+
+
+#: Seconds between two reads of the run's state while ``wait`` waits.
+WAIT_INTERVAL = 0.5
+
+
+@app.command()
+def wait(
+    ctx: typer.Context,
+    run: RunArg,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", metavar="SECONDS", help="Give up after this long (exit 12)."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Wait until the run is final; print its final state and counts.
+
+    Exit 0 when it succeeded, 11 when it ended partial, failed or canceled, 12 when
+    --timeout passed first (the line names the state it was in).
+    """
+    import math
+    import time
+
+    from ..errors import InvalidInput, NotFound
+    from ..fleet.run_states import FINAL_STATES, accounting
+    from ..fleet.runs import Runs
+    from ..limits import SUCCEEDED
+    from ..operate.output import error_line, print_json
+    from ..protocol.validation import check_id
+    from .shared import RUN_NOT_SUCCEEDED_EXIT, WAIT_TIMED_OUT_EXIT
+
+    check_id(run, "run id")
+    if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
+        raise InvalidInput(f"invalid --timeout {timeout:g}: use a number of seconds, 0 or more")
+    store = open_store(ctx)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            one = store.status(run)
+        except NotFound as error:  # gone (evidence it existed) or never there: exit 5 either way
+            raise Runs(store).gone(run) or error from None
+        final = one.state in FINAL_STATES
+        left = None if deadline is None else deadline - time.monotonic()
+        if final or (left is not None and left <= 0):
+            break
+        time.sleep(WAIT_INTERVAL if left is None else min(WAIT_INTERVAL, left))
+    if as_json:
+        print_json({**one.to_dict(), "timed_out": not final})
+    if not final:
+        error_line(
+            f"timed out after {timeout:g} s: run {run} is still {one.state} ({accounting(one)})"
+        )
+        raise typer.Exit(WAIT_TIMED_OUT_EXIT)
+    if not as_json:
+        typer.echo(f"run {run} {one.state}: {accounting(one)}")
+    if one.state != SUCCEEDED:
+        raise typer.Exit(RUN_NOT_SUCCEEDED_EXIT)

@@ -22,10 +22,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
-from rich.text import Text
 
 #: Wider than any terminal: used to measure the width a table needs.
 _UNBOUNDED = 100_000
@@ -41,6 +37,22 @@ def is_terminal() -> bool:
     if forced in ("0", "1"):
         return forced == "1"
     isatty = getattr(sys.stdout, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # a closed stream
+        return False
+
+
+def _may_be_terminal(stream: Any) -> bool:
+    """False when rich would surely not take ``stream`` for a terminal (``TTY_COMPATIBLE=0``,
+    or neither ``TTY_COMPATIBLE=1``, ``FORCE_COLOR`` nor a tty), so that rich need not be
+    imported to ask it; True when rich may (then it is asked)."""
+    forced = os.environ.get("TTY_COMPATIBLE", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    if os.environ.get("FORCE_COLOR") is not None:
+        return True
+    isatty = getattr(stream, "isatty", None)
     try:
         return bool(isatty and isatty())
     except ValueError:  # a closed stream
@@ -75,6 +87,10 @@ def print_table(
         for line in (list(columns), *cells):
             typer.echo("\t".join(_one_line(cell) for cell in line))
         return
+    from rich.console import Console  # only for a terminal: rich takes a while to import
+    from rich.table import Table
+    from rich.text import Text
+
     # Built per call: sys.stdout may have been swapped since import (tests, pipes).
     console = Console(file=sys.stdout, soft_wrap=False)
     if title:  # never wrapped: it often names a run
@@ -110,6 +126,18 @@ def progress_bar(label: str, total: int | None) -> Iterator[Callable[[int], None
 
     Yields the function to call with each step's count; elsewhere it does nothing.
     """
+    if not _may_be_terminal(sys.stderr):  # rich is imported only when it may be needed
+        yield lambda steps: None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
     console = Console(file=sys.stderr)
     if not console.is_terminal:
         yield lambda steps: None

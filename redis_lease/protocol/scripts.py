@@ -185,14 +185,28 @@ class Command(NamedTuple):
     args: tuple[Any, ...]
 
 
+class _Registered(dict[str, Script]):
+    """The scripts of :data:`KEY_COUNTS` registered on one client, each when first used
+    (its file read then: a command that reads no script reads no Lua file)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        super().__init__()
+        self.client = client
+
+    def __missing__(self, name: str) -> Script:
+        if name not in KEY_COUNTS:
+            raise KeyError(name)
+        script = self[name] = self.client.register_script(source(name))
+        return script
+
+
 class Scripts:
-    """Every script registered on one client (``register_script`` reloads on NOSCRIPT)."""
+    """Every script registered on one client (``register_script`` reloads on NOSCRIPT),
+    each when first used."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._scripts: dict[str, Script] = {
-            name: client.register_script(source(name)) for name in KEY_COUNTS
-        }
+        self._scripts = _Registered(client)
 
     def __getitem__(self, name: str) -> Script:
         return self._scripts[name]

@@ -41,8 +41,15 @@ def _opentelemetry() -> Callable[[], str | None]:
     return current
 
 
-#: Reads the current OpenTelemetry span's trace id (None when there is none).
-current_trace_id: Callable[[], str | None] = _opentelemetry()
+_reader: list[Callable[[], str | None]] = []
+
+
+def current_trace_id() -> str | None:
+    """The current OpenTelemetry span's trace id (None when there is none, or without the
+    package); OpenTelemetry is imported on the first call, not with this module."""
+    if not _reader:
+        _reader.append(_opentelemetry())
+    return _reader[0]()
 
 
 def trace_id() -> str:

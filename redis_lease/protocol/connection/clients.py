@@ -121,6 +121,7 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
         options.setdefault("connection_class", TLSConnection)
         for name, value in VERIFIED.items():  # the URL's own parameters still win
             options.setdefault(name, value)
+    _name_the_driver(options)
     try:
         return redis.Redis.from_url(url, **options)
     except ValueError:  # its text may quote a piece of the password: not shown
@@ -128,6 +129,17 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
             f"invalid Redis URL {safe_url(url)!r}: use redis://[USER:PASSWORD@]HOST:PORT/DB "
             "with its options as documented (docs/cli.md)"
         ) from None
+
+
+def _name_the_driver(options: dict[str, Any]) -> None:
+    """redis-py's name and version for the server (``CLIENT SETINFO``) as redis-py makes
+    them, its version taken from ``redis.__version__``: redis-py 7 and later look for it
+    in every installed package's metadata when the first connection is made (tens of ms)."""
+    try:
+        from redis.driver_info import DriverInfo
+    except ImportError:  # an older redis-py, which finds its version as it is imported
+        return
+    options.setdefault("driver_info", DriverInfo(lib_version=redis.__version__))
 
 
 def _check_network_url(url: str) -> None:
