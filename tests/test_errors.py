@@ -63,6 +63,7 @@ def defined_exceptions() -> list[type[BaseException]]:
                 issubclass(value, BaseException)
                 and not issubclass(value, Warning)
                 and value.__module__ == info.name
+                and not value.__name__.startswith("_")  # a module's own signal, caught there
             ):
                 found.append(value)
     return found
