@@ -166,3 +166,23 @@ def test_python_snippets_reach_the_tests_redis_and_prefix(
     )
     run(parse("docs/page.md", text), tmp_path, page_store)
     assert page_store.status("seen:1").total == 1
+
+
+def test_a_background_block_the_page_kills_with_sigkill_is_no_failure(
+    tmp_path: Path, real_store: LeaseStore
+) -> None:
+    """A tutorial's ``kill -9`` of its worker: the block ends by SIGKILL, as the page meant."""
+    text = (
+        "<!-- run: background -->\n```bash\necho $$ > ../pid; exec sleep 600\n```\n\n"
+        "```bash\nfor _ in $(seq 200); do test -s ../pid && break; sleep 0.05; done\n"
+        "kill -9 $(cat ../pid)\n```\n"
+    )
+    run(parse("docs/page.md", text), tmp_path, real_store)
+
+
+def test_scripts_test_sh_runs_the_fleet_pages() -> None:
+    """CI's ``make test`` deselects no marker: fleet pages run there."""
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    command = next(line for line in script.splitlines() if "-m pytest" in line)
+    assert command == 'exec .venv/bin/python -m pytest "$@"', command
+    assert "addopts" not in (ROOT / "pyproject.toml").read_text()

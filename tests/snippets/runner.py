@@ -27,8 +27,15 @@ SITE = Path(__file__).resolve().parent / "site"
 CLEARED = ("REDIS_LEASE_URL", "REDIS_URL", "REDIS_LEASE_PREFIX", "REDIS_LEASE_DEBUG")
 TIMEOUT = 120.0  # seconds one foreground block may take
 STOP_TIMEOUT = 15.0  # seconds a background block has to exit after SIGTERM
-#: How a background block may end: 0, or by SIGTERM (bash's 143, or the signal itself).
-STOPPED = (0, 128 + signal.SIGTERM, -signal.SIGTERM)
+#: How a background block may end: 0, by the runner's SIGTERM, or by a SIGKILL the page
+#: itself sent (a tutorial's ``kill -9`` of a worker); bash reports a signal as 128 + it.
+STOPPED = (
+    0,
+    128 + signal.SIGTERM,
+    -signal.SIGTERM,
+    128 + signal.SIGKILL,
+    -signal.SIGKILL,
+)
 
 
 class SnippetFailed(AssertionError):
