@@ -13,17 +13,10 @@ from typing import Any
 import pytest
 
 import redis_lease
+from tests.doc_pages import pages
 
 ROOT = Path(__file__).resolve().parent.parent
 FENCED = re.compile(r"^```\w*\n(.*?)^```", re.DOTALL | re.MULTILINE)
-
-
-def pages() -> dict[str, str]:
-    """README.md and every page under docs/, by path."""
-    found = {"README.md": (ROOT / "README.md").read_text()}
-    for path in sorted((ROOT / "docs").rglob("*.md")):
-        found[path.relative_to(ROOT).as_posix()] = path.read_text()
-    return found
 
 
 def resolve(dotted: str) -> Any:

@@ -12,6 +12,7 @@ import pytest
 
 import redis_lease.cli
 from redis_lease import errors
+from tests.doc_pages import pages
 
 ROOT = Path(__file__).resolve().parent.parent
 EXIT_CODES = "docs/reference/exit-codes.md"
@@ -20,14 +21,6 @@ EXIT_CODES = "docs/reference/exit-codes.md"
 COMING = {11: "wait: the run ended, not succeeded", 12: "wait: the timeout passed first"}
 #: typer's (click's) usage error: an unknown option, a missing argument.
 USAGE_EXIT = 2
-
-
-def pages() -> dict[str, str]:
-    """README.md and every page under docs/, by path."""
-    found = {"README.md": (ROOT / "README.md").read_text()}
-    for path in sorted((ROOT / "docs").rglob("*.md")):
-        found[path.relative_to(ROOT).as_posix()] = path.read_text()
-    return found
 
 
 def error_codes() -> dict[str, int]:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from redis_lease import LeaseStore
+from tests.doc_pages import page_paths
 from tests.redis_server import RedisServer
 from tests.snippets.parse import Page, parse, read_page
 from tests.snippets.runner import SnippetFailed, run_page
@@ -26,12 +27,6 @@ FIXTURE = "tests/snippets/fixture.md"
 
 #: Every skipped block of the documentation, by page: a new skip is a visible change here.
 SKIPS: dict[str, list[str]] = {}
-
-
-def page_paths() -> list[str]:
-    """README.md and every page under docs/, relative to the repository."""
-    docs = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md"))
-    return ["README.md", *docs]
 
 
 def page_params() -> list[Any]:
