@@ -68,6 +68,7 @@ def test_the_skipped_snippets_are_these() -> None:
     assert found == SKIPS
 
 
+@pytest.mark.fleet
 def test_the_fixture_page_uses_every_marker(tmp_path: Path, page_store: LeaseStore) -> None:
     page = read_page(ROOT, FIXTURE)
     assert page.problems == []
