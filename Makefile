@@ -1,4 +1,4 @@
-.PHONY: setup test lint check bench demo format chaos
+.PHONY: setup test lint check bench demo format chaos docs
 
 setup:        ## create .venv and install redis-lease with dev tools
 	scripts/setup.sh
@@ -10,6 +10,9 @@ lint: setup   ## ruff check, ruff format --check, mypy --strict
 	scripts/lint.sh
 
 check: lint test
+
+docs:         ## install the extra 'docs' into .venv, build the site into site/ (warnings are errors)
+	scripts/docs.sh
 
 format: setup
 	.venv/bin/ruff format .

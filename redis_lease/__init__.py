@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from .fleet.effects import not_sent, resolve_effect
     from .fleet.gate import ProviderGate
     from .fleet.job import Job
+    from .fleet.job_options import JobOptions
     from .fleet.job_tallies import Tallies
     from .fleet.live_lease import ActiveLease
     from .fleet.lost_records import LostRun

@@ -262,9 +262,9 @@ lua/include/limits.json: edit those, then run the script. tests/test_protocol_do
 fails when this file is out of date. -->
 
 redis-lease keeps no state outside Redis and does nothing to it but through the scripts
-of [`lua/`](../lua): a client in any language that can send `EVALSHA` takes part in the
+of `lua/`: a client in any language that can send `EVALSHA` takes part in the
 same runs, under the same fence, as the Python library. Two clients do: the Python one
-(`redis_lease`) and a Node.js one ([`clients/node/`](../clients/node)). This page says
+(`redis_lease`) and a Node.js one (`clients/node/`). This page says
 what a client sends and what it gets back, for every script.
 
 ## The protocol stamp

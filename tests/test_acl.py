@@ -36,10 +36,6 @@ def documented_acl_lines(doc: str = "docs/security.md") -> dict[str, str]:
     return found
 
 
-def test_the_readme_gives_the_same_acl_lines() -> None:
-    assert documented_acl_lines("README.md") == documented_acl_lines()
-
-
 def password(user: str) -> str:
     """A password of ``user``'s own."""
     return f"{user}-Secret-{len(user)}x"
