@@ -25,7 +25,7 @@ def command_names() -> list[str]:
     from redis_lease.cli import app
 
     group: Any = typer.main.get_command(app)
-    return sorted(group.commands)
+    return sorted(group.list_commands(None))  # lists (and makes) every command, as help does
 
 
 def cli_reference() -> str:
