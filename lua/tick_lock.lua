@@ -10,7 +10,7 @@
 -- ARGV[3] the lock's time to live in ms (int, bound ttl_ms)
 --
 -- Returns: 1 taken: the token is newer than the fence (the lock is taken from whoever held it),
---   or the lock was free, or it already holds this owner; 0 held by another tick and the token
+--   or the lock was free, or it already holds this owner (its time to live starts again); 0 held by another tick and the token
 --   is the fence's; -1 refused: a leader with a newer token has taken it
 -- Errors: INVALID <what>
 -- @include "protocol.lua"
@@ -32,7 +32,10 @@ local function main()
     return 1
   end
   if rcall('SET', KEYS[1], owner, 'NX', 'PX', ttl) then return 1 end
-  if rcall('GET', KEYS[1]) == owner then return 1 end
+  if rcall('GET', KEYS[1]) == owner then
+    rcall('PEXPIRE', KEYS[1], ttl)
+    return 1
+  end
   return 0
 end
 

@@ -13,6 +13,7 @@ handler counts each item's effect in ``<prefix>:leader:effects`` (a hash).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from datetime import date, timedelta
 from typing import Any
@@ -65,3 +66,19 @@ bare = Job("bare", schedule="0 0 29 2 *")
 def plan_bare(business_date: date) -> Iterator[Item]:
     """One item, which no handler works."""
     yield Item("only", {})
+
+
+#: Holds :data:`stuck`'s planner until a test sets it (a planner that hangs on I/O).
+STUCK = threading.Event()
+
+stuck = Job("stuck", schedule="* * * * *", timezone="UTC", queue="rltest-leader-stuck")
+
+
+@stuck.planner
+def plan_stuck(business_date: date) -> Iterator[Item]:
+    """Waits for :data:`STUCK` (30 s at most), then one item."""
+    STUCK.wait(30)
+    yield Item("item-0", {})
+
+
+stuck.handler(handle)

@@ -96,11 +96,13 @@ def test_the_job_lock_refuses_an_older_token_and_yields_to_a_newer_one(
 def test_still_leading_asks_the_lease_and_the_job_lock(store: LeaseStore) -> None:
     lease = hold_leadership(store, "w1", 10_000)
     me = Leadership("w1", lease.token)
-    with fenced_lock(store, "nightly", me, 60_000) as (_, owner):
-        assert still_leading(store, me, "nightly", owner)
-        assert not still_leading(store, me, "nightly", "someone-else")
+    with fenced_lock(store, "nightly", me, 1_000) as (_, owner):
+        assert still_leading(store, me, "nightly", owner, 60_000)
+        left = store.client.pttl(store.keys.job_tick_lock("nightly"))
+        assert left > 10_000, f"asking keeps a long tick's lock: {left} ms left"
+        assert not still_leading(store, me, "nightly", "someone-else", 60_000)
         release_leadership(store, "w1")
-        assert not still_leading(store, me, "nightly", owner)
+        assert not still_leading(store, me, "nightly", owner, 60_000)
         assert not still_leading(store, me)
 
 
@@ -181,8 +183,9 @@ def test_run_worker_from_python_works_and_frees_the_lease_when_it_stops(
         simple=True,
         say=lines.append,
     )
-    holder = real_store.client.hget(real_store.keys.tick_leader, "holder")
-    assert holder in (None, b"", ""), "the lease is freed when the worker stops"
+    holder, token = real_store.client.hmget(real_store.keys.tick_leader, ["holder", "token"])
+    assert token == b"1", "the worker took the lease"
+    assert holder == b"", "the lease is freed when the worker stops"
     records = real_store.client.hvals(real_store.keys.workers[0])
     assert len(records) == 1 and b"stopped_at" in records[0], "it ran with its fleet watch"
     assert all("tick" in line for line in lines), lines
@@ -235,3 +238,79 @@ def test_a_leader_that_loses_its_lease_midway_stops_at_its_next_step(
     assert passed == [2]
     assert kinds[0] == "create" and "plan" in kinds, kinds
     assert kinds[-1] == NOT_LEADER and kinds.count(NOT_LEADER) == 1, kinds
+
+
+def test_a_lost_lease_hash_does_not_stop_the_ticks(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    """Two leaders ticked the job (its fence is at token 2), then the lease's hash is lost
+    (deleted, evicted, a failover): the next holder starts again at token 1, below the
+    fence. Its tick is refused, it asks for a token past the fence, and ticks with it."""
+    store = real_store
+    for name in ("w0", "w9"):
+        me = Leadership(name, hold_leadership(store, name, 10_000).token)
+        assert NOT_LEADER not in [d.kind for d in tick(store, [NIGHTLY_PATH], T0, leader=me)]
+        release_leadership(store, name)
+    fence = store.keys.job_tick_fence(leader_jobs_name(NIGHTLY_PATH))
+    assert store.client.get(fence) == b"2"
+    store.client.delete(store.keys.tick_leader)
+    leader = TickLeader(store, "w1", [NIGHTLY_PATH], lambda line: None, every=1)
+    leader.start()
+    try:
+        wait_for(lambda: store.client.get(fence) == b"3", 15, "a tick past the fence")
+        assert leader.leadership == Leadership("w1", 3)
+    finally:
+        leader.close()
+
+
+def leader_jobs_name(path: str) -> str:
+    """The name of the job at ``path``."""
+    from redis_lease.fleet.job import load_job
+
+    return load_job(path).name
+
+
+def test_the_leader_thread_outlives_an_error_of_its_own(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    """Its line cannot be written (``say`` raises): the thread goes on and ticks."""
+    failed: list[str] = []
+
+    def say(line: str) -> None:
+        if not failed:
+            failed.append(line)
+            raise ValueError("the terminal is gone")
+
+    leader = TickLeader(real_store, "w1", [NIGHTLY_PATH], say, every=1)
+    leader.start()
+    try:
+        wait_for(lambda: leader.ticks > 0, 15, "a tick after the error")
+        assert failed and leader.is_alive()
+    finally:
+        leader.close()
+
+
+def test_a_stuck_tick_gives_the_lease_to_another_worker(
+    real_store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """w1's tick hangs in a planner; past STUCK_PERIODS periods w1 says so and gives the
+    lease up, and w2 leads: one hung job no longer stops the fleet's ticks for good."""
+    from redis_lease.fleet.tick import leader as leader_module
+
+    monkeypatch.setattr(leader_module, "STUCK_PERIODS", 2)
+    leader_jobs.STUCK.clear()
+    said: list[str] = []
+    first = TickLeader(real_store, "w1", ["tests.leader_jobs:stuck"], said.append, every=1)
+    second = TickLeader(real_store, "w2", ["tests.leader_jobs:stuck"], said.append, every=1)
+    first.start()
+    try:
+        wait_for(lambda: first.leadership, 10, "w1 to lead")
+        second.start()
+        wait_for(lambda: second.leadership, 20, "w2 to lead once w1's tick is stuck")
+        assert first.leadership is None
+        assert any(line.startswith("worker w1: its tick has run") for line in said), said
+        assert any("another worker ticks now" in line for line in said), said
+    finally:
+        leader_jobs.STUCK.set()
+        second.close()
+        first.close()

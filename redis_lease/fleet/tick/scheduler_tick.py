@@ -124,9 +124,9 @@ def _tick_path(
     with fenced_lock(store, job.name, leader, ttl_ms) as (taken, owner):
         if taken == BUSY:
             return []  # another tick of this job is at work, as with the plain lock
-        if taken == STALE or not still_leading(store, leader, job.name, owner):
+        if taken == STALE or not still_leading(store, leader, job.name, owner, ttl_ms):
             return [_not_leading(job)]
-        go_on = partial(still_leading, store, leader, job.name, owner)
+        go_on = partial(still_leading, store, leader, job.name, owner, ttl_ms)
         try:
             return _tick_locked(store, runs, path, job, now, progress, go_on)
         except _NotLeading:  # before its first step

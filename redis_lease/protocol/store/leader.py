@@ -11,7 +11,7 @@ took over, changes nothing more (docs/concepts/tick-leader.md says what it can s
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
@@ -37,21 +37,32 @@ class Leadership:
     token: int
 
 
-def hold_leadership(store: StoreBase, name: str, ttl_ms: int) -> LeaderLease:
+def hold_leadership(store: StoreBase, name: str, ttl_ms: int, at_least: int = 1) -> LeaderLease:
     """Takes the tick leader's lease when it is free (or expired), or renews it when ``name``
-    holds it, for ``ttl_ms`` on the server's clock; the lease as it is now."""
+    holds it, for ``ttl_ms`` on the server's clock; the lease as it is now. Its token is at
+    least ``at_least`` when it is held (a floor past a job's fence: :func:`fence_floor`)."""
     with store.translating_errors():
         lease: LeaderLease = store.scripts.call(
-            "tick_leader", [store.keys.tick_leader], [leader_name(name), "hold", ttl_ms]
+            "tick_leader",
+            [store.keys.tick_leader],
+            [leader_name(name), "hold", ttl_ms, at_least],
         )
     return lease
+
+
+def fence_floor(store: StoreBase, jobs: Iterable[str]) -> int:
+    """The least token past every fence of ``jobs``' tick locks: what a leader whose tick
+    met a fence ahead of its own token (the lease's hash was lost) asks for."""
+    with store.translating_errors():
+        fences = [store.client.get(store.keys.job_tick_fence(job)) for job in jobs]
+    return max((int(as_text(f)) for f in fences if f is not None), default=0) + 1
 
 
 def release_leadership(store: StoreBase, name: str) -> LeaderLease:
     """Frees the tick leader's lease at once when ``name`` holds it; the lease as it is now."""
     with store.translating_errors():
         lease: LeaderLease = store.scripts.call(
-            "tick_leader", [store.keys.tick_leader], [leader_name(name), "release", 1]
+            "tick_leader", [store.keys.tick_leader], [leader_name(name), "release", 1, 1]
         )
     return lease
 
@@ -77,22 +88,25 @@ def fenced_lock(
                 store.scripts.call("release_lock", [lock_key], [owner])
 
 
-def still_leading(store: StoreBase, leader: Leadership, job: str = "", owner: str = "") -> bool:
+def still_leading(
+    store: StoreBase, leader: Leadership, job: str = "", owner: str = "", ttl_ms: int = 0
+) -> bool:
     """True while ``leader`` holds the tick leader's lease with its token and, when ``job`` is
-    given, that job's tick lock is still ``owner``'s: what a leader's tick asks before each
-    of its steps."""
+    given, that job's tick lock is still ``owner``'s (taken again through ``tick_lock.lua``,
+    its time to live ``ttl_ms`` started anew, so a long tick keeps its lock): what a
+    leader's tick asks before each of its steps."""
     with store.translating_errors():
-        pipe = store.client.pipeline(transaction=False)
-        pipe.hmget(store.keys.tick_leader, ["holder", "token"])
-        if job:
-            pipe.get(store.keys.job_tick_lock(job))
-        replies = pipe.execute()
-    holder, token = replies[0]
-    return (
-        as_text(holder) == leader_name(leader.name)
-        and as_text(token) == str(leader.token)
-        and (not job or as_text(replies[1]) == owner)
-    )
+        holder, token = store.client.hmget(store.keys.tick_leader, ["holder", "token"])
+        if as_text(holder) != leader_name(leader.name) or as_text(token) != str(leader.token):
+            return False
+        if not job:
+            return True
+        kept: int = store.scripts.call(
+            "tick_lock",
+            [store.keys.job_tick_lock(job), store.keys.job_tick_fence(job)],
+            [owner, leader.token, ttl_ms],
+        )
+    return kept == TAKEN
 
 
 def leader_name(name: str) -> str:
