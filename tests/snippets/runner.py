@@ -206,17 +206,19 @@ def run_page(
     page: Page,
     workdir: Path,
     store: LeaseStore,
-    setups: dict[str, Callable[[LeaseStore, Path], None]],
+    setups: dict[str, Callable[[LeaseStore, Path], dict[str, str] | None]],
 ) -> int:
     """Runs ``page`` in the empty directory ``workdir`` on ``store``'s Redis and prefix
-    (its named setup first); returns the number of blocks run."""
+    (its named setup first, with the environment it adds); returns the number of blocks
+    run."""
     if page.problems:
         raise SnippetFailed(f"{page.path}: " + "; ".join(page.problems))
+    env = page_env(store.url, store.prefix)
     if page.setup is not None:
         if page.setup not in setups:
             known = ", ".join(sorted(setups))
             raise SnippetFailed(f"{page.path}:1: unknown setup {page.setup!r} (known: {known})")
-        setups[page.setup](store, workdir)
-    runner = PageRun(page, workdir, page_env(store.url, store.prefix))
+        env.update(setups[page.setup](store, workdir) or {})
+    runner = PageRun(page, workdir, env)
     runner.run()
     return runner.ran

@@ -1,7 +1,8 @@
 """The named setups a page asks for on its first line (``<!-- run: setup NAME -->``).
 
-Each builds, on the page's Redis and prefix, the scene the page starts from. Keep them few:
-a page that can make its own scene with its own snippets should.
+Each builds, on the page's Redis and prefix, the scene the page starts from, and may give
+the page's commands environment variables of their own (a reader's pace made quick for the
+suite). Keep them few: a page that can make its own scene with its own snippets should.
 """
 
 from __future__ import annotations
@@ -52,7 +53,17 @@ def fixture_items(store: LeaseStore, workdir: Path) -> None:
     (workdir / "setup.txt").write_text("made by the setup\n")
 
 
-SETUPS: dict[str, Callable[[LeaseStore, Path], None]] = {
+def quick_bank(store: LeaseStore, workdir: Path) -> dict[str, str]:
+    """The tutorial's bank answers in 0.1 s, not the second a reader's run takes a payout
+    (so a reader has minutes to kill a worker, and the suite seconds)."""
+    return {"BANK_SECONDS": "0.1"}
+
+
+#: A setup: what it adds to the page's environment, if anything.
+Setup = Callable[[LeaseStore, Path], dict[str, str] | None]
+
+SETUPS: dict[str, Setup] = {
     "late-run": late_run,
+    "quick-bank": quick_bank,
     "fixture-items": fixture_items,
 }
