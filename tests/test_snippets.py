@@ -29,9 +29,6 @@ FIXTURE = "tests/snippets/fixture.md"
 SKIPS: dict[str, list[str]] = {
     "README.md": ["runs from a clone of the repository: the demo, and the test suite itself"],
     "docs/how-to/second-language.md": ["needs a clone of the repository and Node.js with npm"],
-    "docs/tutorial.md": [
-        "installs from PyPI; the test suite runs the page in the project's own environment"
-    ],
 }
 
 

@@ -7,6 +7,8 @@ suite). Keep them few: a page that can make its own scene with its own snippets 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +22,9 @@ from redis_lease.fleet.worker.shard_loop import work_shard
 from redis_lease.protocol.values import Item
 from tests.helpers import wait_past
 from tests.walkthrough_jobs import RUN, payments
+
+#: The checkout (the tutorial's install builds its wheel).
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def late_run(store: LeaseStore, workdir: Path) -> None:
@@ -53,10 +58,22 @@ def fixture_items(store: LeaseStore, workdir: Path) -> None:
     (workdir / "setup.txt").write_text("made by the setup\n")
 
 
-def quick_bank(store: LeaseStore, workdir: Path) -> dict[str, str]:
-    """The tutorial's bank answers in 0.1 s, not the second a reader's run takes a payout
-    (so a reader has minutes to kill a worker, and the suite seconds)."""
-    return {"BANK_SECONDS": "0.1"}
+def tutorial(store: LeaseStore, workdir: Path) -> dict[str, str]:
+    """The tutorial's scene: pip finds ``redis-lease`` as a wheel built from this checkout
+    (it is not on the package index; its dependencies come from there), and the tutorial's
+    bank answers in 0.1 s, not the second a reader's payout takes (so a reader has minutes
+    to kill a worker, and the suite seconds)."""
+    wheels = workdir.parent / f"{workdir.name}-wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), ROOT],
+        check=True,
+        timeout=300,
+    )
+    return {
+        "PIP_FIND_LINKS": str(wheels),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "BANK_SECONDS": "0.1",
+    }
 
 
 #: A setup: what it adds to the page's environment, if anything.
@@ -64,6 +81,6 @@ Setup = Callable[[LeaseStore, Path], dict[str, str] | None]
 
 SETUPS: dict[str, Setup] = {
     "late-run": late_run,
-    "quick-bank": quick_bank,
+    "tutorial": tutorial,
     "fixture-items": fixture_items,
 }
