@@ -28,7 +28,6 @@ FIXTURE = "tests/snippets/fixture.md"
 #: Every skipped block of the documentation, by page: a new skip is a visible change here.
 SKIPS: dict[str, list[str]] = {
     "README.md": ["runs from a clone of the repository: the demo, and the test suite itself"],
-    "docs/how-to/second-language.md": ["needs a clone of the repository and Node.js with npm"],
 }
 
 

@@ -76,11 +76,17 @@ def tutorial(store: LeaseStore, workdir: Path) -> dict[str, str]:
     }
 
 
+def clone(store: LeaseStore, workdir: Path) -> None:
+    """The page's directory stands for a clone of the repository: ``clients/`` is there."""
+    (workdir / "clients").symlink_to(Path(ROOT) / "clients")
+
+
 #: A setup: what it adds to the page's environment, if anything.
 Setup = Callable[[LeaseStore, Path], dict[str, str] | None]
 
 SETUPS: dict[str, Setup] = {
     "late-run": late_run,
     "tutorial": tutorial,
+    "clone": clone,
     "fixture-items": fixture_items,
 }
