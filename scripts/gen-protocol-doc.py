@@ -414,6 +414,16 @@ may be sent again. Leases are renewed well before `expires_at` (the Python worke
 every third of the TTL); a lease is expired at `expires_at` on the server clock, whatever
 the holder's clock says.
 
+An external effect goes through `record_effect`: first with ARGV[8] `'1'` (record the
+intent unless an attempt is open) and ARGV[11] the lease's TTL, so that the same call
+checks the lease and renews it right before the provider call. A reply whose previous
+state is `intended` or `unknown` means the effect may have been applied (an earlier
+attempt, or a run made again after a loss of data: its record then says `after_loss`):
+the holder asks the provider by the key, sends the same key again only to a provider that
+dedupes by key, or stops and leaves it to an operator; it records `intended` again (with
+ARGV[11]) right before it sends. What each kind of provider is then promised:
+[effects and idempotency](concepts/effects-and-idempotency.md#what-each-provider-is-promised).
+
 ## Scripts
 
 @index@

@@ -113,7 +113,7 @@ class Scene:
             "release_lock": ([self.lock], ["owner"]),
             "record_effect": (
                 [*self.logged, *self.effects],
-                [*holder, "k1", "pay", "applied", "1", "", TRACE],
+                [*holder, "k1", "pay", "applied", "1", "", "", TRACE],
             ),
             "slot_acquire": (self.provider, ["h1", 60000, 4, 1]),
             "slot_release": (self.provider, ["h1", "throttled", 1000]),

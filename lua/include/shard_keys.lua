@@ -3,7 +3,9 @@
 -- Shard keys (all share the hash tag {<run_id>#<shard>}; each script checks their names and
 -- types with check_keys, SHARD_KEYS or LOGGED_KEYS below, before its first write):
 --   KEYS[1] meta     hash: run, shard, max_attempts, backoff_base_ms, backoff_cap_ms,
---                    deadline_at (ms, 0 = none), closed (read by shard_meta.lua)
+--                    deadline_at (ms, 0 = none), closed (read by shard_meta.lua);
+--                    after_loss ('1': its effect ledger may have been lost; read by
+--                    record_effect, set by close_shard)
 --   KEYS[2] counts   hash: done and the event counters (pending, leased, dead: ZCARD of due,
 --                    leases, dead); added, lost and late_commits keep a run's accounting
 --   KEYS[3] items    hash: <item id> -> the packed record, <item id>#r -> result JSON,

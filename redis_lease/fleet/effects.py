@@ -21,6 +21,23 @@ What a call's exception means (:func:`apply_effect`):
 The original exception is always kept: raised as is, or chained (``raise ...
 from error``) with its type and message in the stored error text.
 
+In a run made again after a loss of data, or one that lived through it (its shards
+marked by :meth:`~redis_lease.store.LeaseStore.set_after_loss`), the ledger may have gone
+with the loss: an effect with no record is recorded ``unknown`` by the same script that
+reads the ledger, and reconciled like any other doubt before anything is sent.
+
+The intent is recorded right before the call in the script that checks the lease and,
+given ``ttl``, renews it: the item can be taken over only while the call itself is under
+way. What holds, per provider (docs/concepts/effects-and-idempotency.md, "What each
+provider is promised"):
+
+- ``honours_keys=True`` (the provider dedupes by key): applied at most once, always.
+- ``lookup`` only (no dedupe): at most once, except a call still on its way when its
+  item is taken over (its worker paused, cut off from Redis or killed mid-call past its
+  lease or heartbeat, or its lease lost with the data): the new holder's lookup cannot
+  see it, sends again, and the late call is applied a second time.
+- neither: at most once; any doubt stops the item with ``NeedsReconciliation``.
+
 The key is ``<run id>|<item id>|<effect>`` (the run id is ``<job>:<date>``),
 never from the token or attempt, so a stale worker and the new owner send the
 same key to the provider. Ids cannot contain ``|``, so no two (run, item,
@@ -173,8 +190,31 @@ def _how_to_reconcile(run_id: str, item_id: str, name: str) -> str:
         "check the key at the provider, then either give lease.effect a lookup= "
         "(or honours_keys=True when the provider dedupes by key) and run "
         f"'redis-lease requeue {run_id} {item_id}', or record its answer with "
+        f"'redis-lease resolve-effect {run_id} {item_id} {name} --applied RESULT' (or "
+        "--not-applied), or "
         f"redis_lease.effects.resolve_effect(store, {run_id!r}, {item_id!r}, {name!r}, "
         "applied=...)"
+    )
+
+
+def _doubt(lease: Lease, key: str, name: str, previous: str, record: dict[str, Any]) -> str:
+    """Why an open record (``previous``: intended or unknown) may have been applied, and
+    how to settle it: the text of its NeedsReconciliation."""
+    if record.get("after_loss"):
+        why = (
+            f"it has no ledger record, but run {lease.run_id!r} was made again after a loss "
+            "of data (or lived through one) and its ledger may have gone with it"
+        )
+    elif previous == "unknown":
+        why = f"an earlier attempt (token {record.get('token')}) ended: {_stored_error(record)}"
+    else:
+        why = (
+            f"an earlier attempt (token {record.get('token')}) recorded its intent and never "
+            "its outcome (its worker stopped or lost the lease)"
+        )
+    return (
+        f"needs reconciliation: effect {key!r} may have been applied: {why}; "
+        + _how_to_reconcile(lease.run_id, lease.item_id, name)
     )
 
 
@@ -187,8 +227,25 @@ def apply_effect(
     lookup: Callable[[str], Any] | None = None,
     honours_keys: bool = False,
     before_call: Callable[[], None] | None = None,
+    ttl: float | None = None,
 ) -> Any:
-    """Applies an effect at most once per idempotency key, under the fence.
+    """Applies an effect under the fence, reconciling any doubt before it sends.
+
+    The intent is recorded in the script that checks the lease, right before ``call``;
+    with ``ttl`` that script also renews the lease, so the item can be taken over only
+    while the call is under way. A doubt is an earlier attempt left open (``intended``
+    or ``unknown``) or, in a run made again after a loss of data, no record at all.
+    What holds, by what the handler declares (the table in
+    docs/concepts/effects-and-idempotency.md):
+
+    - ``honours_keys=True``, a provider that dedupes by key: applied at most once,
+      always; a doubt sends the same key again.
+    - ``lookup`` only, a provider that does not dedupe: a doubt is looked up first.
+      At most once, except a call still on its way when its item is taken over (its
+      worker paused, cut off or killed mid-call past its lease or heartbeat, or its
+      lease lost with the data): the new holder's lookup cannot see it, and the late
+      call is applied a second time.
+    - neither: at most once; a doubt raises NeedsReconciliation (the item goes dead).
 
     Args:
         call: sends the effect with the key; returns the provider's result (JSON).
@@ -200,6 +257,8 @@ def apply_effect(
         honours_keys: the provider dedupes by key, so a retry with the same key is safe.
         before_call: runs just before ``call`` (after the intent is recorded); raising
             EffectFailed there means the call is not sent (a lease that ran out meanwhile).
+        ttl: renews the lease for this many seconds when the intent is recorded, right
+            before ``call`` (None: not renewed).
 
     Returns:
         The provider's result, the stored one when the effect was applied before.
@@ -210,41 +269,35 @@ def apply_effect(
             call's connect error); the attempt is retried.
         EffectUnknown: the outcome is ambiguous and the next attempt reconciles it
             (the call's own, or one chained to the call's error).
-        NeedsReconciliation: the outcome is ambiguous, now or from an earlier
-            attempt, and neither ``lookup`` nor ``honours_keys`` can settle it.
+        NeedsReconciliation: the outcome is ambiguous, now, from an earlier attempt
+            or after a loss of data, and neither ``lookup`` nor ``honours_keys`` can
+            settle it; :func:`resolve_effect` (``redis-lease resolve-effect``) can.
     """
     key = idempotency_key(lease.run_id, lease.item_id, name)
     # One round trip records the intent, or returns the open record untouched. An upgrade
     # mid-run must not send an effect again under a new key, so a record under the old key
     # that belongs to this item and effect wins.
     previous, record, key = store.begin_effect(
-        lease, key, name, _legacy_key(lease.run_id, lease.item_id, name)
+        lease, key, name, _legacy_key(lease.run_id, lease.item_id, name), ttl=ttl
     )
     if previous == "applied":
         return record.get("result")
     if previous in ("intended", "unknown"):
-        # An earlier attempt may have reached the provider: reconcile before re-issuing.
+        # An earlier attempt, or the first run before a loss of data, may have reached
+        # the provider: reconcile before re-issuing.
         if lookup is not None:
             found = lookup(key)
             if found is not None:
                 _, stored = store.record_effect(lease, key, name, "applied", found)
                 return stored.get("result")
         elif not honours_keys:
-            ended = (
-                f"ended: {_stored_error(record)}"
-                if previous == "unknown"
-                else "recorded its intent and never its outcome (its worker stopped or lost "
-                "the lease)"
-            )
             raise NeedsReconciliation(
-                f"needs reconciliation: effect {key!r} may have been applied: an earlier "
-                f"attempt (token {record.get('token')}) {ended}; "
-                + _how_to_reconcile(lease.run_id, lease.item_id, name),
+                _doubt(lease, key, name, previous, record),
                 run_id=lease.run_id,
                 item_id=lease.item_id,
                 token=lease.token,
             )
-        store.record_effect(lease, key, name, "intended", None)
+        store.record_effect(lease, key, name, "intended", None, ttl=ttl)
     try:
         if before_call is not None:
             before_call()

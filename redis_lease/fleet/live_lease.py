@@ -212,10 +212,21 @@ class ActiveLease:
         lookup: Callable[[str], Any] | None = None,
         honours_keys: bool = False,
     ) -> Any:
-        """Applies an external effect at most once per idempotency key (see effects.apply_effect).
+        """Applies an external effect under the lease, reconciling any doubt before it sends.
 
-        ``call`` gets the key (``<run>|<item>|<name>``) and returns the
-        provider's result; an ambiguous earlier attempt is reconciled first.
+        ``call`` gets the key (``<run>|<item>|<name>``) and returns the provider's
+        result. The intent is recorded, and the lease checked and renewed for its TTL,
+        in one script right before the call, so the item can be taken over only while
+        the call is under way. What holds (:func:`~redis_lease.fleet.effects.apply_effect`;
+        the table in docs/concepts/effects-and-idempotency.md):
+
+        - ``honours_keys=True`` (the provider dedupes by key): applied at most once, always.
+        - ``lookup`` only: at most once, except a call still on its way when its item is
+          taken over (this worker paused, cut off or killed mid-call past its lease or
+          heartbeat, or the lease lost with the data): it can be applied a second time.
+        - neither: at most once; any doubt (an earlier attempt left open, an ambiguous
+          answer, a run made again after a loss of data) raises NeedsReconciliation.
+
         Raises LeaseLost at once when the lease is known to be lost.
         """
         self.check()
@@ -227,6 +238,7 @@ class ActiveLease:
             lookup=lookup,
             honours_keys=honours_keys,
             before_call=self.check_before_call,
+            ttl=self.ttl,
         )
 
     async def effect_async(
@@ -239,8 +251,9 @@ class ActiveLease:
     ) -> Any:
         """:meth:`effect` for an async handler: ``call`` and ``lookup`` may return awaitables.
 
-        The ledger's Redis calls run off the event loop, on threads of their own;
-        the provider call runs on it, and is cancelled when the lease is lost.
+        The same promises as :meth:`effect`. The ledger's Redis calls run off the event
+        loop, on threads of their own; the provider call runs on it, checked again just
+        before it starts, and is cancelled when the lease is lost.
         """
         self.check()
         loop = asyncio.get_running_loop()
@@ -253,6 +266,7 @@ class ActiveLease:
             partial(self._on_loop, loop, call),
             lookup=sync_lookup,
             honours_keys=honours_keys,
+            ttl=self.ttl,
         )
         # Threads of its own: one waiting here on the provider call must not take the
         # thread that call may need from the loop's default executor.

@@ -183,8 +183,10 @@ class Runs:
 
         Safe to repeat after a crash midway: existing items are left alone. Returns
         the number of items planned, or None when another planner holds the run.
-        A re-run after a loss (``after_loss`` in its record) counts the items it
-        added in ``replanned_items``. An error of the planner (or an item it yields
+        A re-run after a loss (``after_loss`` in its record) has every shard marked
+        first (:meth:`~redis_lease.store.LeaseStore.set_after_loss`: an effect with no
+        ledger record may have been applied) and counts the items it added in
+        ``replanned_items``. An error of the planner (or an item it yields
         that is not valid) fails the run with the error as its reason; a Redis
         failure leaves the run planning, for the next tick to plan again.
         ``progress`` is told the items streamed so far after each batch.
@@ -198,9 +200,10 @@ class Runs:
                 return None
             info = self.info(run_id)
             business_date = date.fromisoformat(info["business_date"])
-            items = _Planned(
-                planner, business_date, int(info.get("deadline_at", "0")), "after_loss" in info
-            )
+            rerun = "after_loss" in info
+            if rerun:  # before its items: their effects' ledger may have gone with the loss
+                self.store.set_after_loss(run_id)
+            items = _Planned(planner, business_date, int(info.get("deadline_at", "0")), rerun)
             self._add_planned(job, run_id, items, key, progress)
         # Exact for distinct ids, and safe when planning repeats after a crash.
         planned = sum(counts.get("added", 0) for counts in self.store.shard_counts(run_id))

@@ -144,12 +144,13 @@ class LeaderLease(NamedTuple):
 
 
 class EffectRecorded(NamedTuple):
-    """record_effect: the previous state ('' when new), the stored record (JSON text) and
-    the key it is stored under."""
+    """record_effect: the previous state ('' when new), the stored record (JSON text), the
+    key it is stored under, and the lease's new expiry (ms) when the call renewed it, else 0."""
 
     previous: str
     record: str
     key: str = ""
+    expires_at_ms: int = 0
 
 
 class Released(NamedTuple):
@@ -272,7 +273,8 @@ def _mark(reply: Sequence[Any]) -> MarkObserved:
 
 def _effect(reply: Sequence[Any]) -> EffectRecorded:
     key = _text(reply[2]) if len(reply) > 2 else ""
-    return EffectRecorded(_text(reply[0]), _text(reply[1]), key)
+    expires = int(reply[3]) if len(reply) > 3 else 0
+    return EffectRecorded(_text(reply[0]), _text(reply[1]), key, expires)
 
 
 DECODERS: dict[str, Callable[[Any], Any]] = {

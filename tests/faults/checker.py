@@ -16,8 +16,8 @@ words of DESIGN.md section 1:
   mark comes from a commit that was not the accepted one; an accepted commit left
   its mark;
 - ``expired-write``: no write is accepted at or after its lease's expiry (the
-  grant's, or the latest accepted renewal's; unknown when a renewal's reply was
-  lost, and then not checked);
+  grant's, or the latest accepted renewal's: a renew, or an effect's intent recorded
+  with a TTL; unknown when a renewal's reply was lost, and then not checked);
 - ``unfinished``: the run is final and every planned item is done or dead, none
   pending, leased or ``vanished`` (no record at all);
 - ``duplicate-effect`` / ``missing-effect``: each idempotency key applied at most
@@ -427,6 +427,13 @@ def _check_expiry(
                 expiry[key].append((int(op.get("server_ms")), int(op.get("expires_ms")), op))
             elif op.type == INFO:
                 unknown_renewals.add(key)
+        elif op.get("f") == "record_effect" and isinstance(op.get("token"), int):
+            key = (op.get("item"), op.get("token"))
+            at = _write_time(op)
+            if op.type == OK and op.get("expires_ms") and at is not None:
+                expiry[key].append((at, int(op.get("expires_ms")), op))  # renewed by the intent
+            elif op.type == INFO:
+                unknown_renewals.add(key)  # it may have renewed the lease
     for item, accepted in writes.items():
         for write in accepted:
             key = (item, write.token)

@@ -105,7 +105,8 @@ def describe_reply(reply: Any) -> dict[str, Any]:
     if isinstance(reply, FailReply):
         return {"state": reply.state, "server_ms": reply.now_ms}
     if isinstance(reply, EffectRecorded):
-        return {"previous": reply.previous, "record": reply.record[:2000]}
+        renewed = {"expires_ms": reply.expires_at_ms} if reply.expires_at_ms else {}
+        return {"previous": reply.previous, "record": reply.record[:2000], **renewed}
     if isinstance(reply, tuple) and hasattr(reply, "_asdict"):
         return {"reply": {k: v for k, v in reply._asdict().items() if not isinstance(v, dict)}}
     if isinstance(reply, (int, bool, str)) or reply is None:

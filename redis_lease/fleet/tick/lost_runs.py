@@ -331,6 +331,7 @@ def _tell_open_runs(
             "after_loss_at": str(now_ms),
             "after_loss_epoch": str(seen.epoch),
         }
+        store.set_after_loss(run_id)  # first: an effect with no record may have been applied
         with store.translating_errors(run_id):
             store.client.hset(store.keys.run(run_id), mapping=fields)
         text = (

@@ -183,35 +183,49 @@ class StoreHolder(StoreBase):
         )
 
     def record_effect(
-        self, lease: Lease, key: str, name: str, state: str, detail: Any = None
+        self,
+        lease: Lease,
+        key: str,
+        name: str,
+        state: str,
+        detail: Any = None,
+        *,
+        ttl: float | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """Writes the effect record ``key`` under the fence; returns (previous state, record).
 
-        An applied record is final: it is returned unchanged. Raises LeaseLost.
+        An applied record is final: it is returned unchanged. With ``ttl``, writing
+        ``intended`` also renews the lease for ``ttl`` seconds in the same call (the check
+        right before the provider call). Raises LeaseLost.
         """
-        recorded = self._effect_script(lease, key, name, state, detail)
+        recorded = self._effect_script(lease, key, name, state, detail, ttl=ttl)
         return recorded.previous, effect_record(recorded.record)
 
     def begin_effect(
-        self, lease: Lease, key: str, name: str, earlier_key: str = ""
+        self, lease: Lease, key: str, name: str, earlier_key: str = "", *, ttl: float | None = None
     ) -> tuple[str, dict[str, Any], str]:
         """Records the intent of an effect unless an attempt is open; one round trip.
 
         Returns (previous state, record, key used). The record is returned unchanged when
         it is applied, intended or unknown (``previous`` is then its state and nothing was
         written); ``earlier_key`` is used instead of ``key`` when only it holds this item's
-        effect. Raises LeaseLost.
+        effect. In a shard marked after a loss of data (:meth:`set_after_loss`) an effect
+        with no record may have been applied: it is recorded ``unknown`` (with
+        ``after_loss`` true) and returned as ``unknown``. With ``ttl``, recording the
+        intent renews the lease for ``ttl`` seconds. Raises LeaseLost.
         """
-        recorded = self._effect_script(lease, key, name, "intended", None, "1", earlier_key)
+        recorded = self._effect_script(lease, key, name, "intended", None, "1", earlier_key, ttl)
         return recorded.previous, effect_record(recorded.record), recorded.key or key
 
     def _effect_script(self, lease: Lease, key: str, name: str, state: str, detail: Any,
-                       fresh: str = "", earlier_key: str = "") -> Any:  # fmt: skip
+                       fresh: str = "", earlier_key: str = "",
+                       ttl: float | None = None) -> Any:  # fmt: skip
         detail_text = encode_json(detail, "effect detail")
+        ttl_ms = ttl_to_ms(ttl) if ttl is not None else ""
         return self._holder_script(
             "record_effect",
             lease,
-            [key, name, state, detail_text, fresh, earlier_key, lease.trace_id],
+            [key, name, state, detail_text, fresh, earlier_key, lease.trace_id, ttl_ms],
             extra_keys=self.keys.effects(lease.run_id, lease.shard),
         )
 

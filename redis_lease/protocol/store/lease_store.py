@@ -189,6 +189,20 @@ class LeaseStore(StoreClaims, StoreHolder, StoreReads):
         for shard in range(self.shard_count(run_id)):
             self._run_script("close_shard", run_id, shard, ["1" if closed else "0", ""])
 
+    def set_after_loss(self, run_id: str) -> None:
+        """Marks every shard of the run as made again after a loss of data, or as one that
+        lived through it: its effect ledger may have gone with the loss.
+
+        From then on an effect with no ledger record may have been applied: the next
+        attempt reconciles it (``lookup``), sends it only to a provider that honours
+        idempotency keys, or stops with NeedsReconciliation (see
+        :func:`redis_lease.fleet.effects.apply_effect`). The mark stays for the run's life.
+        Safe to repeat; a run whose items are not added yet is marked before they are.
+        Raises NotFound for an unknown run.
+        """
+        for shard in range(self.shard_count(run_id)):
+            self._run_script("close_shard", run_id, shard, ["", "", "1"])
+
     def set_deadline(self, run_id: str, deadline_ms: int) -> None:
         """Sets the time (server clock, ms) after which no lease is granted; 0 lifts the bar.
 
