@@ -192,7 +192,8 @@ def test_after_a_loss_neither_lookup_nor_keys_needs_reconciliation_and_resolves(
 
 
 def test_the_flag_is_on_every_shard_and_only_where_set(real_store: LeaseStore) -> None:
-    """A shard without the flag behaves as before: a missing record is a new effect."""
+    """A shard without the mark behaves as before: a missing record is a new effect; once
+    marked, a missing record is a doubt, and a record that survived is read as before."""
     store = real_store
     store.add(RUN, [Item(i, {"n": n}) for n, i in enumerate(ITEMS)], shards=2)
     lease = store.claim(RUN, ITEMS[0], "w1", ttl=30.0)
@@ -201,8 +202,9 @@ def test_the_flag_is_on_every_shard_and_only_where_set(real_store: LeaseStore) -
     assert len(sent) == 1
     store.set_after_loss(RUN)
     store.set_after_loss(RUN)  # safe to repeat
-    metas = [store.client.hget(store.keys.shard(RUN, s)[0], "after_loss") for s in (0, 1)]
-    assert metas == [b"1", b"1"]
+    assert marks(store, RUN) == ["1", "1"]
+    # A record that survived is read as before: applied is final.
+    assert apply_effect(store, lease, EFFECT, lambda key: sent.append(key)) == {"id": "c1"}
     lease = store.claim(RUN, ITEMS[1], "w1", ttl=30.0)
     with pytest.raises(NeedsReconciliation):
         apply_effect(store, lease, EFFECT, lambda key: sent.append(key) or {"id": "c2"})
@@ -210,16 +212,26 @@ def test_the_flag_is_on_every_shard_and_only_where_set(real_store: LeaseStore) -
 
 
 def test_planning_a_run_made_again_sets_the_flag_before_its_items(real_store: LeaseStore) -> None:
-    """``Runs.plan`` of a run whose record says ``after_loss`` marks every shard; a run
-    made for the first time is not marked."""
+    """``Runs.plan`` of a run whose record says ``after_loss`` marks every shard before the
+    planner's first item is added; a run made for the first time is not marked."""
     store = real_store
-    made_again(store)
-    for shard in (0, 1):
-        assert store.client.hget(store.keys.shard(RUN, shard)[0], "after_loss") == b"1"
-    runs, job = Runs(store), payouts_job()
+    seen: list[list[str | None]] = []
+    job = payouts_job()
+    planner = job.plan_items
+    assert planner is not None
+
+    def plan(day: date) -> Iterator[Item]:
+        seen.append(marks(store, f"payouts:{day}"))  # when the first item is asked for
+        yield from planner(day)
+
+    job.plan_items = plan
+    runs = Runs(store)
+    run_id, _ = runs.ensure(job, DAY, runs.server_now(), fields={"after_loss": "lost"})
+    runs.plan(job, run_id)
     other, _ = runs.ensure(job, date(2026, 12, 3), runs.server_now())
     runs.plan(job, other)
-    assert store.client.hget(store.keys.shard(other, 0)[0], "after_loss") is None
+    assert seen == [["1", "1"], [None, None]]
+    assert marks(store, run_id) == ["1", "1"] and marks(store, other) == [None, None]
 
 
 # -- end to end: a private Redis restarted empty mid-run -----------------------------------

@@ -367,7 +367,8 @@ def resolve_effect(
     """Records the provider's answer for an effect whose outcome is unknown.
 
     For an operator who asked the provider by key (see the item's
-    NeedsReconciliation message) when the handler has no ``lookup``:
+    NeedsReconciliation message: an earlier attempt left open, or a run made again
+    after a loss of data) when the handler has no ``lookup``:
     ``applied=True`` stores ``result`` as the effect's result (it is never sent
     again; the next attempt returns it), ``applied=False`` records that nothing
     was applied (the next attempt sends it again). The item is requeued when it
