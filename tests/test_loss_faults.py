@@ -111,8 +111,9 @@ def test_everything_lost_mid_run_is_told_and_the_run_made_again(
     The test's tick side remembers the data set: it tells the wipe (``replaced``), counts
     it once, and makes the run it remembered open again; the planner makes every item
     again, and the handler's lookup finds each payout made before the wipe (the effect
-    ledger went with it), or the provider's idempotency keys stop a second one. Breaks if the wipe goes untold or uncounted, if the run is not made
-    again, or if a payout is applied twice.
+    ledger went with it), or the provider's idempotency keys stop a second one. Breaks if
+    the wipe goes untold or uncounted, if the run is not made again, or if a payout is
+    applied twice.
     """
     settings = fleet_settings(concurrency)
     with Cluster(tmp_path / "c", prefix, concurrency=concurrency, workers=2, **settings) as c:
