@@ -6,15 +6,16 @@ skipped date counts is in :mod:`redis_lease.fleet.tick.missed_runs`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from croniter import croniter
 
 from ...protocol.store.lease_store import LeaseStore
+from ..data_set import Observation
 from ..job import Job
 from ..runs import Decision, Runs
-from . import missed_runs
+from . import lost_runs, missed_runs
 from .missed_runs import business_date
 
 #: Said when a job has no record of any run on the server.
@@ -25,7 +26,13 @@ NO_RECORD = (
 
 
 def create_due_runs(
-    store: LeaseStore, runs: Runs, path: str, job: Job, now: datetime, first: bool
+    store: LeaseStore,
+    runs: Runs,
+    path: str,
+    job: Job,
+    now: datetime,
+    first: bool,
+    seen: Observation | None = None,
 ) -> list[Decision]:
     """Creates the runs that are due, by the job's definition and its record on the server.
 
@@ -40,11 +47,23 @@ def create_due_runs(
     between ``last_fire_at`` and the window's start: each is counted once in the job's
     ``missed`` tally (``redis_lease_missed_runs_total``, :mod:`redis_lease.fleet.tick.missed_runs`),
     and a ``missed`` decision on the run created with them names them.
+
+    After a loss of the data set (``seen``: this tick's look at the mark) the server may have
+    no record of the job's runs while the tick side remembers the last scheduled time its
+    ticks handled: the window then begins after it, as if the server had kept it. When that
+    memory is in doubt (another tick side may have ticked since), the dates after it are
+    named lost, not made: the tick cannot tell whether they ran.
     """
     opts = job.options
     grace = timedelta(seconds=opts.catch_up_grace_seconds)
     with store.translating_errors():
         record = _JobRecord.read(store, job)
+    remembered = _remembered_fire(record, job, seen)
+    if remembered is not None:
+        fired, doubtful = remembered
+        record = replace(record, last_fire=fired)
+        if doubtful:
+            return _name_in_doubt(store, runs, path, job, record, now)
     fires = job.fire_times(record.since(now, opts.catch_up_days, grace), now)
     if record.fresh:
         fires = fires[-1:]
@@ -78,6 +97,37 @@ def create_due_runs(
         decisions.append(note)
     if first and record.fresh and not decisions:
         decisions.append(Decision("waiting", job.name, _next_fire_note(path, job, now)))
+    return decisions
+
+
+def _remembered_fire(
+    record: _JobRecord, job: Job, seen: Observation | None
+) -> tuple[datetime, bool] | None:
+    """After a loss that left no record of the job's runs, the last scheduled time the tick
+    side remembers handling and whether that memory is in doubt; else None."""
+    if not record.fresh or seen is None or not (seen.loss or seen.since_loss):
+        return None
+    known = seen.remembered.fired.get(job.name) if seen.remembered else None
+    if known is None:
+        return None
+    fired_ms, doubtful = known
+    return datetime.fromtimestamp(fired_ms / 1000, job.zone), doubtful
+
+
+def _name_in_doubt(
+    store: LeaseStore, runs: Runs, path: str, job: Job, record: _JobRecord, now: datetime
+) -> list[Decision]:
+    """Names lost the dates scheduled after the last one a doubtful memory remembers handling
+    (another tick side may have run them), and moves the job's last scheduled time to now."""
+    opts = job.options
+    fires = job.fire_times(record.since(now, opts.catch_up_days, timedelta(0)), now)
+    why = (
+        "scheduled after the last date this tick side remembers handling, and another tick "
+        "side may have ticked since; after a loss of the data set nothing shows whether it ran"
+    )
+    days = sorted({business_date(job, fire) for fire in fires})
+    decisions = lost_runs.name_unknown_dates(store, runs, path, job, days, now, why)
+    missed_runs.record_handled(store, job, fires, [], count=False)
     return decisions
 
 

@@ -207,7 +207,7 @@ def _tick_job_runs(
         _check(go_on)
         decisions += lost_runs.recover(store, runs, path, job, now, seen)
         _check(go_on)
-        decisions += create_due_runs(store, runs, path, job, now, first)
+        decisions += create_due_runs(store, runs, path, job, now, first, seen)
         for run_id in runs.open_runs(job.name):
             _check(go_on)
             told = partial(progress, run_id) if progress else None
