@@ -124,7 +124,7 @@ def observe(store: LeaseStore, job: str) -> Observation:
             reason = LOSS_REASONS[mark.kind].format(previous=mark.previous, id=mark.id)
             loss = Loss(mark.kind, reason, mark.previous)
             store.client.hset(store.keys.data_set, "last_loss_reason", reason)
-    current = _judged(memory, mark, loss)
+    current = _judged(memory, mark, loss, job)
     seen = Observation(
         mark.id, mark.epoch, mark.seq, mark.created_at_ms, loss, mark.since_loss, current
     )
@@ -135,15 +135,20 @@ def observe(store: LeaseStore, job: str) -> Observation:
     return seen
 
 
-def _judged(memory: Remembered | None, mark: MarkObserved, loss: Loss | None) -> Remembered | None:
+def _judged(
+    memory: Remembered | None, mark: MarkObserved, loss: Loss | None, mark_job: str
+) -> Remembered | None:
     """What of ``memory`` this tick may go by (:mod:`redis_lease.fleet.remembered`): all of it
     when it noticed a loss now or no other side ticked since it was written; its runs made
     doubtful when another side noticed a loss first; none of its runs when another side
-    ticked since (the server's records are the truth then)."""
-    if memory is None or loss is not None:
+    ticked since (the server's records are the truth then). After a loss, every job it knows
+    of (and ``mark_job``) is unsettled until its tick finishes (:func:`remember_runs`)."""
+    if memory is None:
         return memory
+    if loss is not None:
+        return memory.after_loss(mark_job)
     if mark.since_loss:
-        return memory.doubted()
+        return memory.doubted().after_loss(mark_job)
     if mark.seq - 1 != memory.seq:
         return memory.without_runs()
     return memory
@@ -154,10 +159,10 @@ def remember_runs(
 ) -> None:
     """Remembers ``runs`` (run id -> created ms) as the runs the tick side knows of ``job``
     (``""``: ad-hoc runs), and ``fired_ms`` as the last scheduled time its ticks handled,
-    beside the mark last observed."""
+    beside the mark last observed; the job's tick after a loss is settled."""
     memory = recall(store)
     if memory is not None:
-        memory = memory.with_runs(job, runs)
+        memory = memory.with_runs(job, runs).settled(job)
         keep(store, memory if fired_ms is None else memory.with_fired(job, fired_ms))
 
 

@@ -44,7 +44,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, WeakSet
 
 import redis
 
@@ -61,6 +61,8 @@ MARK_FILE_ENV = "REDIS_LEASE_MARK_FILE"
 RUNS_REMEMBERED = 500
 
 _by_store: WeakKeyDictionary[LeaseStore, Remembered] = WeakKeyDictionary()
+#: The stores whose process memory is in doubt and was not written since (:func:`distrust`).
+_doubted: WeakSet[LeaseStore] = WeakSet()
 
 
 #: What a remembered run's entry says (see the module's docstring).
@@ -76,7 +78,8 @@ class Remembered:
     ``runs`` maps a run id to its job (``""`` for an ad-hoc run) and when it was created
     (ms, 0 when not known); ``states`` a run id to its state when it is not ``open``;
     ``fired`` a job to the last scheduled time its ticks handled (ms) and whether that is
-    doubtful (after a loss it tells which dates had their run, when the server cannot).
+    doubtful (after a loss it tells which dates had their run, when the server cannot);
+    ``unsettled`` the jobs whose tick after a loss this side noticed has not finished yet.
     """
 
     id: str
@@ -85,6 +88,7 @@ class Remembered:
     runs: dict[str, tuple[str, int]] = field(default_factory=dict)
     states: dict[str, str] = field(default_factory=dict)
     fired: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    unsettled: frozenset[str] = frozenset()
 
     def with_runs(self, job: str, runs: dict[str, int]) -> Remembered:
         """This memory with ``job``'s runs replaced by ``runs`` (run id -> created ms), all
@@ -104,6 +108,15 @@ class Remembered:
             states[run_id] = state
         return replace(self, runs=runs, states=states)
 
+    def after_loss(self, job: str) -> Remembered:
+        """This memory with a loss noticed: every job it knows of, and ``job``, unsettled."""
+        jobs = {owner for owner, _ in self.runs.values()} | set(self.fired) | {job}
+        return replace(self, unsettled=frozenset(jobs))
+
+    def settled(self, job: str) -> Remembered:
+        """This memory with ``job``'s tick after a loss finished."""
+        return replace(self, unsettled=self.unsettled - {job})
+
     def with_fired(self, job: str, fired_ms: int) -> Remembered:
         """This memory with ``job``'s last handled scheduled time ``fired_ms`` (not doubtful)."""
         return replace(self, fired={**self.fired, job: (fired_ms, False)})
@@ -114,8 +127,8 @@ class Remembered:
         return replace(self, states=dict.fromkeys(self.runs, DOUBTFUL), fired=fired)
 
     def without_runs(self) -> Remembered:
-        """This memory with no runs and no scheduled times."""
-        return replace(self, runs={}, states={}, fired={})
+        """This memory with no runs, no scheduled times, no job unsettled."""
+        return replace(self, runs={}, states={}, fired={}, unsettled=frozenset())
 
     def state_of(self, run_id: str) -> str:
         """The state of a remembered run (``open`` unless noted)."""
@@ -133,6 +146,8 @@ class Remembered:
             data["states"] = dict(self.states)
         if self.fired:
             data["fired"] = {job: [ms, int(doubt)] for job, (ms, doubt) in self.fired.items()}
+        if self.unsettled:
+            data["unsettled"] = sorted(self.unsettled)
         return data
 
     @classmethod
@@ -151,19 +166,28 @@ class Remembered:
                 str(job): (int(ms), bool(doubt))
                 for job, (ms, doubt) in dict(data.get("fired") or {}).items()
             }
-            return cls(str(data["id"]), int(data["epoch"]), int(data["seq"]), runs, states, fired)
+            unsettled = frozenset(str(job) for job in data.get("unsettled") or [])
+            return cls(
+                str(data["id"]),
+                int(data["epoch"]),
+                int(data["seq"]),
+                runs,
+                states,
+                fired,
+                unsettled,
+            )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
 
 
 def recall(store: LeaseStore) -> Remembered | None:
     """What the tick side remembers of the store's data set: the process's memory, else the
-    file's, else RQ's Redis's (when apart); None when none has an entry."""
+    file's, else RQ's Redis's (when apart); None when none has an entry. A process memory in
+    doubt (:func:`distrust`) comes after the shared places: every tick side writes those, so
+    they are as current as anything this process knows."""
     found = _by_store.get(store)
-    if found is None:
-        found = _from_file(store)
-    if found is None:
-        found = _from_queue_redis(store)
+    if found is None or store in _doubted:
+        found = _from_file(store) or _from_queue_redis(store) or found
     return found
 
 
@@ -171,6 +195,7 @@ def keep(store: LeaseStore, memory: Remembered) -> None:
     """Remembers ``memory`` in every place: the process, the file (when named), RQ's Redis
     (when apart). A place that cannot be written is logged and left out."""
     _by_store[store] = memory
+    _doubted.discard(store)
     _to_file(store, memory)
     _to_queue_redis(store, memory)
 
@@ -189,6 +214,7 @@ def distrust(store: LeaseStore) -> None:
     memory = _by_store.get(store)
     if memory is not None:
         _by_store[store] = memory.doubted()
+        _doubted.add(store)
 
 
 def _entry(store: LeaseStore) -> str:

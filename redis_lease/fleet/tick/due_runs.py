@@ -14,10 +14,12 @@ from croniter import croniter
 from ...protocol.store.lease_store import LeaseStore
 from ..data_set import Observation
 from ..job import Job
-from ..runs import Decision, Runs
+from ..runs import Decision, Runs, to_ms
 from . import lost_runs, missed_runs
 from .missed_runs import business_date
 
+#: The most days back a tick whose memory is in doubt names dates lost (a year).
+IN_DOUBT_DAYS = 366
 #: Said when a job has no record of any run on the server.
 NO_RECORD = (
     "no record of this job's runs on the server: a new job, or the server lost its data "
@@ -64,6 +66,8 @@ def create_due_runs(
         record = replace(record, last_fire=fired)
         if doubtful:
             return _name_in_doubt(store, runs, path, job, record, now)
+        with store.translating_errors():  # first: a tick that stops later goes on from it
+            store.client.hsetnx(store.keys.job(job.name), "last_fire_at", str(to_ms(fired)))
     fires = job.fire_times(record.since(now, opts.catch_up_days, grace), now)
     if record.fresh:
         fires = fires[-1:]
@@ -103,9 +107,9 @@ def create_due_runs(
 def _remembered_fire(
     record: _JobRecord, job: Job, seen: Observation | None
 ) -> tuple[datetime, bool] | None:
-    """After a loss that left no record of the job's runs, the last scheduled time the tick
-    side remembers handling and whether that memory is in doubt; else None."""
-    if not record.fresh or seen is None or not (seen.loss or seen.since_loss):
+    """When the server has no last scheduled time of the job (a loss took it) and the tick
+    side remembers one: that time and whether that memory is in doubt; else None."""
+    if record.last_fire is not None or seen is None:
         return None
     known = seen.remembered.fired.get(job.name) if seen.remembered else None
     if known is None:
@@ -118,9 +122,11 @@ def _name_in_doubt(
     store: LeaseStore, runs: Runs, path: str, job: Job, record: _JobRecord, now: datetime
 ) -> list[Decision]:
     """Names lost the dates scheduled after the last one a doubtful memory remembers handling
-    (another tick side may have run them), and moves the job's last scheduled time to now."""
-    opts = job.options
-    fires = job.fire_times(record.since(now, opts.catch_up_days, timedelta(0)), now)
+    (another tick side may have run them), then moves the job's last scheduled time to now:
+    a tick that stops midway leaves it unmoved, and the next names the rest."""
+    since = record.last_fire or now
+    # every date since, not only the catch-up window's: any of them may have had a run
+    fires = job.fire_times(max(since, now - timedelta(days=IN_DOUBT_DAYS)), now)
     why = (
         "scheduled after the last date this tick side remembers handling, and another tick "
         "side may have ticked since; after a loss of the data set nothing shows whether it ran"

@@ -191,7 +191,7 @@ def _job_candidates(
     memory = seen.remembered
     for run_id, made in (memory.runs_of(job.name) if memory else {}).items():
         state = memory.state_of(run_id) if memory else OPEN
-        if state == CREATING and seen.loss is None:
+        if state == CREATING and memory and job.name not in memory.unsettled:
             continue  # its making may have failed; with no loss, the server shows it if made
         found[run_id] = _Candidate(made, _REMEMBERED[state], state)
     for day, made in dated:
