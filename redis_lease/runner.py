@@ -65,6 +65,8 @@ def run_worker(
 
     Raises:
         InvalidInput: a job does not import or is not well formed, or an option is wrong.
+        ProtocolMismatch: the data under ``prefix`` is in a protocol this release does not
+            speak (the command line's exit 9); nothing was written.
         RedisUnavailable: Redis cannot be reached, or refuses what a worker needs.
     """
     if tick_every < 1:

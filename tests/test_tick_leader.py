@@ -203,17 +203,17 @@ def test_two_leader_threads_one_leads_and_a_closed_one_hands_over_at_once(
     wait_for(lambda: first.ticks > 0, 10, "w1 to lead and tick")
     second.start()
     try:
-        assert second.leadership is None and first.leadership == Leadership("w1", 1)
+        assert second.leadership is None and first.leadership == Leadership(first.holder, 1)
         first.close()
         since = time.monotonic()
         wait_for(lambda: second.leadership, 2 * TICK_LEADER_RENEW_MS / 1000 + 1, "w2 to lead")
         assert time.monotonic() - since < TICK_LEADER_TTL_MS / 1000, "not the lease's TTL"
-        assert second.leadership == Leadership("w2", 2)
+        assert second.leadership == Leadership(second.holder, 2)
         wait_for(lambda: second.ticks > 0, 10, "w2 to tick")
     finally:
         second.close()
         first.close()
-    assert [line.split(":")[0] for line in said if "tick leader (token" in line] == [
+    assert [line.split(":")[0] for line in said if ": tick leader (token" in line] == [
         "worker w1",
         "worker w2",
     ]
@@ -258,7 +258,7 @@ def test_a_lost_lease_hash_does_not_stop_the_ticks(
     leader.start()
     try:
         wait_for(lambda: store.client.get(fence) == b"3", 15, "a tick past the fence")
-        assert leader.leadership == Leadership("w1", 3)
+        assert leader.leadership == Leadership(leader.holder, 3)
     finally:
         leader.close()
 
@@ -314,3 +314,154 @@ def test_a_stuck_tick_gives_the_lease_to_another_worker(
         leader_jobs.STUCK.set()
         second.close()
         first.close()
+
+
+SCHEDULED = "tests.leader_jobs:scheduled"
+OTHER = "tests.leader_jobs:other"
+
+
+def test_the_leader_ticks_a_job_another_worker_declared(real_store: LeaseStore) -> None:
+    """w1 is given one job and leads; w2, given that job and another of the same module,
+    only declares them: the leader ticks the other job too (it records it, as every tick
+    of a job does)."""
+    store = real_store
+    said: list[str] = []
+    leader = TickLeader(store, "w1", [SCHEDULED], said.append, every=1)
+    later = TickLeader(store, "w2", [SCHEDULED, OTHER], said.append, every=1)
+    leader.start()
+    try:
+        wait_for(lambda: leader.ticks > 0, 10, "w1 to lead and tick")
+        later.start()
+        wait_for(
+            lambda: store.client.hget(store.keys.job("other"), "path") == OTHER.encode(),
+            15,
+            "the leader to tick the job w2 declared",
+        )
+        assert later.leadership is None, "w2 never led"
+    finally:
+        later.close()
+        leader.close()
+    assert any("w1" in line and "other" in line for line in said), said
+
+
+def test_two_processes_of_one_name_never_share_the_lease(real_store: LeaseStore) -> None:
+    """A restarted worker beside its paused predecessor, both named 'same': the second gets
+    no share of the first's lease, and its release frees nothing of it."""
+    store = real_store
+    said: list[str] = []
+    first = TickLeader(store, "same", [SCHEDULED], said.append, every=1)
+    second = TickLeader(store, "same", [SCHEDULED], said.append, every=1)
+    try:
+        first.step()
+        second.step()
+        assert first.leadership is not None and first.leadership.token == 1
+        assert second.leadership is None, "a second process of the same name leads too"
+        second.close()
+        holder, token = store.client.hmget(store.keys.tick_leader, ["holder", "token"])
+        assert holder and token == b"1", "the second's release freed the first's lease"
+        first.step()
+        assert first.leadership is not None and first.leadership.token == 1
+    finally:
+        second.close()
+        first.close()
+    assert [line for line in said if ": tick leader (token" in line] == [
+        f"worker same: tick leader (token 1): ticks {SCHEDULED} every 1s"
+    ], said
+
+
+def test_a_plain_tick_taking_the_lock_midway_stops_that_jobs_tick_not_the_leadership(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    """The leader's planning step runs past its lock's time and a plain tick (cron,
+    rq-scheduler) takes the job's lock: the leader's tick of the job stops at its next step,
+    and nothing in what it returns says it no longer leads."""
+    store = real_store
+    me = Leadership("w1", hold_leadership(store, "w1", 10_000).token)
+    lock_key = store.keys.job_tick_lock("nightly")
+    taken: list[bool] = []
+
+    def plain_tick_takes_the_lock(run_id: str, planned: int) -> None:
+        if not taken:  # the leader's lock ran out (its 60 s) and a plain tick's SET NX won
+            store.client.delete(lock_key)
+            taken.append(bool(store.client.set(lock_key, "plain-tick", nx=True, px=60_000)))
+
+    made = tick(store, [NIGHTLY_PATH], now=T0, progress=plain_tick_takes_the_lock, leader=me)
+    kinds = [d.kind for d in made]
+    assert taken == [True]
+    assert NOT_LEADER not in kinds, kinds
+    assert kinds[0] == "create" and "plan" in kinds, kinds
+    assert store.client.get(lock_key) == b"plain-tick", "the plain tick's lock is left alone"
+    assert still_leading(store, me), "the lease is still the leader's"
+
+
+def test_a_plain_tick_beside_the_leader_changes_nothing_about_who_leads(
+    real_store: LeaseStore, monkeypatch: pytest.MonkeyPatch, queue_name: str
+) -> None:
+    """The leader's tick hangs in a planner past its lock's time (1 s here); a plain tick
+    takes the job's lock meanwhile. The leader goes on leading with its token: it neither
+    says it lost the lead nor asks for a new token."""
+    from dataclasses import replace
+
+    from redis_lease.fleet.tick import scheduler_tick
+    from tests.fleet_helpers import purge_queue
+
+    store = real_store
+    monkeypatch.setattr(scheduler_tick, "TICK_LOCK_SECONDS", 1)
+    job = leader_jobs.stuck
+    monkeypatch.setattr(job, "options", replace(job.options, queue=queue_name))
+    leader_jobs.STUCK.clear()
+    said: list[str] = []
+    leader = TickLeader(store, "w1", ["tests.leader_jobs:stuck"], said.append, every=1)
+    lock_key = store.keys.job_tick_lock("stuck")
+    leader.start()
+    try:
+        wait_for(lambda: leader.leadership, 10, "w1 to lead")
+        wait_for(  # its tick hangs in the planner; once its lock ran out, a plain tick's
+            lambda: store.client.set(lock_key, "plain-tick", nx=True, px=60_000),
+            10,
+            "the leader's lock to run out and a plain tick to take it",
+        )
+        leader_jobs.STUCK.set()
+        wait_for(lambda: leader.ticks > 0, 10, "the leader's tick to end")
+        renewed = store.client.hget(store.keys.tick_leader, "expires")
+        for _ in range(2):  # two renewals after its tick ended
+            wait_for(
+                lambda before=renewed: (
+                    store.client.hget(store.keys.tick_leader, "expires") != before
+                ),
+                10,
+                "a renewal",
+            )
+            renewed = store.client.hget(store.keys.tick_leader, "expires")
+        assert store.client.hget(store.keys.tick_leader, "token") == b"1"
+        assert leader.leadership is not None and leader.leadership.token == 1
+        assert not any("no longer the tick leader" in line for line in said), said
+        assert not any("token 2" in line for line in said), said
+    finally:
+        leader_jobs.STUCK.set()
+        leader.close()
+        purge_queue(store.client, queue_name)
+
+
+def test_run_worker_from_python_refuses_a_protocol_it_does_not_speak(
+    real_store: LeaseStore, queue_name: str
+) -> None:
+    """As the command line does: one line naming the protocol, and nothing written."""
+    from redis_lease.errors import ProtocolMismatch
+
+    store = real_store
+    store.client.set(store.keys.protocol, "99")
+    lines: list[str] = []
+    with pytest.raises(ProtocolMismatch, match=r"is in protocol 99") as refused:
+        run_worker(
+            jobs=[leader_jobs.scheduled],
+            url=store.url,
+            prefix=store.prefix,
+            queues=[queue_name],
+            burst=True,
+            simple=True,
+            say=lines.append,
+        )
+    assert refused.value.exit_code == 9
+    assert keys_under(store.client, store.prefix) == [store.keys.protocol], "it wrote"
+    assert lines == []
