@@ -465,3 +465,86 @@ def test_run_worker_from_python_refuses_a_protocol_it_does_not_speak(
     assert refused.value.exit_code == 9
     assert keys_under(store.client, store.prefix) == [store.keys.protocol], "it wrote"
     assert lines == []
+
+
+def test_a_declared_job_the_leader_did_not_load_is_named_not_imported(
+    real_store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """w2 declares a job of a module the leader had not loaded when it started (a rolling
+    deploy that adds it): the leader imports nothing for it, does not tick it, and names it
+    in its log, beside its lease (workers, metrics) and in w2's log."""
+    import sys
+
+    from redis_lease.protocol.store.declared_jobs import declared_jobs
+
+    store = real_store
+    weekly = "tests.declared_jobs:weekly"
+    monkeypatch.delitem(sys.modules, "tests.declared_jobs", raising=False)
+    said: list[str] = []
+    leader = TickLeader(store, "w1", [SCHEDULED], said.append, every=1)
+    later = TickLeader(store, "w2", [SCHEDULED, weekly], said.append, every=1)  # imports it
+    leader.start()
+    try:
+        wait_for(lambda: leader.ticks > 0, 10, "w1 to lead and tick")
+        later.start()
+        wait_for(
+            lambda: (
+                [j.ticked for j in declared_jobs(store).jobs.values() if j.job == "weekly"]
+                == [False]
+            ),
+            15,
+            "the leader to name the job it cannot tick",
+        )
+        wait_for(lambda: any(line.startswith("worker w2: job weekly") for line in said), 5, "w2")
+    finally:
+        later.close()
+        leader.close()
+    reason = (
+        "its module 'tests.declared_jobs' was not loaded in the leader when it started, and a "
+        "leader imports no module another worker names: give every worker the same --job options"
+    )
+    assert (
+        f"worker w1: job weekly ({weekly}), declared by worker w2, is not ticked: {reason}" in said
+    )
+    assert (
+        f"worker w2: job weekly ({weekly}), which this worker declared, is not ticked: the tick "
+        f"leader w1: {reason}"
+    ) in said
+    assert store.client.exists(store.keys.job("weekly")) == 0, "the leader ticked it"
+    assert "weekly" not in declared_jobs(store).jobs, "w2 withdrew its jobs when it stopped"
+
+
+class _Recording(TickLeader):
+    """A leader that notes where each leadership begins, and whether it was continuous."""
+
+    begun: list[tuple[int, bool]]
+
+    def _begin(self, leadership: Leadership, continuous: bool) -> None:
+        self.begun.append((leadership.token, continuous))
+        super()._begin(leadership, continuous)
+
+
+def test_a_new_leadership_says_whether_the_lease_was_held_without_a_break(
+    real_store: LeaseStore,
+) -> None:
+    """Its first leadership is not continuous; one begun on a token past a job's fence while
+    it still held the lease is; one begun after another worker held the lease is not."""
+    store = real_store
+    said: list[str] = []
+    leader = _Recording(store, "w1", [SCHEDULED], said.append, every=1)
+    leader.begun = []
+    store.client.set(store.keys.job_tick_fence("scheduled"), 4)  # the lease's hash was lost
+    try:
+        leader.step()  # token 1: its tick meets the fence and asks for a token past it
+        wait_for(lambda: leader.leadership is None, 10, "the tick to meet the fence")
+        leader.step()
+        assert leader.begun == [(1, False), (5, True)]
+        release_leadership(store, leader.holder)
+        assert hold_leadership(store, "another#1", 10_000).held
+        leader.step()  # another holds it
+        assert leader.leadership is None
+        release_leadership(store, "another#1")
+        leader.step()
+        assert leader.begun == [(1, False), (5, True), (7, False)]
+    finally:
+        leader.close()

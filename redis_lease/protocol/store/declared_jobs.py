@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeGuard
 
 from ...limits import ID_MAX_LENGTH, TICK_DECLARED_MS
@@ -126,7 +126,8 @@ def declare_jobs(
 ) -> list[Unticked]:
     """Declares (or renews) the jobs of process ``holder`` of worker ``worker``: job name ->
     import path. Returns what the live tick leader says of the declared jobs it does not
-    tick (every worker's, not only these), [] when none leads."""
+    tick (every worker's, not only these; each reason names the leader), [] when none
+    leads."""
     with store.translating_errors():
         store.scripts.call(
             "declare_jobs",
@@ -139,7 +140,10 @@ def declare_jobs(
         (lease_holder, token, expires, said), now = pipe.execute()
     if not lease_holder or _number(expires) <= time_ms(now):
         return []
-    return read_unticked(said, _text(lease_holder), _number(token))
+    holder_text = _text(lease_holder)
+    leader = f"the tick leader {shown_holder(holder_text)}: "
+    found = read_unticked(said, holder_text, _number(token))
+    return [replace(u, reason=leader + u.reason) for u in found]
 
 
 def withdraw_jobs(store: StoreBase, holder: str, kept_ms: int = TICK_DECLARED_MS) -> None:
