@@ -333,11 +333,13 @@ class TickLeader(threading.Thread):
         self._told_adopted, self._told_unticked = adopted, now
 
     def _declare(self) -> None:
-        """Declares its jobs, and says when the leader does not tick one of them (or ticks
-        one again it did not)."""
+        """Declares its jobs, and says when the live leader does not tick one of them (or
+        ticks one again that it did not)."""
         if not self._own:
             return
         said = declare_jobs(self.store, self.holder, self.worker, self._own)
+        if said is None:  # no worker leads: nothing is said of any job until one does
+            return
         mine = {
             u.job: f"job {u.job} ({u.path}), which this worker declared, is not ticked: {u.reason}"
             for u in said

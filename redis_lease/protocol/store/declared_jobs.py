@@ -123,11 +123,11 @@ def declare_jobs(
     worker: str,
     jobs: Mapping[str, str],
     kept_ms: int = TICK_DECLARED_MS,
-) -> list[Unticked]:
+) -> list[Unticked] | None:
     """Declares (or renews) the jobs of process ``holder`` of worker ``worker``: job name ->
     import path. Returns what the live tick leader says of the declared jobs it does not
-    tick (every worker's, not only these; each reason names the leader), [] when none
-    leads."""
+    tick (every worker's, not only these; each reason names the leader), None when no
+    worker holds a live lease."""
     with store.translating_errors():
         store.scripts.call(
             "declare_jobs",
@@ -139,7 +139,7 @@ def declare_jobs(
         queue_time(pipe)
         (lease_holder, token, expires, said), now = pipe.execute()
     if not lease_holder or _number(expires) <= time_ms(now):
-        return []
+        return None
     holder_text = _text(lease_holder)
     leader = f"the tick leader {shown_holder(holder_text)}: "
     found = read_unticked(said, holder_text, _number(token))
