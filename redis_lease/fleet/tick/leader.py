@@ -158,7 +158,10 @@ class TickLeader(threading.Thread):
     def step(self) -> None:
         """One try to hold (or renew) the lease, after declaring its jobs; a tick started when
         one is due."""
-        self._declare()
+        try:
+            self._declare()
+        except InvalidInput as error:  # refused: it still competes for the lease and ticks
+            log.warning("tick leader: could not declare its jobs: %s", error)
         if self._stuck():
             return
         sent = time.monotonic()
@@ -245,7 +248,11 @@ class TickLeader(threading.Thread):
 
     def _tick(self, leadership: Leadership) -> None:
         try:
-            paths, names = self._jobs_to_tick(leadership)
+            try:
+                paths, names = self._jobs_to_tick(leadership)
+            except (RedisLeaseError, *REDIS_FAILURES) as error:  # its own jobs all the same
+                log.warning("tick leader: could not read the declared jobs: %s", error)
+                paths, names = list(self.job_paths), list(self._own)
             decisions = tick(self.store, paths, leader=leadership)
             self.ticks += 1
             if decisions:

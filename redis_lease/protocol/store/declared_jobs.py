@@ -31,8 +31,14 @@ from .leader import shown_holder
 #: The most jobs one declaration holds, and declared jobs the leader names unticked, that
 #: are read (more are skipped).
 JOBS_MAX = 100
-#: The longest worker name, path and reason kept or shown, in UTF-8 bytes.
+#: The longest worker name and reason kept or shown, in UTF-8 bytes.
 TEXT_MAX = 500
+#: The most workers named for one job the leader does not tick.
+WORKERS_MAX = 10
+#: The longest declaration or leader's list written, in characters of JSON (ASCII): well
+#: under the scripts' bound (json_bytes, counted as escaped inside a JSON string), so that
+#: neither a long job list nor a crowded fleet ever gets a declaration or a renewal refused.
+WRITTEN_MAX = 16_000
 
 
 @dataclass(frozen=True)
@@ -113,8 +119,14 @@ class FleetJobs:
 
 
 def declaration_text(worker: str, jobs: Mapping[str, str]) -> str:
-    """What a worker declares: its name and its jobs (name -> path), as JSON."""
-    return json.dumps({"worker": clip(worker, TEXT_MAX), "jobs": dict(jobs)}, sort_keys=True)
+    """What a worker declares: its name and its jobs (name -> path), as JSON; the jobs past
+    :data:`JOBS_MAX`, or past :data:`WRITTEN_MAX` characters, are left out."""
+    kept = dict(sorted(jobs.items())[:JOBS_MAX])
+    while True:
+        text = json.dumps({"worker": clip(worker, TEXT_MAX), "jobs": kept}, sort_keys=True)
+        if len(text) <= WRITTEN_MAX or not kept:
+            return text
+        kept.popitem()
 
 
 def declare_jobs(
@@ -207,17 +219,22 @@ def is_job_path(path: Any) -> TypeGuard[str]:
 def unticked_text(holder: str, token: int, unticked: list[Unticked]) -> str:
     """What a leader says of the declared jobs it does not tick, as it keeps it beside its
     lease: its holder and token (so that no other leadership's list is taken for it) and
-    each job (at most :data:`JOBS_MAX`)."""
+    each job (at most :data:`JOBS_MAX`, each naming at most :data:`WORKERS_MAX` workers;
+    the jobs past :data:`WRITTEN_MAX` characters are left out)."""
     jobs = [
         {
             "job": u.job,
             "path": u.path,
-            "workers": [clip(w, TEXT_MAX) for w in u.workers[:JOBS_MAX]],
+            "workers": [clip(w, TEXT_MAX) for w in u.workers[:WORKERS_MAX]],
             "reason": clip(u.reason, TEXT_MAX),
         }
         for u in unticked[:JOBS_MAX]
     ]
-    return json.dumps({"holder": holder, "token": token, "jobs": jobs}, sort_keys=True)
+    while True:
+        text = json.dumps({"holder": holder, "token": token, "jobs": jobs}, sort_keys=True)
+        if len(text) <= WRITTEN_MAX or not jobs:
+            return text
+        jobs.pop()
 
 
 def read_unticked(raw: Any, holder: str, token: int) -> list[Unticked]:
