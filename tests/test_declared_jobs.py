@@ -221,3 +221,23 @@ def test_workers_and_metrics_name_a_declared_job_no_leader_ticks(real_store: Lea
     by_name = {row["name"]: row for row in json.loads(listed.stdout)}
     assert by_name["w2"]["unticked_jobs"][0]["job"] == "weekly"
     assert by_name["w1"]["tick_leader"] is True
+
+
+def test_long_lists_are_cut_to_what_the_scripts_take(real_store: LeaseStore) -> None:
+    """A worker given many jobs, and a leader naming many, never get a declaration or a
+    renewal refused: what they write is cut to fit."""
+    store = real_store
+    names = {f"job-{n:03}-{'x' * 150}": f"app.módulo_{'ä' * 60}_{n}:job_{n}" for n in range(300)}
+    declare_jobs(store, "w1#a", "w1", names)
+    (declaration,) = declarations(store)
+    assert 0 < len(declaration.jobs) < 300 and set(declaration.jobs.items()) <= set(names.items())
+    holder = process_holder("w1")
+    token = hold_leadership(store, holder, 10_000).token
+    said = [
+        Unticked(name, path, tuple(f"worker-{'w' * 200}-{k}" for k in range(50)), "é" * 600)
+        for name, path in names.items()
+    ]
+    text = unticked_text(holder, token, said)
+    assert hold_leadership(store, holder, 10_000, unticked=text).held
+    kept = read_unticked(store.client.hget(store.keys.tick_leader, "unticked"), holder, token)
+    assert 0 < len(kept) < len(said) and all(len(u.workers) <= 10 for u in kept)

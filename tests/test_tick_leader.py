@@ -548,3 +548,33 @@ def test_a_new_leadership_says_whether_the_lease_was_held_without_a_break(
         assert leader.begun == [(1, False), (5, True), (7, False)]
     finally:
         leader.close()
+
+
+def test_a_declaring_worker_says_when_its_job_is_not_ticked_and_when_it_is_again(
+    real_store: LeaseStore,
+) -> None:
+    """The leader (another process, here its writes) names w2's job, then no longer does."""
+    from redis_lease.protocol.store.declared_jobs import Unticked, unticked_text
+    from redis_lease.protocol.store.leader import process_holder
+
+    store = real_store
+    leader = process_holder("w1")
+    token = hold_leadership(store, leader, 10_000).token
+    said: list[str] = []
+    worker = TickLeader(store, "w2", [SCHEDULED], said.append, every=1)
+    named = [Unticked("scheduled", SCHEDULED, ("w2",), "not in its code")]
+    try:
+        hold_leadership(store, leader, 10_000, unticked=unticked_text(leader, token, named))
+        worker.step()
+        worker.step()  # said once
+        hold_leadership(store, leader, 10_000, unticked=unticked_text(leader, token, []))
+        worker.step()
+        release_leadership(store, leader)
+        worker.step()  # no leader: nothing said of its jobs (it leads now, and ticks them)
+    finally:
+        worker.close()
+    assert [line for line in said if "job scheduled" in line] == [
+        f"worker w2: job scheduled ({SCHEDULED}), which this worker declared, is not ticked: "
+        "the tick leader w1: not in its code",
+        "worker w2: job scheduled, which this worker declared, is ticked now",
+    ]
