@@ -112,6 +112,9 @@ TICK_EVERY: float = default("tick_every_ms") / 1000
 #: Seconds within which another worker ticks once the leader died or stopped: the lease runs
 #: out at most its TTL after the leader's last renewal, and every worker tries every renewal.
 TICK_TAKEOVER_BOUND: float = (TICK_LEADER_TTL_MS + TICK_LEADER_RENEW_MS) / 1000
+#: How long a worker's declaration of its jobs counts after its last renewal (ms): the leader
+#: ticks, or names, the jobs of the declarations renewed within it.
+TICK_DECLARED_MS: int = default("tick_declared_ms")
 #: Entries kept in a run's decision log (a stream, XADD MAXLEN ~).
 RUN_LOG_CAP: int = default("run_log")
 #: Takeovers kept in the list of the latest ones.

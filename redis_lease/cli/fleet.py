@@ -148,7 +148,9 @@ def worker(
 
     With --job (repeatable) it also runs the scheduler's tick for those jobs, every
     --tick-every seconds (60), while it holds the fleet's tick leader lease: one
-    worker of the fleet ticks; another takes over within 12 s of its death or pause.
+    worker process of the fleet ticks; another takes over within 12 s of its death or
+    pause. It declares its jobs too: the leader also ticks the jobs other workers were
+    given that it finds in its own code, and names the others (both logs, workers).
     Each job must import and be well formed, or the worker does not start (exit 2).
 
     Prints one line once started (a command the Redis user may not run is one error

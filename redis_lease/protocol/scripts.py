@@ -25,8 +25,8 @@ from .replies import DECODERS
 #: Each script and the number of KEYS it takes (commit takes more: its guarded keys). The
 #: scripts that end attempts take the shard's attempt log as their eighth key (LOGGED). The
 #: last ones keep the fleet's records: a run's failed shard jobs, its ages, a job's tallies
-#: and lost runs, the data set's mark; the tick leader's lease and the fenced lock of a
-#: job's tick.
+#: and lost runs, the data set's mark; the tick leader's lease, the fenced lock of a
+#: job's tick and the jobs the workers declared.
 KEY_COUNTS: dict[str, int] = {
     "add_items": 7,
     "claim": 8,
@@ -58,6 +58,7 @@ KEY_COUNTS: dict[str, int] = {
     "observe_data_set": 1,
     "tick_leader": 1,
     "tick_lock": 2,
+    "declare_jobs": 2,
 }
 
 #: The scripts that take the shard's attempt log as their eighth key: those that end attempts.

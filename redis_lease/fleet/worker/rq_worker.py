@@ -29,6 +29,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 
 from ...protocol.store.lease_store import LeaseStore
+from ...protocol.store.stamp import check_protocol
 from ...protocol.validation import check_id
 from ..job import check_concurrency, with_cwd_on_path
 from ..shard_jobs import SHARD_FUNC, JsonJob, job_error, queue, use_lease_url
@@ -262,15 +263,20 @@ class WorkerSettings:
 
 
 def build_worker(store: LeaseStore, settings: WorkerSettings) -> LeaseWorker | SimpleLeaseWorker:
-    """A worker ready to :func:`run <run_worker>`: RQ's (forking, or in-process when
+    """A worker ready to :func:`run <run_worker>`: the protocol stamp checked first (and
+    stamped where there is none), then RQ's worker (forking, or in-process when
     ``settings.simple``) on the store's RQ Redis, JSON jobs, its access checked
     (:func:`check_worker_access`), the shard jobs' concurrency and lease store set for this
-    process, and the working directory on the import path (jobs import from it).
+    process, and the working directory on the import path (jobs import from it). Both doors
+    build their worker here: ``redis-lease worker`` and :func:`redis_lease.run_worker`.
 
     Raises:
+        ProtocolMismatch: the data under the prefix is in a protocol this release does not
+            speak (exit 9); nothing was written.
         InvalidInput: the store is on a cluster and has no queue URL.
         RedisUnavailable: the server refused what the worker needs (PermissionDenied).
     """
+    check_protocol(store)  # before anything is written, from Python as from the CLI
     if settings.concurrency is not None:  # read by the shard jobs, forked or not
         os.environ[CONCURRENCY_ENV] = str(settings.concurrency)
     name = settings.name or uuid.uuid4().hex  # RQ's default name, known before RQ starts
