@@ -212,12 +212,14 @@ class ClusterBusy(RedisUnavailable):
 
 
 class NotReplicated(RedisUnavailable):
-    """Fewer replicas than the store waits for acknowledged a claim or an effect's intent in
-    time (``wait_replicas``, ``wait_timeout_ms``): the write is on the primary only.
+    """Too few replicas acknowledged a claim or an effect's intent in time: not handed out.
 
-    A claim so refused was not granted: its leases were given back (or, when that failed
-    too, run out by their expiry), and no caller saw their tokens. An intent so refused
-    stays recorded, and its effect was not sent.
+    The store waits for ``wait_replicas`` replicas, ``wait_timeout_ms`` at most; fewer had
+    the write by then, so it may be on the primary only. A claim so refused was not
+    granted: its leases were given back (or, when that failed too, they run out by their
+    expiry), and no caller saw their tokens. An intent so refused is marked failed, not
+    sent (or, when that fails too, left for the next attempt to reconcile), and its effect
+    was not sent.
 
     Attributes:
         wanted: the replicas the store waits for.

@@ -275,9 +275,9 @@ def test_an_intent_the_replica_lacks_is_refused_and_its_effect_not_sent(
     pair: Pair, prefix: str
 ) -> None:
     """An effect's intent waits like a claim: with the replica stopped, ``begin_effect``
-    raises NotReplicated (the effects layer then sends nothing), the intent stays
-    recorded on the primary, and the next attempt finds it open. Breaks if the intent
-    returns without the replica."""
+    raises NotReplicated (the effects layer then sends nothing) and marks its intent
+    failed, not sent; once the replica is back, the next attempt records its intent anew.
+    Breaks if the intent returns without the replica."""
     store = store_on(pair.primary, prefix, wait_replicas=1, wait_timeout_ms=WAIT_MS)
     store.add(RUN, [Item("a")], shards=1)
     lease = store.claim(RUN, "a", worker="A")
@@ -285,7 +285,7 @@ def test_an_intent_the_replica_lacks_is_refused_and_its_effect_not_sent(
         store.begin_effect(lease, "key-1", "payout")
     assert (refused.value.item_id, refused.value.token) == ("a", lease.token)
     previous, record, _ = store.begin_effect(lease, "key-1", "payout")
-    assert (previous, record["state"]) == ("intended", "intended")
+    assert (previous, record["state"]) == ("failed", "intended")
     store.close()
 
 

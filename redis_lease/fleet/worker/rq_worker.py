@@ -31,7 +31,14 @@ from rq.worker import BaseWorker
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.validation import check_id
 from ..job import check_concurrency, with_cwd_on_path
-from ..shard_jobs import SHARD_FUNC, JsonJob, job_error, queue, use_lease_url
+from ..shard_jobs import (
+    SHARD_FUNC,
+    JsonJob,
+    job_error,
+    queue,
+    use_lease_url,
+    use_replica_wait,
+)
 from .bad_jobs import BadJobGuard
 from .shard_job import CONCURRENCY_ENV
 from .watch import FleetWatch
@@ -265,7 +272,8 @@ def build_worker(store: LeaseStore, settings: WorkerSettings) -> LeaseWorker | S
     """A worker ready to :func:`run <run_worker>`: RQ's (forking, or in-process when
     ``settings.simple``) on the store's RQ Redis, JSON jobs, its access checked
     (:func:`check_worker_access`), the shard jobs' concurrency and lease store set for this
-    process, and the working directory on the import path (jobs import from it).
+    process (and the replicas its claims wait for: the store's), and the working directory
+    on the import path (jobs import from it).
 
     Raises:
         InvalidInput: the store is on a cluster and has no queue URL.
@@ -278,6 +286,7 @@ def build_worker(store: LeaseStore, settings: WorkerSettings) -> LeaseWorker | S
         client = store.rq  # RQ's Redis: the store's, or the queue URL's
         check_worker_access(store, client, name)
     use_lease_url(settings.lease_url)
+    use_replica_wait(store.replica_wait)  # the jobs' stores wait for the replicas this one does
     worker_class = SimpleLeaseWorker if settings.simple else LeaseWorker
     worker = worker_class(
         [queue(client, n) for n in settings.queues],

@@ -4,6 +4,7 @@ and the lock of one tick or one planner taken on a store (:func:`lock`)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
@@ -23,6 +24,10 @@ from ..connection.urls import is_cluster_url, where
 from ..keys import Keys, shard_of
 from ..scripts import LOGGED, Scripts
 from ..validation import check_id
+
+#: The state an effect's intent the replicas lacked is marked with: failed, as it was not
+#: sent (an effect's word, not a run's: tests/test_limits_home.py).
+INTENT_NOT_SENT = "failed"
 
 
 def waits_for_replicas(name: str, args: Sequence[Any]) -> bool:
@@ -216,7 +221,7 @@ class StoreBase:
             raise self.translating_errors(run_id, item_id, token).error(error) from None
         if acked >= wait.replicas:
             return reply
-        undone = self._hold_back(name, run_id, shard, reply)
+        undone = self._hold_back(name, run_id, shard, reply, keys, args)
         raise NotReplicated(
             f"{where(self.url)}: {acked} of {wait.replicas} replicas acknowledged the "
             f"{name} call within {wait.timeout_ms} ms, so it was not handed out{undone}; "
@@ -228,11 +233,44 @@ class StoreBase:
             token=token,
         )
 
-    def _hold_back(self, name: str, run_id: str, shard: int, reply: Any) -> str:
+    def _hold_back(
+        self,
+        name: str,
+        run_id: str,
+        shard: int,
+        reply: Any,
+        keys: list[str],
+        args: Sequence[Any],
+    ) -> str:
         """Undoes what a reply the replicas did not acknowledge would have handed out;
-        returns how it was undone, for the error's message (nothing here: an intent stays
-        recorded, and its effect is not sent)."""
-        return ""
+        returns how, for the error's message. Here: an effect's intent written by this call
+        (nothing doubtful before it) is marked ``failed``, not sent, as it was not, so that
+        the next attempt sends it without a reconciliation. An intent found open is left as
+        it is. Safe to fail and to repeat: an intent left ``intended`` is reconciled by the
+        next attempt, the careful way (claims: :class:`~.claims.StoreClaims`).
+        """
+        if name != "record_effect" or getattr(reply, "previous", None) not in ("", INTENT_NOT_SENT):
+            return ""
+        item, token, lease_id, key, effect = args[:5]
+        detail = json.dumps("not sent: its intent was not on enough replicas in time")
+        trace = args[9] if len(args) > 9 else ""
+        marked = [
+            item,
+            token,
+            lease_id,
+            reply.key or key,
+            effect,
+            INTENT_NOT_SENT,
+            detail,
+            "",
+            "",
+            trace,
+        ]
+        try:
+            self.scripts.call("record_effect", keys, marked)
+        except REDIS_FAILURES:
+            return " (the intent stays recorded: the next attempt reconciles it)"
+        return " (the intent is marked failed, not sent)"
 
     def shard_count(self, run_id: str) -> int:
         """The run's shard count; raises NotFound for an unknown run."""

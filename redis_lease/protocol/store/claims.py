@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 from ...errors import InvalidInput, NotClaimable, NotReplicated
@@ -45,7 +46,15 @@ class StoreClaims(StoreBase):
             trace_id=tracing.trace_id(),
         )
 
-    def _hold_back(self, name: str, run_id: str, shard: int, reply: Any) -> str:
+    def _hold_back(
+        self,
+        name: str,
+        run_id: str,
+        shard: int,
+        reply: Any,
+        keys: list[str],
+        args: Sequence[Any],
+    ) -> str:
         """Gives back the leases of a claim the replicas did not acknowledge, in one round
         trip (``release``: due again at once, the attempt not counted, the token kept).
 
@@ -55,11 +64,10 @@ class StoreClaims(StoreBase):
         the lease to run out by its expiry, as for a claim whose reply was lost.
         """
         if name not in ("claim", "claim_next"):
-            return ""
+            return super()._hold_back(name, run_id, shard, reply, keys, args)
         grants: list[Grant] = reply if isinstance(reply, list) else [reply]
         if not grants:
             return ""
-        keys = self.keys.logged(run_id, shard)
         calls = [Call("release", keys, [g.item_id, g.token, g.lease_id, 0, ""]) for g in grants]
         try:
             answers = self.scripts.many(calls)
