@@ -29,11 +29,13 @@ from typing import Any
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 from redis_lease import Item, LeaseLost, LeaseStore, NotReplicated
 from redis_lease.protocol.values import Lease
 from tests.faults.checker import Violation, check_grants
 from tests.faults.recorder import install, read_lines, read_ops
+from tests.redis_cluster import ClusterServers, _admin
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -301,3 +303,72 @@ def test_without_the_option_nothing_waits(pair: Pair, prefix: str) -> None:
         store.begin_effect(lease, "key-1", "payout")
         assert "cmdstat_wait" not in client.info("commandstats")
     store.close()
+
+
+def replica_of(cluster: ClusterServers, primary_port: int) -> int:
+    """The port of the node that replicates the primary at ``primary_port``."""
+    for port in cluster.ports:
+        with _admin(port) as client:
+            role = client.execute_command("ROLE")
+        if role[0] == "slave" and int(role[2]) == primary_port:
+            return port
+    raise LookupError(f"no replica of {primary_port}")
+
+
+def acknowledging(cluster: ClusterServers, primary_port: int) -> bool:
+    """Whether the primary's replica acknowledges a write to it now (a probe key of one of
+    its slots, then WAIT on the same connection)."""
+    slots = [
+        (low, high) for low, high, port in cluster._slot_map(primary_port) if port == primary_port
+    ]
+    key = next(
+        f"probe:{n}"
+        for n in range(100_000)
+        if any(lo <= key_slot(f"probe:{n}".encode()) <= hi for lo, hi in slots)
+    )
+    with _admin(primary_port) as client:
+        client.set(key, 1)
+        return int(client.execute_command("WAIT", 1, 100)) >= 1
+
+
+def test_on_a_cluster_the_wait_counts_the_replicas_of_the_node_that_ran_the_claim(
+    tmp_path: Path, prefix: str
+) -> None:
+    """A cluster of 3 primaries with a replica each; one primary's replica is stopped and
+    cut off. A claim on a shard that primary serves is refused; a claim on a shard of
+    another primary is granted. WAIT goes to the node that ran the claim, on the same
+    connection: sent to the cluster as a whole (redis-py sums it over every node) or on
+    another connection (which wrote nothing), it would count the others' replicas and
+    hand the claim out. Breaks if it does, or if the stopped replica's shard stays refused
+    once it is back."""
+    cluster = ClusterServers(tmp_path / "cluster", size=3, replicas=1)
+    cluster.start()
+    try:
+        for port in cluster.primaries():
+            poll(
+                f"the replica of {port} to acknowledge",
+                lambda port=port: acknowledging(cluster, port),
+            )
+        url = f"{cluster.url}?wait_replicas=1&wait_timeout_ms={WAIT_MS}"
+        store = LeaseStore.from_url(url, prefix=prefix)
+        shards = 12
+        store.add(RUN, [Item(f"i{n}") for n in range(60)], shards=shards)
+        owner = {
+            shard: cluster.slot_owner(key_slot(store.keys.shard(RUN, shard)[0].encode()))
+            for shard in range(shards)
+        }
+        lagging = owner[0]
+        other = next(shard for shard in range(shards) if owner[shard] != lagging)
+        replica = next(
+            server for server in cluster.nodes if server.port == replica_of(cluster, lagging)
+        )
+        with stopped(replica), _admin(lagging) as primary:
+            primary.client_kill_filter(_type="replica")
+            with pytest.raises(NotReplicated, match="0 of 1 replicas acknowledged the claim_next"):
+                store.claim_next(RUN, "w", shard=0, limit=2)
+            assert len(store.claim_next(RUN, "w", shard=other, limit=2)) == 2
+        poll("the replica to acknowledge again", lambda: acknowledging(cluster, lagging))
+        assert len(store.claim_next(RUN, "w", shard=0, limit=2)) == 2
+        store.close()
+    finally:
+        cluster.kill()
