@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -32,11 +33,14 @@ import redis
 from redis.crc import key_slot
 
 from redis_lease import Item, LeaseLost, LeaseStore, NotReplicated
+from redis_lease.demo.provider import ProviderState
 from redis_lease.protocol.values import Lease
-from tests.faults.checker import Violation, check_grants
-from tests.faults.recorder import install, read_lines, read_ops
+from tests.faults.checker import Breach, Violation, check_grants
+from tests.faults.recorder import Op, install, read_lines, read_ops
+from tests.helpers import server_ms
 from tests.redis_cluster import ClusterServers, _admin
 from tests.redis_server import RedisServer
+from tests.test_sentinel import SentinelCluster, cut_replica, judge_on
 
 pytestmark = pytest.mark.slow
 
@@ -372,3 +376,76 @@ def test_on_a_cluster_the_wait_counts_the_replicas_of_the_node_that_ran_the_clai
         store.close()
     finally:
         cluster.kill()
+
+
+class WaitingSentinelCluster(SentinelCluster):
+    """The Sentinel harness (tests/test_sentinel.py) whose workers wait for a replica."""
+
+    def url_options(self) -> list[str]:
+        """The group's ``redis+sentinel://`` URL with ``wait_replicas=1``."""
+        return ["--url", f"{self.group.url}?wait_replicas=1&wait_timeout_ms={WAIT_MS}"]
+
+
+def refused_waits(ops: list[Op]) -> Counter[str]:
+    """The calls the workers' stores held back (too few replicas), by script."""
+    return Counter(
+        str(op.get("f"))
+        for op in ops
+        if op.type == "info" and "NotReplicated" in str(op.get("error", ""))
+    )
+
+
+def test_with_wait_replicas_a_primary_crash_grants_no_token_twice(
+    tmp_path: Path, prefix: str
+) -> None:
+    """tests/test_sentinel.py's primary crash, with workers that wait for one replica.
+
+    The replica is cut off a quarter into the run (``REPLICAOF NO ONE``); the workers go
+    on against the old primary: every claim and intent falls short, is given back, and the
+    workers keep trying. The primary is SIGKILLed, the sentinel promotes the replica, which
+    refuses claims until the old server comes back as its replica; then the run ends.
+    Without a loss window the checker finds no duplicate grant and no token going back:
+    what the old primary accepted after the cut can only be commits of leases granted
+    before it (redone under higher tokens, their payouts reconciled and applied once).
+    Breaks if a token is granted twice, if a payout is applied twice, or if the run does
+    not end ``succeeded``."""
+    provider = ProviderState(latency=0.1)
+    settings: dict[str, Any] = {"items": 96, "shards": 2, "ttl": 1.5, "hold_after": 96 // 4 + 4}
+    with WaitingSentinelCluster(
+        tmp_path / "c", prefix, workers=2, provider=provider, **settings
+    ) as c:
+        c.wait_ready()
+        run_id = c.start_run()
+        c.drive(run_id, until=c.work_held(run_id, 96 // 4))
+        old, replica = c.group.primary_port(), c.group.replica.port
+        cut = cut_replica(old, replica)
+        c.note("cut", f"replica {replica} stops replicating at server ms {cut}")
+        c.lift_hold()
+        c.drive(run_id, until=lambda: refused_waits(c.ops())["claim_next"] >= 2)
+        c.group.kill_primary()
+        c.note("kill-primary", str(old))
+        new = c.group.wait_for_new_primary(old)
+        with _admin(new) as promoted_server:
+            promoted = server_ms(promoted_server)
+        c.note("promoted", f"{new} at server ms {promoted}")
+        assert new == replica
+        c.group.primary.start()  # the sentinel makes it the new primary's replica
+        assert c.drive(run_id, timeout=90) == "succeeded"
+        judge_on(c, new)
+        ops = c.ops()
+        found: list[Breach] = []
+        try:
+            summary = c.verify(run_id)
+        except Violation as seen:  # only commits the old primary took after the cut
+            found = seen.violations
+            summary = c.verify(run_id, loss=(cut, promoted))
+        kinds = {breach.kind for breach in found}
+        assert kinds <= {"double-commit"}, kinds
+        assert summary.done == c.config.items
+        assert set(c.provider.state.applications.values()) == {1}
+        refused = refused_waits(ops)
+        assert refused["claim_next"] >= 2
+        print(
+            f"held back: {dict(refused)}; without a loss window: {sorted(kinds) or 'nothing'}"
+            f" ({len(found)} breaches); {summary.grants} grants"
+        )
