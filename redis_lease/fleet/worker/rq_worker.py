@@ -210,7 +210,8 @@ def check_worker_access(store: LeaseStore, connection: redis.Redis, name: str) -
     """Sends what a worker needs of its Redis users before it starts, so that a refusal of the
     ACL is one error here: not RQ's warning ("CLIENT SETNAME command not supported"), a
     traceback of its listener thread, or shard jobs failing one by one. A read-only script on
-    the store's keys; on RQ's ``connection``, CLIENT SETNAME ``name``, CLIENT INFO (Redis
+    the store's keys (and a WAIT when the store waits for replicas); on RQ's
+    ``connection``, CLIENT SETNAME ``name``, CLIENT INFO (Redis
     6.2+) and a subscription to the worker's channel. RQ's registration comes next, before
     the worker says it started (:attr:`_Reporting.started`).
 
@@ -218,6 +219,8 @@ def check_worker_access(store: LeaseStore, connection: redis.Redis, name: str) -
         redis.RedisError: what the server refused (the caller translates it).
     """
     store.scripts.call("shard_status", store.keys.status(ACCESS_CHECK_RUN, 0), [])
+    if store.replica_wait is not None:  # its claims wait for replicas: WAIT must be allowed
+        store.client.wait(0, 1)
     connection.client_setname(name)
     try:
         connection.client_info()
