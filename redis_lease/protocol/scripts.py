@@ -278,7 +278,11 @@ class Scripts:
     def _evalsha_waited(
         self, name: str, keys: list[str], args: Sequence[Any], replicas: int, timeout_ms: int
     ) -> tuple[Any, Any]:
-        """The script's raw reply (or its error reply) and WAIT's, sent together."""
+        """The script's raw reply (or its error reply) and WAIT's, sent together.
+
+        A WAIT the server refuses (an ACL without ``wait``) raises its error: what the
+        script granted is then handed to nobody, and runs out by its expiry.
+        """
         script = self._scripts[name]
         for attempt in range(NOSCRIPT_RETRIES + 1):
             client = self._serving(keys[0])
