@@ -6,17 +6,19 @@ primary, from one process: the default one, and one made with ``?wait_replicas=1
 (``wait_timeout_ms=1000``), whose every claim is followed by ``WAIT 1 1000`` in the same
 round trip. Each round adds a fresh run of ``--items`` items in one shard and claims them
 all, either one per call (``claim_next(limit=1)``: a worker whose handlers are slow) or
-``--batch`` per call (``claim_next(limit=batch)``: a worker's usual claim); the time of the
-claims alone is measured. Rounds alternate the two stores (A B, then B A), the figures are
-medians, and the ratio is measured against the default store in the same run. The 1-minute
-load average is taken at the start and the end.
+``--batch`` per call (``claim_next(limit=batch)``: a worker's usual claim); the claims
+alone are timed, each call on its own. Rounds alternate the two stores (A B, then B A) and
+are short, so that a load that comes and goes meets both sides alike. The figures are
+medians: of the rounds' claims per second, and of every call's time; the ratios are
+measured against the default store in the same run. The 1-minute load average is taken at
+the start and the end.
 
 The replica is on the same machine, so a WAIT costs what the replica takes to apply the
 claim and acknowledge it on loopback; across a network add a round trip to the replica.
 
 Usage::
 
-    python benchmarks/replica_wait.py [--rounds 7] [--items 2000] [--batch 100] [--json]
+    python benchmarks/replica_wait.py [--rounds 40] [--items 300] [--batch 100] [--json]
 """
 
 from __future__ import annotations
@@ -73,50 +75,60 @@ def start_pair(folder: Path) -> tuple[RedisServer, RedisServer]:
     return primary, replica
 
 
-def one_round(store: LeaseStore, run_id: str, items: int, limit: int) -> float:
-    """Claims every item of a fresh run, ``limit`` per call; returns claims per second."""
+def one_round(store: LeaseStore, run_id: str, items: int, limit: int) -> tuple[float, list[float]]:
+    """Claims every item of a fresh run, ``limit`` per call; returns claims per second and
+    each call's seconds."""
     store.add(run_id, [Item(f"i{n}") for n in range(items)], shards=1)
     claimed = 0
-    started = time.perf_counter()
-    while claimed < items:
+    calls = []
+    for _ in range(-(-items // limit)):
+        started = time.perf_counter()
         got = len(store.claim_next(run_id, "bench", shard=0, limit=limit, ttl=600))
+        calls.append(time.perf_counter() - started)
         if not got:
             raise RuntimeError(f"run {run_id} drained at {claimed} of {items}")
         claimed += got
-    return items / (time.perf_counter() - started)
+    return claimed / sum(calls), calls
 
 
 def measure(
     stores: dict[str, LeaseStore], rounds: int, items: int, limit: int, label: str
-) -> dict[str, list[float]]:
-    """Interleaved rounds (A B, B A, ...), one warm-up round per side first."""
-    rates: dict[str, list[float]] = {side: [] for side in SIDES}
+) -> dict[str, tuple[list[float], list[float]]]:
+    """Interleaved rounds (A B, B A, ...), one warm-up round per side first; per side, the
+    rounds' claims per second and every call's seconds."""
+    found: dict[str, tuple[list[float], list[float]]] = {side: ([], []) for side in SIDES}
     for side in SIDES:
         one_round(stores[side], f"warm-{label}-{side}", min(items, 200), limit)
     for number in range(rounds):
         order = SIDES if number % 2 == 0 else tuple(reversed(SIDES))
         for side in order:
-            rate = one_round(stores[side], f"{label}-{number}-{side}", items, limit)
-            rates[side].append(rate)
-            log(f"{label} round {number + 1}/{rounds} {side}: {rate:,.0f} claims/s")
-    return rates
+            rate, calls = one_round(stores[side], f"{label}-{number}-{side}", items, limit)
+            found[side][0].append(rate)
+            found[side][1].extend(calls)
+        if (number + 1) % 10 == 0:
+            log(f"{label}: {number + 1}/{rounds} rounds")
+    return found
 
 
-def summary(rates: dict[str, list[float]]) -> dict[str, Any]:
-    """Medians per side and the waiting store's ratio to the default one."""
-    medians = {side: statistics.median(values) for side, values in rates.items()}
+def summary(found: dict[str, tuple[list[float], list[float]]]) -> dict[str, Any]:
+    """Medians per side (claims per second over the rounds, µs per call over every call)
+    and the waiting store's ratios to the default one."""
+    rates = {side: statistics.median(found[side][0]) for side in SIDES}
+    call_us = {side: statistics.median(found[side][1]) * 1e6 for side in SIDES}
     return {
-        "claims_per_s": {side: round(value, 1) for side, value in medians.items()},
-        "ratio": round(medians[SIDES[1]] / medians[SIDES[0]], 3),
-        "rounds": {side: [round(v, 1) for v in values] for side, values in rates.items()},
+        "claims_per_s": {side: round(value, 1) for side, value in rates.items()},
+        "ratio": round(rates[SIDES[1]] / rates[SIDES[0]], 3),
+        "call_us": {side: round(value, 1) for side, value in call_us.items()},
+        "call_ratio": round(call_us[SIDES[1]] / call_us[SIDES[0]], 3),
+        "rounds": {side: [round(v, 1) for v in found[side][0]] for side in SIDES},
     }
 
 
 def main() -> None:
     """Runs the benchmark and prints a Markdown table (or JSON with ``--json``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--items", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--items", type=int, default=300)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--json", action="store_true")
     options = parser.parse_args()
@@ -162,11 +174,17 @@ def main() -> None:
 
 def print_table(report: dict[str, Any], out: Callable[[str], None]) -> None:
     """The medians as a Markdown table, with the load average."""
-    out("| claims | default claims/s | wait_replicas=1 claims/s | ratio |")
-    out("|---|---:|---:|---:|")
-    for name, figures in report["results"].items():
-        rates, ratio = figures["claims_per_s"], figures["ratio"]
-        out(f"| {name} | {rates[SIDES[0]]:,.0f} | {rates[SIDES[1]]:,.0f} | {ratio:.2f}x |")
+    out(
+        "| claims | default claims/s | wait_replicas=1 claims/s | ratio "
+        "| default µs/call | wait_replicas=1 µs/call | ratio |"
+    )
+    out("|---|---:|---:|---:|---:|---:|---:|")
+    for name, fig in report["results"].items():
+        rates, calls = fig["claims_per_s"], fig["call_us"]
+        out(
+            f"| {name} | {rates[SIDES[0]]:,.0f} | {rates[SIDES[1]]:,.0f} | {fig['ratio']:.2f}x "
+            f"| {calls[SIDES[0]]:,.0f} | {calls[SIDES[1]]:,.0f} | {fig['call_ratio']:.2f}x |"
+        )
     load = report["load_1m"]
     out(f"\n{report['rounds']} interleaved rounds of {report['items']} items per side; medians.")
     out(f"1-minute load average: {load['start']:.2f} at the start, {load['end']:.2f} at the end.")
