@@ -76,6 +76,10 @@ BACKFILL_DAYS_MAX = bound("backfill_days")[1]
 PAGE_MAX = bound("page_size")[1]
 #: The most jobs one page of the dashboard's RQ views shows.
 RQ_PAGE_MAX = bound("rq_page_size")[1]
+#: The most replicas a store may wait for after a claim, and the bounds of that wait (ms):
+#: ``wait_replicas`` and ``wait_timeout_ms`` (docs/durability.md).
+WAIT_REPLICAS_MAX = bound("wait_replicas")[1]
+WAIT_TIMEOUT_MIN_MS, WAIT_TIMEOUT_MAX_MS = bound("wait_timeout_ms")
 
 DEFAULT_PREFIX: str = default("prefix")
 DEFAULT_TTL: float = default("lease_ttl_ms") / 1000
@@ -129,6 +133,8 @@ RQ_PAGE_SIZE: int = default("rq_page_size")
 RESUME_HOURS: int = default("resume_hours")
 #: The latest new deadline the dashboard's resume takes, in hours from now.
 RESUME_HOURS_MAX: int = default("resume_hours_max")
+#: How long a store that waits for replicas waits for them after a claim, unless told (ms).
+DEFAULT_WAIT_TIMEOUT_MS: int = default("wait_timeout_ms")
 
 #: The states a run is stored in (its record's ``state``, the scripts' words): the open
 #: ones, still worked, then the final ones. The rules over them are in
