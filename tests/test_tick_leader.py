@@ -17,6 +17,7 @@ import pytest
 from redis_lease import LeaseStore, run_worker
 from redis_lease.errors import InvalidInput
 from redis_lease.fleet.job import Job
+from redis_lease.fleet.remembered import DOUBTFUL, OPEN, Remembered, keep, recall
 from redis_lease.fleet.tick.leader import TickLeader, check_jobs
 from redis_lease.fleet.tick.scheduler_tick import NOT_LEADER, tick
 from redis_lease.limits import TICK_LEADER_RENEW_MS, TICK_LEADER_TTL_MS
@@ -578,3 +579,43 @@ def test_a_declaring_worker_says_when_its_job_is_not_ticked_and_when_it_is_again
         "the tick leader w1: not in its code",
         "worker w2: job scheduled, which this worker declared, is ticked now",
     ]
+
+
+class _NotTicking(TickLeader):
+    """A leader whose ticks do nothing: what it remembers is the test's to set."""
+
+    def _tick(self, leadership: Leadership) -> None:
+        return None
+
+
+def test_a_leadership_begun_after_a_break_doubts_what_the_process_remembers(
+    real_store: LeaseStore,
+) -> None:
+    """Another leader may have ticked during the break: the runs this process remembers are
+    doubtful (after a loss they are named lost, not made again). A lease whose hash was lost
+    (a wipe) and taken again at once by its holder is no break: its memory is the witness
+    of what the wipe took."""
+    store, run_id = real_store, "scheduled:2026-01-02"
+    mark = Remembered("mark", 0, 1, {run_id: ("scheduled", 1)})
+    leader = _NotTicking(store, "w1", [SCHEDULED], lambda line: None, every=1)
+    store.client.hset(store.keys.tick_leader, mapping={"holder": "", "token": 2, "expires": 0})
+    try:
+        keep(store, mark)
+        leader.step()  # its first leadership, token 3
+        first = recall(store)
+        assert first is not None and first.state_of(run_id) == DOUBTFUL
+        keep(store, mark)
+        store.client.delete(store.keys.tick_leader)  # lost with everything else
+        leader.step()
+        again = recall(store)
+        assert leader.leadership is not None and leader.leadership.token == 1  # gone back
+        assert again is not None and again.state_of(run_id) == OPEN
+        release_leadership(store, leader.holder)
+        assert hold_leadership(store, "another#1", 10_000).held
+        leader.step()  # another holds it
+        release_leadership(store, "another#1")
+        leader.step()
+        after = recall(store)
+        assert after is not None and after.state_of(run_id) == DOUBTFUL
+    finally:
+        leader.close()

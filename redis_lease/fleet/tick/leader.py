@@ -46,6 +46,7 @@ from ...protocol.store.leader import (
     shown_holder,
 )
 from ...protocol.store.lease_store import LeaseStore
+from .. import remembered
 from ..job import Job, load_job, loaded_job
 from .scheduler_tick import NOT_LEADER, tick
 
@@ -176,11 +177,12 @@ class TickLeader(threading.Thread):
             return
         # held since its last hold without a break: nobody else held it (no other holder
         # answered, nothing released), its lease was live when this hold arrived (sent within
-        # the TTL of the last one), and the token did not go back (the hash was not lost)
+        # the TTL of the last one), and the token did not go back, unless to the least a
+        # hold may give: the hash was lost (a wipe) and this is its first holder since
         continuous = (
             self._unbroken
             and time.monotonic() - self._renewed < TICK_LEADER_TTL_MS / 1000
-            and lease.token >= self._last_token
+            and lease.token in (*range(self._last_token, lease.token + 1), self._at_least)
         )
         self._renewed, self._last_token, self._unbroken = sent, lease.token, True
         if self.leadership is not None and self.leadership.token != lease.token:
@@ -201,9 +203,13 @@ class TickLeader(threading.Thread):
 
         ``continuous``: this process held the lease without a break up to this leadership
         (its previous one ended less than the lease's TTL ago by the monotonic clock, no
-        other holder was seen and nothing was released since, the token did not go back):
-        no other leader can have ticked in between. False for its first leadership.
+        other holder was seen and nothing was released since, the token did not go back but
+        to the least a hold gives, after a lost hash): no other leader can have ticked in
+        between. False for its first leadership: then what the process remembers of the data
+        set is in doubt (:func:`redis_lease.fleet.remembered.distrust`).
         """
+        if not continuous:  # another leader may have ticked since this process last did
+            remembered.distrust(self.store)
         self.leadership = leadership
         self._next_tick = 0.0
         self._unticked, self._told_adopted, self._told_unticked = "", {}, {}
