@@ -270,3 +270,26 @@ def test_a_run_that_ended_before_a_wipe_is_never_made_again_whatever_call_failed
         finally:
             wipe(store)
             store.close()
+
+
+def test_a_memory_reads_back_whole_and_an_older_one_still_reads() -> None:
+    """What a tick side keeps in a file or RQ's Redis: its states, scheduled times and
+    unsettled jobs come back as written; an entry of an earlier release (runs only) reads
+    with every run open. Anything else is no memory."""
+    memory = remembered.Remembered(
+        "mark",
+        2,
+        7,
+        {RUN0: ("nightly", 5), "adhoc": ("", 6)},
+        {RUN0: remembered.ENDING},
+        {"nightly": (1_000, True)},
+        frozenset({"nightly"}),
+    )
+    assert remembered.Remembered.from_json(memory.to_json()) == memory
+    older = {"id": "mark", "epoch": 2, "seq": 7, "runs": {RUN0: ["nightly", 5]}}
+    read = remembered.Remembered.from_json(older)
+    assert read is not None and read.state_of(RUN0) == remembered.OPEN and not read.fired
+    assert remembered.Remembered.from_json({"id": "mark"}) is None
+    hostile = {**older, "states": {RUN0: "made-up", "elsewhere": remembered.ENDING}}
+    read = remembered.Remembered.from_json(hostile)
+    assert read is not None and read.states == {}
