@@ -1,4 +1,4 @@
-.PHONY: setup test lint check bench demo format chaos docs
+.PHONY: setup test lint check bench demo format chaos model docs
 
 setup:        ## create .venv and install redis-lease with dev tools
 	scripts/setup.sh
@@ -30,5 +30,12 @@ demo:         ## install redis-lease[demo] into .venv (only what the demo needs)
 N ?= 20
 SEED ?= 1
 CONCURRENCY ?= 1
-chaos: setup  ## seeded chaos over real processes: make chaos N=<iterations> SEED=<first seed> [CONCURRENCY=16]
+EXAMPLES ?= 1000
+chaos: setup  ## seeded chaos over real processes, then the recovery model at length: make chaos N=<iterations> SEED=<first seed> [CONCURRENCY=16] [EXAMPLES=1000]
 	.venv/bin/python -m tests.faults.chaos --iterations $(N) --seed $(SEED) --concurrency $(CONCURRENCY)
+	$(MAKE) model EXAMPLES=$(EXAMPLES) SEED=$(SEED)
+
+model: setup  ## the recovery paths' model test at length: make model EXAMPLES=<examples> SEED=<seed>
+	scripts/ensure-redis.sh
+	MODEL_EXAMPLES=$(EXAMPLES) MODEL_STEPS=60 MODEL_STATS=1 .venv/bin/python -m pytest \
+		tests/test_recovery_model.py -q -s -p no:cacheprovider --timeout=0 --hypothesis-seed=$(SEED)

@@ -13,7 +13,8 @@
     │   ├── RedisUnavailable         exit 6
     │   │   ├── PermissionDenied
     │   │   ├── TLSFailed
-    │   │   └── ClusterBusy
+    │   │   ├── ClusterBusy
+    │   │   └── NotReplicated
     │   └── ProtocolMismatch         exit 9
     ├── MissingExtra                 exit 10
     └── HandlerError                 raised by a job's handler and the effects it applies
@@ -208,6 +209,27 @@ class ClusterBusy(RedisUnavailable):
     call retried after a timeout, an earlier attempt may have run: the outcome is
     unknown only then, and the fence handles it as for any unanswered call.
     """
+
+
+class NotReplicated(RedisUnavailable):
+    """Too few replicas acknowledged a claim or an effect's intent in time: not handed out.
+
+    The store waits for ``wait_replicas`` replicas, ``wait_timeout_ms`` at most; fewer had
+    the write by then, so it may be on the primary only. A claim so refused was not
+    granted: its leases were given back (or, when that failed too, they run out by their
+    expiry), and no caller saw their tokens. An intent so refused is marked failed, not
+    sent (or, when that fails too, left for the next attempt to reconcile), and its effect
+    was not sent.
+
+    Attributes:
+        wanted: the replicas the store waits for.
+        acked: the replicas that acknowledged in time.
+    """
+
+    def __init__(self, message: str, *, wanted: int, acked: int, **context: Any) -> None:
+        super().__init__(message, **context)
+        self.wanted = wanted
+        self.acked = acked
 
 
 class TLSFailed(RedisUnavailable, redis.RedisError):

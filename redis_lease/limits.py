@@ -76,6 +76,10 @@ BACKFILL_DAYS_MAX = bound("backfill_days")[1]
 PAGE_MAX = bound("page_size")[1]
 #: The most jobs one page of the dashboard's RQ views shows.
 RQ_PAGE_MAX = bound("rq_page_size")[1]
+#: The most replicas a store may wait for after a claim, and the bounds of that wait (ms):
+#: ``wait_replicas`` and ``wait_timeout_ms`` (docs/durability.md).
+WAIT_REPLICAS_MAX = bound("wait_replicas")[1]
+WAIT_TIMEOUT_MIN_MS, WAIT_TIMEOUT_MAX_MS = bound("wait_timeout_ms")
 
 DEFAULT_PREFIX: str = default("prefix")
 DEFAULT_TTL: float = default("lease_ttl_ms") / 1000
@@ -112,6 +116,9 @@ TICK_EVERY: float = default("tick_every_ms") / 1000
 #: Seconds within which another worker ticks once the leader died or stopped: the lease runs
 #: out at most its TTL after the leader's last renewal, and every worker tries every renewal.
 TICK_TAKEOVER_BOUND: float = (TICK_LEADER_TTL_MS + TICK_LEADER_RENEW_MS) / 1000
+#: How long a worker's declaration of its jobs counts after its last renewal (ms): the leader
+#: ticks, or names, the jobs of the declarations renewed within it.
+TICK_DECLARED_MS: int = default("tick_declared_ms")
 #: Entries kept in a run's decision log (a stream, XADD MAXLEN ~).
 RUN_LOG_CAP: int = default("run_log")
 #: Takeovers kept in the list of the latest ones.
@@ -126,6 +133,8 @@ RQ_PAGE_SIZE: int = default("rq_page_size")
 RESUME_HOURS: int = default("resume_hours")
 #: The latest new deadline the dashboard's resume takes, in hours from now.
 RESUME_HOURS_MAX: int = default("resume_hours_max")
+#: How long a store that waits for replicas waits for them after a claim, unless told (ms).
+DEFAULT_WAIT_TIMEOUT_MS: int = default("wait_timeout_ms")
 
 #: The states a run is stored in (its record's ``state``, the scripts' words): the open
 #: ones, still worked, then the final ones. The rules over them are in

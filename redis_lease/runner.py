@@ -41,11 +41,14 @@ def run_worker(
     SIGINT (or, with ``burst``, until its queues are empty).
 
     It works the shard jobs of ``queues`` with the fleet watch beside it (heartbeat, takeover
-    of dead workers' shard jobs). Given ``jobs``, it also runs the tick leader: while this
-    worker holds the fleet's tick leader lease (one per ``prefix``) it ticks the jobs every
-    ``tick_every`` seconds; when the leader dies or is paused another worker takes over
-    within :data:`~redis_lease.limits.TICK_TAKEOVER_BOUND` seconds
-    (docs/concepts/tick-leader.md). Each job is checked before anything starts.
+    of dead workers' shard jobs). Given ``jobs``, it also runs the tick leader: it declares
+    the jobs, and while this worker process holds the fleet's tick leader lease (one per
+    ``prefix``, held under the process's own id) it ticks them every ``tick_every``
+    seconds, with the jobs other workers declared that it finds in its own code (it names
+    the others); when the leader dies or is paused another worker takes over within
+    :data:`~redis_lease.limits.TICK_TAKEOVER_BOUND` seconds (docs/concepts/tick-leader.md).
+    Each job is checked before anything starts, and the protocol stamp before anything is
+    written (the worker is built as ``redis-lease worker`` builds it).
 
     Args:
         jobs: the jobs to tick: import paths (``"app.jobs:nightly"``), or :class:`Job`
@@ -65,6 +68,8 @@ def run_worker(
 
     Raises:
         InvalidInput: a job does not import or is not well formed, or an option is wrong.
+        ProtocolMismatch: the data under ``prefix`` is in a protocol this release does not
+            speak (the command line's exit 9); nothing was written.
         RedisUnavailable: Redis cannot be reached, or refuses what a worker needs.
     """
     if tick_every < 1:

@@ -100,6 +100,8 @@ OTHER_KEYS = {
     ("record_lost_run", "2"): f"{_JOB}:lost` (ad-hoc runs: {_ADHOC}:lost`)",
     ("observe_data_set", "1"): "`<prefix>:dataset`",
     ("tick_leader", "1"): "`<prefix>:{tick_leader}`",
+    ("declare_jobs", "1"): "`<prefix>:{tick_leader}:declared`",
+    ("declare_jobs", "2"): "`<prefix>:{tick_leader}:declared:seen`",
     ("tick_lock", "1"): f"{_JOB}:tick`",
     ("tick_lock", "2"): f"{_JOB}:tick:fence`",
 }

@@ -4,7 +4,8 @@ The alert-rule and Grafana-board tests compare the metric names their queries us
 these. The run is the nightly job's (tests.fleet_jobs), ticked with explicit times: one
 item done, one dead, one retried, a stale commit, a failed shard job, a worker pass (so
 its need is known), a second tick that samples its rate (so its finish is projected),
-then a failed shard job; the exporter's collector scrapes before and after.
+then a failed shard job; a worker declares the job it ticks (no worker leads, so it is not
+ticked); the exporter's collector scrapes before and after.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from redis_lease.fleet.run_capacity import record_pass
 from redis_lease.fleet.shard_job_failures import record_job_failure
 from redis_lease.fleet.tick.scheduler_tick import tick
 from redis_lease.operate.metrics.collector import LeaseCollector
+from redis_lease.protocol.store.declared_jobs import declare_jobs
 from tests.fleet_helpers import NIGHTLY_PATH
 from tests.helpers import wait_past
 
@@ -51,6 +53,7 @@ def exercise(store: LeaseStore) -> LeaseCollector:
     record_pass(store, RUN, handled=2, handler_seconds=1.0, busy_seconds=2.0)
     tick(store, [NIGHTLY_PATH], now=T0 + timedelta(seconds=10))
     record_job_failure(store, RUN, 0, "RuntimeError: the worker died")  # after: no burst then
+    declare_jobs(store, "w1#exercise", "w1", {"nightly": NIGHTLY_PATH})
     sample_names(collector)
     return collector
 

@@ -82,3 +82,16 @@ def plan_stuck(business_date: date) -> Iterator[Item]:
 
 
 stuck.handler(handle)
+
+
+#: A second job of this module: a worker that declares it beside :data:`scheduled` gets it
+#: ticked by a leader given only :data:`scheduled` (the leader has this module loaded).
+other = Job(
+    "other",
+    shards=1,
+    schedule="0 0 29 2 *",
+    timezone="UTC",
+    queue=os.environ.get("LEADER_QUEUE", "rltest-leader"),
+)
+other.planner(plan)
+other.handler(handle)

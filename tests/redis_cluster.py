@@ -97,20 +97,25 @@ def _terminate(servers: Iterable[RedisServer], sig: int) -> None:
 
 
 class ClusterServers:
-    """A local Redis Cluster of ``size`` primaries (no replicas), one directory each.
+    """A local Redis Cluster of ``size`` primaries (no replicas unless asked), one directory
+    each.
 
     Args:
         base: directory under which each node gets ``node-<i>/``.
         size: number of primaries (at least 3 for ``redis-cli --cluster create``).
+        replicas: replicas of each primary (``--cluster-replicas``): ``size * (1 + replicas)``
+            nodes in all.
     """
 
-    def __init__(self, base: Path, size: int = 3) -> None:
+    def __init__(self, base: Path, size: int = 3, replicas: int = 0) -> None:
         if size < 3:
             raise ValueError("a Redis Cluster needs at least 3 primaries")
-        ports = _unique_ports(2 * size)
+        count = size * (1 + replicas)
+        ports = _unique_ports(2 * count)
         self.base = base
+        self.replicas = replicas
         self.nodes: list[RedisServer] = []
-        for index in range(size):
+        for index in range(count):
             directory = base / f"node-{index}"
             directory.mkdir(parents=True, exist_ok=True)
             # The bus port is set explicitly: the default (port + 10000) may be taken or > 65535.
@@ -120,7 +125,7 @@ class ClusterServers:
                     "cluster-enabled": "yes",
                     "cluster-config-file": "nodes.conf",
                     "cluster-node-timeout": "2000",
-                    "cluster-port": str(ports[size + index]),
+                    "cluster-port": str(ports[count + index]),
                 },
             )
             server.port = ports[index]
@@ -168,7 +173,7 @@ class ClusterServers:
         if cli is None:
             raise RuntimeError("redis-cli is not installed: apt-get install redis-tools")
         args = [cli, "--cluster", "create", *(f"{HOST}:{port}" for port in self.ports)]
-        args += ["--cluster-replicas", "0", "--cluster-yes"]
+        args += ["--cluster-replicas", str(self.replicas), "--cluster-yes"]
         result = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
         if result.returncode != 0:
             raise RuntimeError(

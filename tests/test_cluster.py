@@ -36,6 +36,7 @@ from redis_lease.protocol.connection.clients import client_from_url
 from redis_lease.protocol.connection.server_checks import eviction_danger
 from redis_lease.protocol.scripts import KEY_COUNTS, observe
 from redis_lease.protocol.store.base import lock
+from redis_lease.protocol.store.declared_jobs import declare_jobs, declared_jobs, withdraw_jobs
 from redis_lease.protocol.store.leader import (
     TAKEN,
     Leadership,
@@ -124,6 +125,10 @@ def test_every_script_touches_one_hash_slot(
     with fenced_lock(store, "nightly", Leadership("worker-1", lease.token), 5000) as (taken, _):
         assert taken == TAKEN
     assert not release_leadership(store, "worker-1").held
+    # The jobs a worker declares, and the fleet's view of them (reads of one slot each).
+    declare_jobs(store, "worker-1#1", "worker-1", {"nightly": "app.jobs:nightly"})
+    assert not declared_jobs(store).jobs["nightly"].ticked  # no leader holds the lease
+    withdraw_jobs(store, "worker-1#1")
     names = {name for name, _ in recorder.calls}
     assert names == set(KEY_COUNTS), f"not exercised: {set(KEY_COUNTS) - names}"
     spanning = [(name, slots) for name, slots in recorder.calls if len(slots) != 1]

@@ -125,7 +125,11 @@ class Scene:
             "count_missed": ([self.tallies[0], self.tallies[2]], ["2024-01-01", "2024-01-02"]),
             "record_lost_run": ([self.tallies[0], self.tallies[3]], [RUN, '{"run_id": "x"}']),
             "observe_data_set": ([self.store.keys.data_set], ["", 0, 0, "", "d1"]),
-            "tick_leader": ([self.store.keys.tick_leader], ["w1", "hold", 10000, 1]),
+            "tick_leader": ([self.store.keys.tick_leader], ["w1", "hold", 10000, 1, "[]"]),
+            "declare_jobs": (
+                self.store.keys.tick_declared,
+                ["w1#1", '{"worker": "w1", "jobs": {"nightly": "app.jobs:nightly"}}', 60000],
+            ),
             "tick_lock": (
                 [keys.job_tick_lock("nightly"), keys.job_tick_fence("nightly")],
                 ["owner-1", 1, 60000],

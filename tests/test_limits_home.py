@@ -90,4 +90,6 @@ def test_the_run_states_are_spelled_only_in_limits_json() -> None:
         text = path.read_text()
         if path.name == "record_effect.lua":  # an effect's states: 'failed' is its own word
             text = text.replace("'applied', 'failed'", "")
+        if path.name == "base.py":  # the effect state a held-back intent is marked with
+            text = text.replace('INTENT_NOT_SENT = "failed"', "")
         assert not literal.search(text), f"{path.name} spells a run state: {literal.search(text)}"

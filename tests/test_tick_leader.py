@@ -17,6 +17,7 @@ import pytest
 from redis_lease import LeaseStore, run_worker
 from redis_lease.errors import InvalidInput
 from redis_lease.fleet.job import Job
+from redis_lease.fleet.remembered import DOUBTFUL, OPEN, Remembered, keep, recall
 from redis_lease.fleet.tick.leader import TickLeader, check_jobs
 from redis_lease.fleet.tick.scheduler_tick import NOT_LEADER, tick
 from redis_lease.limits import TICK_LEADER_RENEW_MS, TICK_LEADER_TTL_MS
@@ -203,17 +204,17 @@ def test_two_leader_threads_one_leads_and_a_closed_one_hands_over_at_once(
     wait_for(lambda: first.ticks > 0, 10, "w1 to lead and tick")
     second.start()
     try:
-        assert second.leadership is None and first.leadership == Leadership("w1", 1)
+        assert second.leadership is None and first.leadership == Leadership(first.holder, 1)
         first.close()
         since = time.monotonic()
         wait_for(lambda: second.leadership, 2 * TICK_LEADER_RENEW_MS / 1000 + 1, "w2 to lead")
         assert time.monotonic() - since < TICK_LEADER_TTL_MS / 1000, "not the lease's TTL"
-        assert second.leadership == Leadership("w2", 2)
+        assert second.leadership == Leadership(second.holder, 2)
         wait_for(lambda: second.ticks > 0, 10, "w2 to tick")
     finally:
         second.close()
         first.close()
-    assert [line.split(":")[0] for line in said if "tick leader (token" in line] == [
+    assert [line.split(":")[0] for line in said if ": tick leader (token" in line] == [
         "worker w1",
         "worker w2",
     ]
@@ -258,7 +259,7 @@ def test_a_lost_lease_hash_does_not_stop_the_ticks(
     leader.start()
     try:
         wait_for(lambda: store.client.get(fence) == b"3", 15, "a tick past the fence")
-        assert leader.leadership == Leadership("w1", 3)
+        assert leader.leadership == Leadership(leader.holder, 3)
     finally:
         leader.close()
 
@@ -314,3 +315,307 @@ def test_a_stuck_tick_gives_the_lease_to_another_worker(
         leader_jobs.STUCK.set()
         second.close()
         first.close()
+
+
+SCHEDULED = "tests.leader_jobs:scheduled"
+OTHER = "tests.leader_jobs:other"
+
+
+def test_the_leader_ticks_a_job_another_worker_declared(real_store: LeaseStore) -> None:
+    """w1 is given one job and leads; w2, given that job and another of the same module,
+    only declares them: the leader ticks the other job too (it records it, as every tick
+    of a job does)."""
+    store = real_store
+    said: list[str] = []
+    leader = TickLeader(store, "w1", [SCHEDULED], said.append, every=1)
+    later = TickLeader(store, "w2", [SCHEDULED, OTHER], said.append, every=1)
+    leader.start()
+    try:
+        wait_for(lambda: leader.ticks > 0, 10, "w1 to lead and tick")
+        later.start()
+        wait_for(
+            lambda: store.client.hget(store.keys.job("other"), "path") == OTHER.encode(),
+            15,
+            "the leader to tick the job w2 declared",
+        )
+        assert later.leadership is None, "w2 never led"
+    finally:
+        later.close()
+        leader.close()
+    assert any("w1" in line and "other" in line for line in said), said
+
+
+def test_two_processes_of_one_name_never_share_the_lease(real_store: LeaseStore) -> None:
+    """A restarted worker beside its paused predecessor, both named 'same': the second gets
+    no share of the first's lease, and its release frees nothing of it."""
+    store = real_store
+    said: list[str] = []
+    first = TickLeader(store, "same", [SCHEDULED], said.append, every=1)
+    second = TickLeader(store, "same", [SCHEDULED], said.append, every=1)
+    try:
+        first.step()
+        second.step()
+        assert first.leadership is not None and first.leadership.token == 1
+        assert second.leadership is None, "a second process of the same name leads too"
+        second.close()
+        holder, token = store.client.hmget(store.keys.tick_leader, ["holder", "token"])
+        assert holder and token == b"1", "the second's release freed the first's lease"
+        first.step()
+        assert first.leadership is not None and first.leadership.token == 1
+    finally:
+        second.close()
+        first.close()
+    assert [line for line in said if ": tick leader (token" in line] == [
+        f"worker same: tick leader (token 1): ticks {SCHEDULED} every 1s"
+    ], said
+
+
+def test_a_plain_tick_taking_the_lock_midway_stops_that_jobs_tick_not_the_leadership(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    """The leader's planning step runs past its lock's time and a plain tick (cron,
+    rq-scheduler) takes the job's lock: the leader's tick of the job stops at its next step,
+    and nothing in what it returns says it no longer leads."""
+    store = real_store
+    me = Leadership("w1", hold_leadership(store, "w1", 10_000).token)
+    lock_key = store.keys.job_tick_lock("nightly")
+    taken: list[bool] = []
+
+    def plain_tick_takes_the_lock(run_id: str, planned: int) -> None:
+        if not taken:  # the leader's lock ran out (its 60 s) and a plain tick's SET NX won
+            store.client.delete(lock_key)
+            taken.append(bool(store.client.set(lock_key, "plain-tick", nx=True, px=60_000)))
+
+    made = tick(store, [NIGHTLY_PATH], now=T0, progress=plain_tick_takes_the_lock, leader=me)
+    kinds = [d.kind for d in made]
+    assert taken == [True]
+    assert NOT_LEADER not in kinds, kinds
+    assert kinds[0] == "create" and "plan" in kinds, kinds
+    assert store.client.get(lock_key) == b"plain-tick", "the plain tick's lock is left alone"
+    assert still_leading(store, me), "the lease is still the leader's"
+
+
+def test_a_plain_tick_beside_the_leader_changes_nothing_about_who_leads(
+    real_store: LeaseStore, monkeypatch: pytest.MonkeyPatch, queue_name: str
+) -> None:
+    """The leader's tick hangs in a planner past its lock's time (1 s here); a plain tick
+    takes the job's lock meanwhile. The leader goes on leading with its token: it neither
+    says it lost the lead nor asks for a new token."""
+    from dataclasses import replace
+
+    from redis_lease.fleet.tick import scheduler_tick
+    from tests.fleet_helpers import purge_queue
+
+    store = real_store
+    monkeypatch.setattr(scheduler_tick, "TICK_LOCK_SECONDS", 1)
+    job = leader_jobs.stuck
+    monkeypatch.setattr(job, "options", replace(job.options, queue=queue_name))
+    leader_jobs.STUCK.clear()
+    said: list[str] = []
+    leader = TickLeader(store, "w1", ["tests.leader_jobs:stuck"], said.append, every=1)
+    lock_key = store.keys.job_tick_lock("stuck")
+    leader.start()
+    try:
+        wait_for(lambda: leader.leadership, 10, "w1 to lead")
+        wait_for(  # its tick hangs in the planner; once its lock ran out, a plain tick's
+            lambda: store.client.set(lock_key, "plain-tick", nx=True, px=60_000),
+            10,
+            "the leader's lock to run out and a plain tick to take it",
+        )
+        leader_jobs.STUCK.set()
+        wait_for(lambda: leader.ticks > 0, 10, "the leader's tick to end")
+        renewed = store.client.hget(store.keys.tick_leader, "expires")
+        for _ in range(2):  # two renewals after its tick ended
+            wait_for(
+                lambda before=renewed: (
+                    store.client.hget(store.keys.tick_leader, "expires") != before
+                ),
+                10,
+                "a renewal",
+            )
+            renewed = store.client.hget(store.keys.tick_leader, "expires")
+        assert store.client.hget(store.keys.tick_leader, "token") == b"1"
+        assert leader.leadership is not None and leader.leadership.token == 1
+        assert not any("no longer the tick leader" in line for line in said), said
+        assert not any("token 2" in line for line in said), said
+    finally:
+        leader_jobs.STUCK.set()
+        leader.close()
+        purge_queue(store.client, queue_name)
+
+
+def test_run_worker_from_python_refuses_a_protocol_it_does_not_speak(
+    real_store: LeaseStore, queue_name: str
+) -> None:
+    """As the command line does: one line naming the protocol, and nothing written."""
+    from redis_lease.errors import ProtocolMismatch
+
+    store = real_store
+    store.client.set(store.keys.protocol, "99")
+    lines: list[str] = []
+    with pytest.raises(ProtocolMismatch, match=r"is in protocol 99") as refused:
+        run_worker(
+            jobs=[leader_jobs.scheduled],
+            url=store.url,
+            prefix=store.prefix,
+            queues=[queue_name],
+            burst=True,
+            simple=True,
+            say=lines.append,
+        )
+    assert refused.value.exit_code == 9
+    assert keys_under(store.client, store.prefix) == [store.keys.protocol], "it wrote"
+    assert lines == []
+
+
+def test_a_declared_job_the_leader_did_not_load_is_named_not_imported(
+    real_store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """w2 declares a job of a module the leader had not loaded when it started (a rolling
+    deploy that adds it): the leader imports nothing for it, does not tick it, and names it
+    in its log, beside its lease (workers, metrics) and in w2's log."""
+    import sys
+
+    from redis_lease.protocol.store.declared_jobs import declared_jobs
+
+    store = real_store
+    weekly = "tests.declared_jobs:weekly"
+    monkeypatch.delitem(sys.modules, "tests.declared_jobs", raising=False)
+    said: list[str] = []
+    leader = TickLeader(store, "w1", [SCHEDULED], said.append, every=1)
+    later = TickLeader(store, "w2", [SCHEDULED, weekly], said.append, every=1)  # imports it
+    leader.start()
+    try:
+        wait_for(lambda: leader.ticks > 0, 10, "w1 to lead and tick")
+        later.start()
+        wait_for(
+            lambda: (
+                [j.ticked for j in declared_jobs(store).jobs.values() if j.job == "weekly"]
+                == [False]
+            ),
+            15,
+            "the leader to name the job it cannot tick",
+        )
+        wait_for(lambda: any(line.startswith("worker w2: job weekly") for line in said), 5, "w2")
+    finally:
+        later.close()
+        leader.close()
+    reason = (
+        "its module 'tests.declared_jobs' was not loaded in the leader when it started, and a "
+        "leader imports no module another worker names: give every worker the same --job options"
+    )
+    assert (
+        f"worker w1: job weekly ({weekly}), declared by worker w2, is not ticked: {reason}" in said
+    )
+    assert (
+        f"worker w2: job weekly ({weekly}), which this worker declared, is not ticked: the tick "
+        f"leader w1: {reason}"
+    ) in said
+    assert store.client.exists(store.keys.job("weekly")) == 0, "the leader ticked it"
+    assert "weekly" not in declared_jobs(store).jobs, "w2 withdrew its jobs when it stopped"
+
+
+class _Recording(TickLeader):
+    """A leader that notes where each leadership begins, and whether it was continuous."""
+
+    begun: list[tuple[int, bool]]
+
+    def _begin(self, leadership: Leadership, continuous: bool) -> None:
+        self.begun.append((leadership.token, continuous))
+        super()._begin(leadership, continuous)
+
+
+def test_a_new_leadership_says_whether_the_lease_was_held_without_a_break(
+    real_store: LeaseStore,
+) -> None:
+    """Its first leadership is not continuous; one begun on a token past a job's fence while
+    it still held the lease is; one begun after another worker held the lease is not."""
+    store = real_store
+    said: list[str] = []
+    leader = _Recording(store, "w1", [SCHEDULED], said.append, every=1)
+    leader.begun = []
+    store.client.set(store.keys.job_tick_fence("scheduled"), 4)  # the lease's hash was lost
+    try:
+        leader.step()  # token 1: its tick meets the fence and asks for a token past it
+        wait_for(lambda: leader.leadership is None, 10, "the tick to meet the fence")
+        leader.step()
+        assert leader.begun == [(1, False), (5, True)]
+        release_leadership(store, leader.holder)
+        assert hold_leadership(store, "another#1", 10_000).held
+        leader.step()  # another holds it
+        assert leader.leadership is None
+        release_leadership(store, "another#1")
+        leader.step()
+        assert leader.begun == [(1, False), (5, True), (7, False)]
+    finally:
+        leader.close()
+
+
+def test_a_declaring_worker_says_when_its_job_is_not_ticked_and_when_it_is_again(
+    real_store: LeaseStore,
+) -> None:
+    """The leader (another process, here its writes) names w2's job, then no longer does."""
+    from redis_lease.protocol.store.declared_jobs import Unticked, unticked_text
+    from redis_lease.protocol.store.leader import process_holder
+
+    store = real_store
+    leader = process_holder("w1")
+    token = hold_leadership(store, leader, 10_000).token
+    said: list[str] = []
+    worker = TickLeader(store, "w2", [SCHEDULED], said.append, every=1)
+    named = [Unticked("scheduled", SCHEDULED, ("w2",), "not in its code")]
+    try:
+        hold_leadership(store, leader, 10_000, unticked=unticked_text(leader, token, named))
+        worker.step()
+        worker.step()  # said once
+        hold_leadership(store, leader, 10_000, unticked=unticked_text(leader, token, []))
+        worker.step()
+        release_leadership(store, leader)
+        worker.step()  # no leader: nothing said of its jobs (it leads now, and ticks them)
+    finally:
+        worker.close()
+    assert [line for line in said if "job scheduled" in line] == [
+        f"worker w2: job scheduled ({SCHEDULED}), which this worker declared, is not ticked: "
+        "the tick leader w1: not in its code",
+        "worker w2: job scheduled, which this worker declared, is ticked now",
+    ]
+
+
+class _NotTicking(TickLeader):
+    """A leader whose ticks do nothing: what it remembers is the test's to set."""
+
+    def _tick(self, leadership: Leadership) -> None:
+        return None
+
+
+def test_a_leadership_begun_after_a_break_doubts_what_the_process_remembers(
+    real_store: LeaseStore,
+) -> None:
+    """Another leader may have ticked during the break: the runs this process remembers are
+    doubtful (after a loss they are named lost, not made again). A lease whose hash was lost
+    (a wipe) and taken again at once by its holder is no break: its memory is the witness
+    of what the wipe took."""
+    store, run_id = real_store, "scheduled:2026-01-02"
+    mark = Remembered("mark", 0, 1, {run_id: ("scheduled", 1)})
+    leader = _NotTicking(store, "w1", [SCHEDULED], lambda line: None, every=1)
+    store.client.hset(store.keys.tick_leader, mapping={"holder": "", "token": 2, "expires": 0})
+    try:
+        keep(store, mark)
+        leader.step()  # its first leadership, token 3
+        first = recall(store)
+        assert first is not None and first.state_of(run_id) == DOUBTFUL
+        keep(store, mark)
+        store.client.delete(store.keys.tick_leader)  # lost with everything else
+        leader.step()
+        again = recall(store)
+        assert leader.leadership is not None and leader.leadership.token == 1  # gone back
+        assert again is not None and again.state_of(run_id) == OPEN
+        release_leadership(store, leader.holder)
+        assert hold_leadership(store, "another#1", 10_000).held
+        leader.step()  # another holds it
+        release_leadership(store, "another#1")
+        leader.step()
+        after = recall(store)
+        assert after is not None and after.state_of(run_id) == DOUBTFUL
+    finally:
+        leader.close()

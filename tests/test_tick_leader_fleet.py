@@ -1,7 +1,8 @@
 """Three ``redis-lease worker --job`` processes and nothing else on a private Redis: one
 ticks; a run that falls due is created once, dispatched and finished; SIGKILL or SIGSTOP of
 the ticking worker hands the lease to another within the stated bound, and a paused
-former leader's late tick changes nothing.
+former leader's late tick changes nothing. A worker started later with more jobs (a rolling
+deploy that adds jobs): the leader ticks the one it finds in its code and names the other.
 
 The job (tests.leader_jobs:scheduled) is scheduled to the second, a few seconds after the
 workers start, so the run falls due while the test watches; the leader is killed or
@@ -10,6 +11,7 @@ paused before that, so it is the next leader that must create it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -34,6 +36,9 @@ from tests.redis_server import RedisServer
 pytestmark = pytest.mark.slow
 
 JOB_PATH = "tests.leader_jobs:scheduled"
+#: A job of the leader's own module, and one of a module it never loads.
+OTHER_PATH = "tests.leader_jobs:other"
+WEEKLY_PATH = "tests.declared_jobs:weekly"
 PROGRAM = [sys.executable, "-m", "redis_lease"]
 #: Seconds between two ticks of the leader in these tests (60 by default).
 TICK_EVERY = 1
@@ -41,6 +46,8 @@ TICK_EVERY = 1
 SLACK = 2.0
 _LEADER_LINE = re.compile(r"worker (\S+): tick leader \(token (\d+)\)")
 _TICK_LINE = re.compile(r"worker (\S+): tick \(token (\d+)\): (.*)")
+#: A worker process's id at the end of the lease's holder (its name comes first).
+_PROCESS_ID = re.compile(r"#[0-9a-f]{32}$")
 
 
 @dataclass
@@ -59,26 +66,31 @@ class Fleet:
         """The run the schedule makes due."""
         return f"scheduled:{self.fire.date().isoformat()}"
 
-    def start(self, count: int) -> None:
-        """Starts ``count`` workers, each ticking the scheduled job when it leads; the first
-        forks a work horse per shard job, the others run them in place (``--simple``)."""
+    def start(self, count: int, jobs: tuple[str, ...] = (JOB_PATH,)) -> list[str]:
+        """Starts ``count`` more workers, each given ``jobs`` to tick when it leads; the first
+        of the fleet forks a work horse per shard job, the others run them in place
+        (``--simple``). Returns their names."""
         second, minute, hour = self.fire.second, self.fire.minute, self.fire.hour
         env = {
             "LEADER_SCHEDULE": f"{minute} {hour} * * * {second}",
             "LEADER_QUEUE": f"{self.prefix}-q",
         }
-        for n in range(count):
+        started = []
+        for n in range(len(self.workers), len(self.workers) + count):
             name = f"{self.prefix}-w{n}"
             args = [*PROGRAM, "--url", self.url]
             args += ["--prefix", self.prefix, "worker", "--queue", f"{self.prefix}-q"]
-            args += [*(["--simple"] if n else []), "--name", name, "--job", JOB_PATH]
+            args += [*(["--simple"] if n else []), "--name", name]
+            args += [arg for path in jobs for arg in ("--job", path)]
             args += ["--tick-every", str(TICK_EVERY)]
             self.workers[name] = self.procs.start(args, env, name)
+            started.append(name)
+        return started
 
     def lease(self) -> tuple[str, int]:
-        """The tick leader's lease as Redis holds it: holder and token."""
+        """The tick leader's lease as Redis holds it: the holder's worker name and the token."""
         holder, token = self.client.hmget(f"{self.prefix}:{{tick_leader}}", ["holder", "token"])
-        return text(holder or b""), int(token or 0)
+        return _PROCESS_ID.sub("", text(holder or b"")), int(token or 0)
 
     def leader_after(self, token: int, timeout: float) -> str:
         """The worker that holds the lease with a token past ``token``, once one does."""
@@ -246,3 +258,65 @@ def test_a_bad_job_refuses_to_start_with_one_line(
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(said), done.stderr
+
+
+def cli(fleet: Fleet, *args: str) -> str:
+    """What ``redis-lease ARGS`` prints on the fleet's Redis (it must succeed)."""
+    done = subprocess.run(
+        [*PROGRAM, "--url", fleet.url, "--prefix", fleet.prefix, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_job_only_a_later_worker_was_given_is_ticked_or_named(fleet: Fleet) -> None:
+    """The leader is given one job; a worker started later (a rolling deploy that adds jobs)
+    is given two more: one of the leader's own module, which the leader ticks too, and one of
+    a module the leader never loaded, which it names: in its log and the later worker's, in
+    ``redis-lease workers`` and in the metrics."""
+    (leader,) = fleet.start(1)
+    assert fleet.leader_after(0, 30) == leader
+    wait_for(lambda: f"worker {leader}: tick (token 1)" in fleet.log(leader), 10, "a first tick")
+    (later,) = fleet.start(1, (JOB_PATH, OTHER_PATH, WEEKLY_PATH))
+    other = f"{fleet.prefix}:job:{{other}}"
+    wait_for(
+        lambda: fleet.client.hget(other, "path") == OTHER_PATH.encode(),
+        30,
+        "the leader to tick the job of its module that the later worker declared",
+        every=0.2,
+    )
+    named = (
+        f"worker {leader}: job weekly ({WEEKLY_PATH}), declared by worker {later}, is not ticked: "
+    )
+    told = (
+        f"worker {later}: job weekly ({WEEKLY_PATH}), which this worker declared, is not ticked: "
+        f"the tick leader {leader}: its module 'tests.declared_jobs' was not loaded"
+    )
+    wait_for(lambda: named in fleet.log(leader), 10, "the leader to name the job")
+    wait_for(lambda: told in fleet.log(later), 10, "the later worker to say it")
+    assert f"worker {leader}: ticks job other ({OTHER_PATH}) too, declared by worker {later}" in (
+        fleet.log(leader)
+    )
+    assert fleet.lease() == (leader, 1), "the later worker did not take the lead"
+    assert not fleet.client.exists(f"{fleet.prefix}:job:{{weekly}}"), "the leader ticked it"
+
+    rows = {row["name"]: row for row in json.loads(cli(fleet, "workers", "--json"))}
+    assert rows[leader]["tick_leader"] and not rows[later]["tick_leader"]
+    assert [job["job"] for job in rows[later]["unticked_jobs"]] == ["weekly"]
+    assert rows[later]["jobs"] == {
+        "other": OTHER_PATH,
+        "scheduled": JOB_PATH,
+        "weekly": WEEKLY_PATH,
+    }
+    table = cli(fleet, "workers")
+    assert f"danger: job weekly ({WEEKLY_PATH}), declared by worker {later}, is not ticked: " in (
+        table
+    )
+    metrics = cli(fleet, "metrics")
+    assert 'redis_lease_declared_job_unticked{job="weekly"} 1.0' in metrics
+    assert 'redis_lease_declared_job_unticked{job="other"} 0.0' in metrics
+    assert 'redis_lease_declared_job_unticked{job="scheduled"} 0.0' in metrics

@@ -143,12 +143,30 @@ def worker(
         float,
         typer.Option("--tick-every", min=1.0, help="Seconds between two ticks of the leader."),
     ] = TICK_EVERY,
+    wait_replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--wait-replicas",
+            help="Hand out a claim, and record an effect's intent, only once this many "
+            "replicas have it (WAIT); 0 does not wait. Overrides the URL's wait_replicas.",
+        ),
+    ] = None,
+    wait_timeout_ms: Annotated[
+        int | None,
+        typer.Option(
+            "--wait-timeout-ms",
+            help="How long a claim waits for those replicas, in ms (default 1000); then "
+            "it is given back. Overrides the URL's wait_timeout_ms.",
+        ),
+    ] = None,
 ) -> None:
     """Start an RQ worker set up for redis-lease shard jobs (JSON serializer).
 
     With --job (repeatable) it also runs the scheduler's tick for those jobs, every
     --tick-every seconds (60), while it holds the fleet's tick leader lease: one
-    worker of the fleet ticks; another takes over within 12 s of its death or pause.
+    worker process of the fleet ticks; another takes over within 12 s of its death or
+    pause. It declares its jobs too: the leader also ticks the jobs other workers were
+    given that it finds in its own code, and names the others (both logs, workers).
     Each job must import and be well formed, or the worker does not start (exit 2).
 
     Prints one line once started (a command the Redis user may not run is one error
@@ -158,16 +176,21 @@ def worker(
     or its function does not import) fails alone with one line and the worker goes on.
     With --burst it exits 8 when shard jobs it ran failed or jobs it took could not run.
     Jobs import from the working directory, as with rq worker.
+    With --wait-replicas N (or wait_replicas=N in the URL) its claims and effect intents
+    wait until N replicas have them, so a failover cannot hand their tokens out again
+    (docs/durability.md).
     Plain RQ works too: rq worker -u URL --serializer rq.serializers.JSONSerializer
     --job-class redis_lease.dispatch.JsonJob redis-lease
     """
     from ..fleet.tick.leader import TickLeader, check_jobs
     from ..fleet.worker.rq_worker import DEFAULT_QUEUE, WorkerSettings, build_worker, run_worker
     from ..operate.output import error_line
+    from ..protocol.connection.replica_wait import replica_wait
     from ..protocol.connection.urls import safe_url
 
     check_jobs(jobs or [])  # before anything starts: a bad path is one line, exit 2
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
+    waits = replica_wait(settings.url, wait_replicas, wait_timeout_ms)  # bad values: exit 2
     wanted = WorkerSettings(
         queues=tuple(queues or [DEFAULT_QUEUE]),
         simple=simple,
@@ -178,6 +201,7 @@ def worker(
         say=typer.echo,
     )
     store = open_store(ctx, needs_rq=True)
+    store.replica_wait = waits
     rq_worker = build_worker(store, wanted)  # a refusal: one line, exit 6
     handlers = f"concurrency {concurrency}" if concurrency is not None else "the jobs' concurrency"
 
@@ -188,6 +212,11 @@ def worker(
             f"{'in-process' if simple else 'forking'}{', burst' if burst else ''}, "
             f"Redis {safe_url(settings.url)}"
             + (f", queues on {safe_url(settings.queue_url)}" if settings.queue_url else "")
+            + (
+                f"; claims wait for {waits.replicas} replica(s), {waits.timeout_ms} ms at most"
+                if waits
+                else ""
+            )
             + (f"; ticks {', '.join(jobs)} while the tick leader" if jobs else "")
         )
 

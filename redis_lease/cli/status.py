@@ -226,25 +226,50 @@ def workers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """List the worker processes: host, pid, heartbeat age, shard jobs and leases held.
 
     A worker whose heartbeat stopped is shown dead, with the leases taken over from
-    it (its items went back to work: docs/durability.md, "A worker dies").
+    it (its items went back to work: docs/durability.md, "A worker dies"). The jobs each
+    worker was given to tick (--job) are listed, the tick leader is marked, and each
+    declared job no leader ticks is named with why, in a danger line under the table.
     """
     from ..operate.output import print_json, print_table
     from ..operate.worker_views import worker_rows
+    from ..protocol.store.declared_jobs import declared_jobs
 
-    rows = worker_rows(open_store(ctx))
+    store = open_store(ctx)
+    fleet = declared_jobs(store)
+    rows = worker_rows(store, fleet)
     if as_json:
         print_json([row.to_dict() for row in rows])
         return
     print_table(
-        ("worker", "state", "host", "pid", "beat age s", "shard jobs", "leases held", "taken over"),
+        (
+            "worker",
+            "state",
+            "host",
+            "pid",
+            "beat age s",
+            "shard jobs",
+            "leases held",
+            "taken over",
+            "jobs",
+        ),
         [_worker_row(row) for row in rows],
         keep=("worker",),
     )
+    for job in fleet.unticked:
+        typer.echo(
+            f"danger: job {job.job} ({job.path}), declared by worker {', '.join(job.workers)}, "
+            f"is not ticked: {job.reason}"
+        )
 
 
 def _worker_row(row: WorkerRow) -> list[Any]:
     jobs = ", ".join(f"{job['run']}#{job['shard']}" for job in row.shard_jobs)
     taken = ", ".join(f"{t['leases']} of {t['run']}#{t['shard']}" for t in row.taken_over)
+    unticked = {job["job"] for job in row.unticked_jobs}
+    declared = [f"{name}{' (not ticked)' if name in unticked else ''}" for name in row.jobs]
+    ticks = ", ".join(declared)
+    if row.tick_leader:
+        ticks = f"tick leader: {ticks}" if ticks else "tick leader"
     return [
         row.name,
         row.state,
@@ -254,6 +279,7 @@ def _worker_row(row: WorkerRow) -> list[Any]:
         jobs or None,
         row.leases_held,
         f"{row.leases_taken_over} leases ({taken})" if row.taken_over else None,
+        ticks or None,
     ]
 
 

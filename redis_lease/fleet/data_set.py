@@ -34,7 +34,7 @@ no tick side) no loss can be told, and none is counted: the job's tick then says
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..protocol.connection.clients import as_text
 from ..protocol.replies import MarkObserved
@@ -78,7 +78,8 @@ class Observation:
 
     ``loss`` is the loss this tick noticed (and counted), ``since_loss`` whether a loss
     happened since what the tick side remembers (noticed now or by another side), and
-    ``remembered`` what it remembered before this tick.
+    ``remembered`` what it remembered before this tick, as far as the tick may go by it
+    (superseded runs dropped or doubtful: :mod:`redis_lease.fleet.remembered`).
     """
 
     id: str
@@ -123,20 +124,46 @@ def observe(store: LeaseStore, job: str) -> Observation:
             reason = LOSS_REASONS[mark.kind].format(previous=mark.previous, id=mark.id)
             loss = Loss(mark.kind, reason, mark.previous)
             store.client.hset(store.keys.data_set, "last_loss_reason", reason)
+    current = _judged(memory, mark, loss, job)
     seen = Observation(
-        mark.id, mark.epoch, mark.seq, mark.created_at_ms, loss, mark.since_loss, memory
+        mark.id, mark.epoch, mark.seq, mark.created_at_ms, loss, mark.since_loss, current
     )
-    runs = memory.runs if memory is not None else {}
-    keep(store, Remembered(seen.id, seen.epoch, seen.seq, dict(runs)))
+    kept = Remembered(seen.id, seen.epoch, seen.seq)
+    if current is not None:
+        kept = replace(current, id=seen.id, epoch=seen.epoch, seq=seen.seq)
+    keep(store, kept)
     return seen
 
 
-def remember_runs(store: LeaseStore, job: str, runs: dict[str, int]) -> None:
+def _judged(
+    memory: Remembered | None, mark: MarkObserved, loss: Loss | None, mark_job: str
+) -> Remembered | None:
+    """What of ``memory`` this tick may go by (:mod:`redis_lease.fleet.remembered`): all of it
+    when it noticed a loss now or no other side ticked since it was written; its runs made
+    doubtful when another side noticed a loss first; none of its runs when another side
+    ticked since (the server's records are the truth then). After a loss, every job it knows
+    of (and ``mark_job``) is unsettled until its tick finishes (:func:`remember_runs`)."""
+    if memory is None:
+        return memory
+    if loss is not None:
+        return memory.after_loss(mark_job)
+    if mark.since_loss:
+        return memory.doubted().after_loss(mark_job)
+    if mark.seq - 1 != memory.seq:
+        return memory.without_runs()
+    return memory
+
+
+def remember_runs(
+    store: LeaseStore, job: str, runs: dict[str, int], fired_ms: int | None = None
+) -> None:
     """Remembers ``runs`` (run id -> created ms) as the runs the tick side knows of ``job``
-    (``""``: ad-hoc runs), beside the mark last observed."""
+    (``""``: ad-hoc runs), and ``fired_ms`` as the last scheduled time its ticks handled,
+    beside the mark last observed; the job's tick after a loss is settled."""
     memory = recall(store)
     if memory is not None:
-        keep(store, memory.with_runs(job, runs))
+        memory = memory.with_runs(job, runs).settled(job)
+        keep(store, memory if fired_ms is None else memory.with_fired(job, fired_ms))
 
 
 def read_mark(store: LeaseStore) -> MarkState | None:

@@ -215,3 +215,30 @@ def load_job(path: str) -> Job:
     if not isinstance(job, Job):
         raise InvalidInput(f"{path!r} is a {type(job).__name__}, not a redis_lease.Job")
     return job
+
+
+def loaded_job(path: str) -> Job:
+    """The job at ``path`` (``package.module:attr``) in a module this process has loaded
+    already, with a planner and a handler. Nothing is imported: a path that another process
+    wrote (a job another worker declared) never chooses code for this one to run.
+
+    Raises:
+        InvalidInput: the module is not loaded here, holds no such job, or the job has no
+            planner or handler (one line, said from the leader's side).
+    """
+    module_name, _, attr = path.partition(":")
+    module = sys.modules.get(module_name)
+    if module is None:
+        raise InvalidInput(
+            f"its module {module_name!r} is not loaded in the leader, which imports no module "
+            "another worker names: give every worker the same --job options"
+        )
+    job = vars(module).get(attr)
+    if not isinstance(job, Job):
+        raise InvalidInput(
+            f"the leader's module {module_name!r} has no job {attr!r} (the leader runs other "
+            "code: an older release?)"
+        )
+    if job.plan_items is None or job.handle_item is None:
+        raise InvalidInput(f"{path!r} has no planner or no handler in the leader")
+    return job

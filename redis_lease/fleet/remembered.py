@@ -17,6 +17,21 @@ lease store's data set:
 :func:`recall` returns the first of them that has an entry (in that order); :func:`keep`
 writes all of them. Losing the memory itself loses nothing but the power to tell a wiped
 server from a new one (see docs/durability.md).
+
+A memory is only as good as it is current. Each remembered run has a state:
+
+- ``open``: seen open by this side's last tick of its job;
+- ``creating``: this side was making it (written before the run is created);
+- ``ending``: this side was ending it (written before its final state is);
+- ``doubtful``: remembered by a side that another has since superseded.
+
+After a loss, a run remembered ``open`` or ``creating`` may be made again (where its job's
+schedule covers it); one remembered ``ending`` or ``doubtful`` is only named lost: it may
+have ended. A memory is superseded when another tick side ticked after it (the mark's
+``seq`` moved past the one it remembers: its runs are dropped, the server's records being the
+truth), when another side noticed a loss first (its runs become doubtful), and when the
+tick leader holding it had a break in its leadership (:func:`distrust`: another leader may
+have ticked meanwhile).
 """
 
 from __future__ import annotations
@@ -26,10 +41,10 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, WeakSet
 
 import redis
 
@@ -46,6 +61,14 @@ MARK_FILE_ENV = "REDIS_LEASE_MARK_FILE"
 RUNS_REMEMBERED = 500
 
 _by_store: WeakKeyDictionary[LeaseStore, Remembered] = WeakKeyDictionary()
+#: The stores whose process memory is in doubt and was not written since (:func:`distrust`).
+_doubted: WeakSet[LeaseStore] = WeakSet()
+
+
+#: What a remembered run's entry says (see the module's docstring).
+OPEN, CREATING, ENDING, DOUBTFUL = "open", "creating", "ending", "doubtful"
+#: The states whose run may be made again after a loss.
+MAY_BE_OPEN = (OPEN, CREATING)
 
 
 @dataclass(frozen=True)
@@ -53,20 +76,63 @@ class Remembered:
     """A data set's mark as the tick side last saw it, and the runs it knew of.
 
     ``runs`` maps a run id to its job (``""`` for an ad-hoc run) and when it was created
-    (ms, 0 when not known).
+    (ms, 0 when not known); ``states`` a run id to its state when it is not ``open``;
+    ``fired`` a job to the last scheduled time its ticks handled (ms) and whether that is
+    doubtful (after a loss it tells which dates had their run, when the server cannot);
+    ``unsettled`` the jobs whose tick after a loss this side noticed has not finished yet.
     """
 
     id: str
     epoch: int
     seq: int
     runs: dict[str, tuple[str, int]] = field(default_factory=dict)
+    states: dict[str, str] = field(default_factory=dict)
+    fired: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    unsettled: frozenset[str] = frozenset()
 
     def with_runs(self, job: str, runs: dict[str, int]) -> Remembered:
-        """This memory with ``job``'s runs replaced by ``runs`` (run id -> created ms)."""
+        """This memory with ``job``'s runs replaced by ``runs`` (run id -> created ms), all
+        ``open``."""
         kept = {run: known for run, known in self.runs.items() if known[0] != job}
         kept.update({run: (job, created) for run, created in runs.items()})
-        newest = sorted(kept.items(), key=lambda pair: -pair[1][1])[:RUNS_REMEMBERED]
-        return Remembered(self.id, self.epoch, self.seq, dict(newest))
+        newest = dict(sorted(kept.items(), key=lambda pair: -pair[1][1])[:RUNS_REMEMBERED])
+        states = {run: s for run, s in self.states.items() if run in newest and run not in runs}
+        return replace(self, runs=newest, states=states)
+
+    def with_state(self, job: str, run_id: str, state: str, created_ms: int = 0) -> Remembered:
+        """This memory with ``run_id`` (of ``job``) in ``state``."""
+        runs = dict(self.runs)
+        runs[run_id] = (job, created_ms or runs.get(run_id, (job, 0))[1])
+        states = {run: s for run, s in self.states.items() if run != run_id}
+        if state != OPEN:
+            states[run_id] = state
+        return replace(self, runs=runs, states=states)
+
+    def after_loss(self, job: str) -> Remembered:
+        """This memory with a loss noticed: every job it knows of, and ``job``, unsettled."""
+        jobs = {owner for owner, _ in self.runs.values()} | set(self.fired) | {job}
+        return replace(self, unsettled=frozenset(jobs))
+
+    def settled(self, job: str) -> Remembered:
+        """This memory with ``job``'s tick after a loss finished."""
+        return replace(self, unsettled=self.unsettled - {job})
+
+    def with_fired(self, job: str, fired_ms: int) -> Remembered:
+        """This memory with ``job``'s last handled scheduled time ``fired_ms`` (not doubtful)."""
+        return replace(self, fired={**self.fired, job: (fired_ms, False)})
+
+    def doubted(self) -> Remembered:
+        """This memory with every run ``doubtful``, and every job's last scheduled time."""
+        fired = {job: (ms, True) for job, (ms, _) in self.fired.items()}
+        return replace(self, states=dict.fromkeys(self.runs, DOUBTFUL), fired=fired)
+
+    def without_runs(self) -> Remembered:
+        """This memory with no runs, no scheduled times, no job unsettled."""
+        return replace(self, runs={}, states={}, fired={}, unsettled=frozenset())
+
+    def state_of(self, run_id: str) -> str:
+        """The state of a remembered run (``open`` unless noted)."""
+        return self.states.get(run_id, OPEN)
 
     def runs_of(self, job: str) -> dict[str, int]:
         """The remembered runs of ``job`` (run id -> created ms)."""
@@ -75,7 +141,14 @@ class Remembered:
     def to_json(self) -> dict[str, Any]:
         """As JSON-ready data."""
         runs = {run: [job, created] for run, (job, created) in self.runs.items()}
-        return {"id": self.id, "epoch": self.epoch, "seq": self.seq, "runs": runs}
+        data: dict[str, Any] = {"id": self.id, "epoch": self.epoch, "seq": self.seq, "runs": runs}
+        if self.states:
+            data["states"] = dict(self.states)
+        if self.fired:
+            data["fired"] = {job: [ms, int(doubt)] for job, (ms, doubt) in self.fired.items()}
+        if self.unsettled:
+            data["unsettled"] = sorted(self.unsettled)
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> Remembered | None:
@@ -84,19 +157,37 @@ class Remembered:
             runs = {
                 str(run): (str(job), int(created)) for run, (job, created) in data["runs"].items()
             }
-            return cls(str(data["id"]), int(data["epoch"]), int(data["seq"]), runs)
+            states = {
+                str(run): str(state)
+                for run, state in dict(data.get("states") or {}).items()
+                if state in (CREATING, ENDING, DOUBTFUL) and run in runs
+            }
+            fired = {
+                str(job): (int(ms), bool(doubt))
+                for job, (ms, doubt) in dict(data.get("fired") or {}).items()
+            }
+            unsettled = frozenset(str(job) for job in data.get("unsettled") or [])
+            return cls(
+                str(data["id"]),
+                int(data["epoch"]),
+                int(data["seq"]),
+                runs,
+                states,
+                fired,
+                unsettled,
+            )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
 
 
 def recall(store: LeaseStore) -> Remembered | None:
     """What the tick side remembers of the store's data set: the process's memory, else the
-    file's, else RQ's Redis's (when apart); None when none has an entry."""
+    file's, else RQ's Redis's (when apart); None when none has an entry. A process memory in
+    doubt (:func:`distrust`) comes after the shared places: every tick side writes those, so
+    they are as current as anything this process knows."""
     found = _by_store.get(store)
-    if found is None:
-        found = _from_file(store)
-    if found is None:
-        found = _from_queue_redis(store)
+    if found is None or store in _doubted:
+        found = _from_file(store) or _from_queue_redis(store) or found
     return found
 
 
@@ -104,8 +195,26 @@ def keep(store: LeaseStore, memory: Remembered) -> None:
     """Remembers ``memory`` in every place: the process, the file (when named), RQ's Redis
     (when apart). A place that cannot be written is logged and left out."""
     _by_store[store] = memory
+    _doubted.discard(store)
     _to_file(store, memory)
     _to_queue_redis(store, memory)
+
+
+def note(store: LeaseStore, job: str, run_id: str, state: str, created_ms: int = 0) -> None:
+    """Remembers ``run_id`` of ``job`` in ``state``, where the tick side remembers anything
+    (a side that remembers nothing has no mark to tell a loss by)."""
+    memory = recall(store)
+    if memory is not None:
+        keep(store, memory.with_state(job, run_id, state, created_ms))
+
+
+def distrust(store: LeaseStore) -> None:
+    """Marks every run this process remembers doubtful: another tick side may have ticked
+    since it wrote its memory (a tick leader whose leadership had a break)."""
+    memory = _by_store.get(store)
+    if memory is not None:
+        _by_store[store] = memory.doubted()
+        _doubted.add(store)
 
 
 def _entry(store: LeaseStore) -> str:
@@ -188,4 +297,17 @@ def _to_queue_redis(store: LeaseStore, memory: Remembered) -> None:
         log.warning("cannot remember the data set in RQ's Redis: %s", error)
 
 
-__all__ = ["MARK_FILE_ENV", "RUNS_REMEMBERED", "Remembered", "keep", "recall"]
+__all__ = [
+    "CREATING",
+    "DOUBTFUL",
+    "ENDING",
+    "MARK_FILE_ENV",
+    "MAY_BE_OPEN",
+    "OPEN",
+    "RUNS_REMEMBERED",
+    "Remembered",
+    "distrust",
+    "keep",
+    "note",
+    "recall",
+]

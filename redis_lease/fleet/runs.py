@@ -18,7 +18,7 @@ from ..protocol.store.base import lock
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import clip
 from ..protocol.values import Item, from_ms
-from . import job_tallies, lost_records
+from . import job_tallies, lost_records, remembered
 from .run_states import (
     CANCELABLE_STATES,
     CANCELED,
@@ -150,6 +150,8 @@ class Runs:
         """
         run_id = job.run_id(business_date)
         deadline = deadline or job.deadline_for(business_date, started)
+        # Remembered before it exists: a loss right after is still told by the tick side.
+        remembered.note(self.store, job.name, run_id, remembered.CREATING, to_ms(started))
         created, _ = self.store.create_run(
             run_id,
             job.options.shards,
@@ -258,6 +260,7 @@ class Runs:
                 progress(streamed)
 
     def _fail_planning(self, job: Job, run_id: str, error: Exception) -> None:
+        remembered.note(self.store, job.name, run_id, remembered.ENDING)
         ended = self._transition(run_id, OPEN_STATES, FAILED, f"planning error: {error!r}")
         if ended.changed:
             self._count_finished(job.name, run_id, FAILED, ended.now_ms, job.options.retention_days)
@@ -281,6 +284,8 @@ class Runs:
         final = json.dumps(
             {**status.counts, "planned": status.planned, "lost": status.lost, "late": status.late}
         )
+        # Remembered before it ends: after a loss, a run that may have ended is not run again.
+        remembered.note(self.store, status.info.get("job", ""), run_id, remembered.ENDING)
         ended = self._transition(run_id, OPEN_STATES, state, reason, final_counts=final)
         if not ended.changed:
             return None
@@ -357,6 +362,7 @@ class Runs:
         """Closes an open run as canceled."""
         self.store.set_closed(run_id, True)
         info = self.info(run_id)
+        remembered.note(self.store, info.get("job", ""), run_id, remembered.ENDING)
         ended = self._transition(run_id, CANCELABLE_STATES, CANCELED, reason)
         if ended.changed:
             job, days = info.get("job", ""), retention_days(info)

@@ -30,6 +30,7 @@ from ..protocol.connection.clients import (
     resilient,
     time_ms,
 )
+from ..protocol.connection.replica_wait import ReplicaWait
 from ..protocol.store.lease_store import LeaseStore
 from . import takeover
 from .shard_job_failures import record_job_failure
@@ -319,9 +320,11 @@ def purge_queue(client: redis.Redis, name: str, extra_job_ids: tuple[str, ...] =
 # By default RQ's own Redis (the job's connection): lease state and queues share one
 # server. A worker started with a queue URL of its own (RQ on a plain Redis, the lease
 # state on a cluster) names the lease store's URL with use_lease_url; its jobs, forked
-# or not, then open that store, with RQ's connection for what they enqueue.
+# or not, then open that store, with RQ's connection for what they enqueue. A worker whose
+# store waits for replicas says so with use_replica_wait: RQ's connection carries no URL.
 
 _lease_url: str | None = None
+_replica_wait: ReplicaWait | None = None
 
 
 def use_lease_url(url: str | None) -> None:
@@ -330,22 +333,44 @@ def use_lease_url(url: str | None) -> None:
     _lease_url = url
 
 
+def use_replica_wait(wait: ReplicaWait | None) -> None:
+    """The replicas this process's jobs wait for after each claim and intent (None: none)."""
+    global _replica_wait
+    _replica_wait = wait
+
+
 def job_store(rq_connection: redis.Redis, prefix: str = DEFAULT_PREFIX) -> LeaseStore:
     """A store of the job's own, whose connections retry
     (:func:`~redis_lease.protocol.connection.clients.resilient`).
 
-    Close it with :meth:`LeaseStore.close` when the job ends; RQ's connection is left open.
+    It waits for the replicas :func:`use_replica_wait` named. Close it with
+    :meth:`LeaseStore.close` when the job ends; RQ's connection is left open.
     """
     rq_client = resilient(rq_connection)
+    replicas = _replica_wait.replicas if _replica_wait else 0
+    timeout_ms = _replica_wait.timeout_ms if _replica_wait else None
     if _lease_url is None:
-        return LeaseStore(rq_client, prefix=prefix, url=describe(rq_client))
+        return LeaseStore(
+            rq_client,
+            prefix=prefix,
+            url=describe(rq_client),
+            wait_replicas=replicas,
+            wait_timeout_ms=timeout_ms,
+        )
     try:
         client = client_from_url(_lease_url)
     except BaseException:
         if rq_client is not rq_connection:
             rq_client.close()
         raise
-    return LeaseStore(client, prefix=prefix, url=_lease_url, rq_client=rq_client)
+    return LeaseStore(
+        client,
+        prefix=prefix,
+        url=_lease_url,
+        rq_client=rq_client,
+        wait_replicas=replicas,
+        wait_timeout_ms=timeout_ms,
+    )
 
 
 def close_job_store(store: LeaseStore, rq_connection: redis.Redis) -> None:

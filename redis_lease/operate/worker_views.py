@@ -1,8 +1,10 @@
 """What operators see of the worker processes: ``redis-lease workers`` and the dashboard.
 
-One row per worker, from three records: the workers' own beats and records
+One row per worker, from four records: the workers' own beats and records
 (:mod:`redis_lease.fleet.worker.watch`), the shard jobs at work with their heartbeats
-(:mod:`redis_lease.fleet.takeover`), and the fleet's takeover log. A worker is ``alive`` while
+(:mod:`redis_lease.fleet.takeover`), the fleet's takeover log, and the jobs the workers
+given jobs declared with what the tick leader says of them
+(:mod:`redis_lease.protocol.store.declared_jobs`). A worker is ``alive`` while
 its beat is younger than :data:`~redis_lease.limits.DEAD_AFTER` seconds, ``stopped`` once
 it said so on its way out, and ``dead`` otherwise; a worker known only from its shard
 jobs or the takeovers of the last day (a plain ``rq worker`` beats no record of its own)
@@ -19,6 +21,7 @@ from typing import Any
 from ..fleet import takeover
 from ..limits import DEAD_AFTER_MS
 from ..protocol.connection.clients import queue_time, time_ms
+from ..protocol.store.declared_jobs import FleetJobs, declared_jobs
 from ..protocol.store.lease_store import LeaseStore
 
 
@@ -37,6 +40,9 @@ class WorkerRow:
         leases_held: the leases its shard jobs hold now.
         taken_over: takeovers from it, newest first: run, shard, RQ id, leases, when (ms).
         leases_taken_over: the leases those takeovers ended.
+        jobs: the jobs it declared to tick (``--job``), by name: their import paths.
+        unticked_jobs: those of them no tick leader ticks: job, path and why.
+        tick_leader: whether it holds the tick leader's live lease.
     """
 
     name: str
@@ -49,6 +55,9 @@ class WorkerRow:
     leases_held: int = 0
     taken_over: list[dict[str, Any]] = field(default_factory=list)
     leases_taken_over: int = 0
+    jobs: dict[str, str] = field(default_factory=dict)
+    unticked_jobs: list[dict[str, str]] = field(default_factory=list)
+    tick_leader: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The row as JSON-ready data."""
@@ -68,8 +77,11 @@ def _record(raw: Any) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def worker_rows(store: LeaseStore) -> list[WorkerRow]:
-    """Every worker known to the fleet's records: alive ones first, then by name."""
+def worker_rows(store: LeaseStore, fleet: FleetJobs | None = None) -> list[WorkerRow]:
+    """Every worker known to the fleet's records: alive ones first, then by name.
+
+    ``fleet``: the declared jobs as read already (:func:`declared_jobs`), else they are read.
+    """
     records_key, seen_key = store.keys.workers
     with store.translating_errors():
         pipe = store.client.pipeline(transaction=False)
@@ -130,6 +142,17 @@ def worker_rows(store: LeaseStore) -> list[WorkerRow]:
         )
         found.leases_taken_over += leases
         found.host = found.host or _text(done.get("host", ""))
+    fleet = declared_jobs(store) if fleet is None else fleet
+    for declared in fleet.jobs.values():
+        for name in declared.workers:
+            found = row(name)
+            found.jobs[declared.job] = declared.path
+            if not declared.ticked:
+                found.unticked_jobs.append(
+                    {"job": declared.job, "path": declared.path, "reason": declared.reason}
+                )
+    if fleet.leader:
+        row(fleet.leader).tick_leader = True
     for found in rows.values():
         if found.state == "unknown" and not any(j["beating"] for j in found.shard_jobs):
             found.state = "dead"

@@ -43,6 +43,7 @@ OUTLIVE_RUNS = (
     "workers",
     "bad_jobs",
     "tick_leader",
+    "tick_declared",
 )
 
 
@@ -203,9 +204,17 @@ class Keys:
 
     @property
     def tick_leader(self) -> str:
-        """The tick leader's lease (hash: holder, token, expires ms; ``tick_leader.lua``):
-        the one worker of the fleet that ticks."""
+        """The tick leader's lease (hash: holder, token, expires ms, and what the holder says
+        of the declared jobs it does not tick; ``tick_leader.lua``): the one worker of the
+        fleet that ticks."""
         return f"{self.prefix}:{{tick_leader}}"
+
+    @property
+    def tick_declared(self) -> list[str]:
+        """The jobs each worker process given jobs declared (hash: process id -> JSON:
+        worker, jobs) and when each last declared them (sorted set: process id -> server
+        ms), beside the tick leader's lease in its hash tag (``declare_jobs.lua``)."""
+        return [f"{self.tick_leader}:declared", f"{self.tick_leader}:declared:seen"]
 
     @property
     def jobs(self) -> str:

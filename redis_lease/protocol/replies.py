@@ -310,4 +310,5 @@ DECODERS: dict[str, Callable[[Any], Any]] = {
         bool(reply[0]), int(reply[1]), _text(reply[2]), int(reply[3]), int(reply[4])
     ),
     "tick_lock": int,
+    "declare_jobs": lambda reply: (int(reply[0]), int(reply[1])),
 }

@@ -16,17 +16,19 @@ from functools import cache
 from typing import Any, NamedTuple, Protocol
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
+from redis.exceptions import AskError, MovedError, NoScriptError
 
+from ..errors import NotReplicated
 from ..limits import lua_dir, table
 from .replies import DECODERS
 
 #: Each script and the number of KEYS it takes (commit takes more: its guarded keys). The
 #: scripts that end attempts take the shard's attempt log as their eighth key (LOGGED). The
 #: last ones keep the fleet's records: a run's failed shard jobs, its ages, a job's tallies
-#: and lost runs, the data set's mark; the tick leader's lease and the fenced lock of a
-#: job's tick.
+#: and lost runs, the data set's mark; the tick leader's lease, the fenced lock of a
+#: job's tick and the jobs the workers declared.
 KEY_COUNTS: dict[str, int] = {
     "add_items": 7,
     "claim": 8,
@@ -58,6 +60,7 @@ KEY_COUNTS: dict[str, int] = {
     "observe_data_set": 1,
     "tick_leader": 1,
     "tick_lock": 2,
+    "declare_jobs": 2,
 }
 
 #: The scripts that take the shard's attempt log as their eighth key: those that end attempts.
@@ -234,6 +237,80 @@ class Scripts:
             raise
         watch.answered(reply)
         return reply
+
+    def call_waited(
+        self, name: str, keys: list[str], args: Sequence[Any], replicas: int, timeout_ms: int
+    ) -> tuple[Any, int]:
+        """Runs a script, then ``WAIT replicas timeout_ms`` on the same connection, in one
+        round trip; returns its decoded reply and the replicas that acknowledged it in time.
+
+        WAIT counts the writes of its own connection only, so both go in one pipeline: on
+        a cluster, to the primary that serves the keys' slot (its replicas are the ones
+        that count), reading the slots again when that node answers MOVED or ASK. A script
+        the server lost is loaded again, as in :meth:`call`. A reply fewer than
+        ``replicas`` acknowledged is the caller's to hold back: the observers hear of it as
+        unanswered (NotReplicated), its outcome unknown to the caller.
+
+        Raises:
+            redis.ResponseError: the script refused the call (its only writes are refusal
+                counters: no replica is waited for).
+        """
+        watch = _Watch(name, keys, args) if _OBSERVERS else None
+        try:
+            raw, acked = self._evalsha_waited(name, keys, args, replicas, timeout_ms)
+            reply = raw if isinstance(raw, redis.ResponseError) else DECODERS[name](raw)
+        except BaseException as error:
+            if watch is not None:
+                watch.unanswered(error)
+            raise
+        if isinstance(reply, redis.ResponseError):
+            if watch is not None:
+                watch.answered(reply)
+            raise reply
+        acked = int(acked)
+        if watch is not None:
+            if acked < replicas:
+                text = f"{acked} of {replicas} replicas acknowledged within {timeout_ms} ms"
+                watch.unanswered(NotReplicated(text, wanted=replicas, acked=acked))
+            else:
+                watch.answered(reply)
+        return reply, acked
+
+    def _evalsha_waited(
+        self, name: str, keys: list[str], args: Sequence[Any], replicas: int, timeout_ms: int
+    ) -> tuple[Any, Any]:
+        """The script's raw reply (or its error reply) and WAIT's, sent together.
+
+        A WAIT the server refuses (an ACL without ``wait``) raises its error: what the
+        script granted is then handed to nobody, and runs out by its expiry.
+        """
+        script = self._scripts[name]
+        for attempt in range(NOSCRIPT_RETRIES + 1):
+            client = self._serving(keys[0])
+            pipe = client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.execute_command("WAIT", replicas, timeout_ms)  # type: ignore[no-untyped-call]
+            raw, acked = pipe.execute(raise_on_error=False)
+            last = attempt == NOSCRIPT_RETRIES
+            if isinstance(raw, NoScriptError) and not last:
+                client.script_load(script.script)
+                continue
+            moved = isinstance(raw, (MovedError, AskError))
+            if moved and isinstance(self.client, RedisCluster) and not last:
+                self.client.nodes_manager.initialize()  # the slot moved: read the slots again
+                continue
+            if isinstance(acked, Exception) and not isinstance(raw, redis.ResponseError):
+                raise acked  # WAIT itself refused (an ACL without it): not a reply to hand out
+            return raw, acked
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _serving(self, key: str) -> redis.Redis:
+        """The client whose connection runs a call on ``key``: the store's, or on a cluster
+        the client of the primary that serves the key's slot."""
+        if isinstance(self.client, RedisCluster):
+            node_client: redis.Redis = self.client.get_node_from_key(key).redis_connection
+            return node_client
+        return self.client
 
     def _evalsha(self, name: str, keys: list[str], args: Sequence[Any]) -> Any:
         # redis-py's Script reloads once on NOSCRIPT; a flush between its reload and

@@ -6,17 +6,20 @@ skipped date counts is in :mod:`redis_lease.fleet.tick.missed_runs`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from croniter import croniter
 
 from ...protocol.store.lease_store import LeaseStore
+from ..data_set import Observation
 from ..job import Job
-from ..runs import Decision, Runs
-from . import missed_runs
+from ..runs import Decision, Runs, to_ms
+from . import lost_runs, missed_runs
 from .missed_runs import business_date
 
+#: The most days back a tick whose memory is in doubt names dates lost (a year).
+IN_DOUBT_DAYS = 366
 #: Said when a job has no record of any run on the server.
 NO_RECORD = (
     "no record of this job's runs on the server: a new job, or the server lost its data "
@@ -25,7 +28,13 @@ NO_RECORD = (
 
 
 def create_due_runs(
-    store: LeaseStore, runs: Runs, path: str, job: Job, now: datetime, first: bool
+    store: LeaseStore,
+    runs: Runs,
+    path: str,
+    job: Job,
+    now: datetime,
+    first: bool,
+    seen: Observation | None = None,
 ) -> list[Decision]:
     """Creates the runs that are due, by the job's definition and its record on the server.
 
@@ -40,11 +49,25 @@ def create_due_runs(
     between ``last_fire_at`` and the window's start: each is counted once in the job's
     ``missed`` tally (``redis_lease_missed_runs_total``, :mod:`redis_lease.fleet.tick.missed_runs`),
     and a ``missed`` decision on the run created with them names them.
+
+    After a loss of the data set (``seen``: this tick's look at the mark) the server may have
+    no record of the job's runs while the tick side remembers the last scheduled time its
+    ticks handled: the window then begins after it, as if the server had kept it. When that
+    memory is in doubt (another tick side may have ticked since), the dates after it are
+    named lost, not made: the tick cannot tell whether they ran.
     """
     opts = job.options
     grace = timedelta(seconds=opts.catch_up_grace_seconds)
     with store.translating_errors():
         record = _JobRecord.read(store, job)
+    remembered = _remembered_fire(record, job, seen)
+    if remembered is not None:
+        fired, doubtful = remembered
+        record = replace(record, last_fire=fired)
+        if doubtful:
+            return _name_in_doubt(store, runs, path, job, record, now)
+        with store.translating_errors():  # first: a tick that stops later goes on from it
+            store.client.hsetnx(store.keys.job(job.name), "last_fire_at", str(to_ms(fired)))
     fires = job.fire_times(record.since(now, opts.catch_up_days, grace), now)
     if record.fresh:
         fires = fires[-1:]
@@ -78,6 +101,39 @@ def create_due_runs(
         decisions.append(note)
     if first and record.fresh and not decisions:
         decisions.append(Decision("waiting", job.name, _next_fire_note(path, job, now)))
+    return decisions
+
+
+def _remembered_fire(
+    record: _JobRecord, job: Job, seen: Observation | None
+) -> tuple[datetime, bool] | None:
+    """When the server has no last scheduled time of the job (a loss took it) and the tick
+    side remembers one: that time and whether that memory is in doubt; else None."""
+    if record.last_fire is not None or seen is None:
+        return None
+    known = seen.remembered.fired.get(job.name) if seen.remembered else None
+    if known is None:
+        return None
+    fired_ms, doubtful = known
+    return datetime.fromtimestamp(fired_ms / 1000, job.zone), doubtful
+
+
+def _name_in_doubt(
+    store: LeaseStore, runs: Runs, path: str, job: Job, record: _JobRecord, now: datetime
+) -> list[Decision]:
+    """Names lost the dates scheduled after the last one a doubtful memory remembers handling
+    (another tick side may have run them), then moves the job's last scheduled time to now:
+    a tick that stops midway leaves it unmoved, and the next names the rest."""
+    since = record.last_fire or now
+    # every date since, not only the catch-up window's: any of them may have had a run
+    fires = job.fire_times(max(since, now - timedelta(days=IN_DOUBT_DAYS)), now)
+    why = (
+        "scheduled after the last date this tick side remembers handling, and another tick "
+        "side may have ticked since; after a loss of the data set nothing shows whether it ran"
+    )
+    days = sorted({business_date(job, fire) for fire in fires})
+    decisions = lost_runs.name_unknown_dates(store, runs, path, job, days, now, why)
+    missed_runs.record_handled(store, job, fires, [], count=False)
     return decisions
 
 

@@ -7,8 +7,10 @@ runs with no record among those something shows existed:
 - the job's open runs (an open run has no expiry: its record cannot be gone);
 - the job's dates made within its retention (the record of a run made then is kept at
   least that long), unless the run's end was counted and its retention has ended since;
-- the runs the tick side remembered open (:mod:`redis_lease.fleet.remembered`), which is how
-  runs are found after a wipe or an older copy, when the server itself has no trace.
+- the runs the tick side remembers (:mod:`redis_lease.fleet.remembered`), which is how
+  runs are found after a wipe or an older copy, when the server itself has no trace; a memory
+  another tick side superseded is not gone by, and one in doubt names what it remembers
+  lost (``was`` unknown), never making it again.
 
 Each one found is recorded and counted once (:mod:`redis_lease.fleet.lost_records`). A run that
 was open is made again (a ``rerun`` decision) when the job's schedule fires on its date and
@@ -18,6 +20,13 @@ effects go out under the same idempotency keys, so a provider that honours them 
 nothing twice. Any other lost run (it had ended, or its date is not covered) is dropped
 from the open runs and named (a ``lost`` decision) with what to do. After a loss of the
 data set, each open run that survived records it (``after_loss``, a ``loss`` decision).
+
+Every step is safe to fail and to repeat. A run to be made again is recorded lost first, as
+being made again (:data:`MADE_AGAIN`, no ``rerun_at_ms`` yet): a tick that stops before the
+run exists leaves that record, and the next tick goes on making it; one that stops after
+completes the run's bookkeeping and marks the record. A named run's record comes first too,
+then its removal from the job's open runs, redone while it is listed there. A named run's
+date counts as one that had its run: the tick does not create it by itself.
 
 Ad-hoc runs (no job) are looked for by :func:`scan_index`, once a tick, among the newest
 :data:`RUN_INDEX_SCAN` of the run index and the ad-hoc runs the tick side remembers; they
@@ -40,7 +49,7 @@ from ..data_set import Observation
 from ..job import Job
 from ..job_tallies import counted_runs_key
 from ..lost_records import LostRun
-from ..remembered import recall
+from ..remembered import CREATING, DOUBTFUL, ENDING, OPEN, recall
 from ..run_states import DAY_MS
 from ..runs import Decision, Runs, to_ms
 from .missed_runs import business_date
@@ -53,10 +62,13 @@ MADE_AGAIN = "made again by the tick"
 
 @dataclass(frozen=True)
 class _Candidate:
-    """A run something shows existed: when it was made (ms, 0 unknown) and what shows it."""
+    """A run something shows existed: when it was made (ms, 0 unknown), what shows it, and
+    what the tick side remembers of it (a state of :mod:`redis_lease.fleet.remembered`)."""
 
     created_ms: int
     why: str
+    state: str = OPEN
+    listed_open: bool = False
 
 
 def recover(
@@ -67,26 +79,31 @@ def recover(
     now_ms = to_ms(now)
     decisions: list[Decision] = []
     candidates = _job_candidates(store, job, now_ms, seen)
+    recorded = lost_records.of_job(store, job.name)
     for run_id in _without_record(store, list(candidates)):
         found = _lost(store, job.name, run_id, candidates[run_id], now_ms, seen)
         if found is not None:
             decisions.append(_made_again_or_named(store, runs, path, job, found, now, seen))
-    if seen.since_loss:
-        decisions += _tell_open_runs(store, runs, job, seen, now_ms)
+        elif run_id in recorded and candidates[run_id].listed_open:
+            _drop_named(store, recorded[run_id], job.options.retention_days)  # a tick stopped
+    _finish_made_again(store, runs, job, recorded, now)
+    decisions += _tell_open_runs(store, runs, job, seen, now_ms)
     lost_records.forget_old(store, job.name, now_ms)
     return decisions
 
 
 def remember_open(store: LeaseStore, runs: Runs, job: Job) -> None:
-    """Remembers the job's open runs on the tick side, with when each was made."""
+    """Remembers the job's open runs on the tick side, with when each was made, and the last
+    scheduled time its ticks handled."""
     open_runs = runs.open_runs(job.name)
     with store.translating_errors():
         pipe = store.client.pipeline(transaction=False)
         for run_id in open_runs:
             pipe.zscore(store.keys.runs, run_id)
-        scores = pipe.execute() if open_runs else []
+        pipe.hget(store.keys.job(job.name), "last_fire_at")
+        *scores, fired = pipe.execute()
     made = {run: int(score or 0) for run, score in zip(open_runs, scores, strict=True)}
-    data_set.remember_runs(store, job.name, made)
+    data_set.remember_runs(store, job.name, made, int(fired) if fired else None)
 
 
 def rerun_deadline(job: Job, day: date, now: datetime) -> datetime | None:
@@ -160,8 +177,8 @@ def _job_of(run_id: str) -> str:
 def _job_candidates(
     store: LeaseStore, job: Job, now_ms: int, seen: Observation
 ) -> dict[str, _Candidate]:
-    """The job's runs something shows existed: listed open, dated within its retention,
-    remembered open."""
+    """The job's runs something shows existed: remembered by the tick side (as far as it may
+    go by its memory), dated within its retention, listed open."""
     since = now_ms - job.options.retention_days * DAY_MS
     with store.translating_errors():
         pipe = store.client.pipeline(transaction=False)
@@ -171,28 +188,50 @@ def _job_candidates(
         )
         listed_open, dated = pipe.execute()
     found: dict[str, _Candidate] = {}
+    memory = seen.remembered
+    for run_id, made in (memory.runs_of(job.name) if memory else {}).items():
+        state = memory.state_of(run_id) if memory else OPEN
+        if state == CREATING and memory and job.name not in memory.unsettled:
+            continue  # its making may have failed; with no loss, the server shows it if made
+        found[run_id] = _Candidate(made, _REMEMBERED[state], state)
     for day, made in dated:
-        found[job.run_id(date.fromisoformat(as_text(day)))] = _Candidate(
-            int(made), "the job's dates list it, made within its retention"
-        )
-    remembered = seen.remembered.runs_of(job.name) if seen.remembered else {}
-    for run_id, made in remembered.items():
-        found[run_id] = _Candidate(made, "the tick side remembered it open")
+        run_id = job.run_id(date.fromisoformat(as_text(day)))
+        if run_id not in found or found[run_id].state == DOUBTFUL:
+            found[run_id] = _Candidate(
+                int(made), "the job's dates list it, made within its retention"
+            )
     for raw in listed_open:
         run_id = as_text(raw)
-        made = found[run_id].created_ms if run_id in found else 0
-        found[run_id] = _Candidate(made, "it is listed among the job's open runs")
+        known = found.get(run_id)
+        made = known.created_ms if known else 0
+        state = ENDING if known and known.state == ENDING else OPEN
+        found[run_id] = _Candidate(made, "it is listed among the job's open runs", state, True)
     return found
+
+
+#: What a remembered run's candidate says of it, by its state.
+_REMEMBERED = {
+    OPEN: "the tick side remembered it open",
+    CREATING: "the tick side remembered making it",
+    ENDING: "the tick side remembered ending it",
+    DOUBTFUL: "a tick side remembered it, but another had ticked since",
+}
 
 
 def _without_record(store: LeaseStore, run_ids: list[str]) -> list[str]:
     """The runs of ``run_ids`` that have no record (one round trip)."""
+    having = set(_with_record(store, run_ids))
+    return [run_id for run_id in run_ids if run_id not in having]
+
+
+def _with_record(store: LeaseStore, run_ids: list[str]) -> list[str]:
+    """The runs of ``run_ids`` that have a record (one round trip)."""
     with store.translating_errors():
         pipe = store.client.pipeline(transaction=False)
         for run_id in run_ids:
             pipe.exists(store.keys.run(run_id))
         found = pipe.execute() if run_ids else []
-    return [run_id for run_id, exists in zip(run_ids, found, strict=True) if not exists]
+    return [run_id for run_id, exists in zip(run_ids, found, strict=True) if exists]
 
 
 def _counted_end(store: LeaseStore, job: str, run_id: str) -> int | None:
@@ -216,14 +255,20 @@ def _lost(
     seen: Observation | None,
 ) -> LostRun | None:
     """The record of ``run_id`` (no record on the server) as a lost run, or None when it is
-    named lost already or its absence is its retention ending."""
+    named lost already or its absence is its retention ending. A run a tick began to make
+    again, and did not finish making, is returned as recorded then: it is made again now."""
     named = lost_records.read(store, run_id)
     if named is not None and not named.rerun_at_ms:
-        return None
+        return named if named.todo == MADE_AGAIN else None
     kept_until = _counted_end(store, job, run_id)
     if kept_until is not None and now_ms >= kept_until - DAY_MS:
         return None  # it ended and its retention is over: expired, not lost
-    was = "final" if kept_until is not None else "open"
+    if kept_until is not None:
+        was = "final"
+    elif candidate.state in (ENDING, DOUBTFUL):
+        was = "unknown"  # it may have ended: never made again
+    else:
+        was = "open"
     why = candidate.why
     if seen is not None and seen.since_loss:
         why += "; after a loss of the data set"
@@ -250,6 +295,8 @@ def _made_again_or_named(
     if deadline is None:
         named = replace(lost, todo=_todo(lost, job, path, day))
         return _name(store, runs, named, job.options.retention_days)
+    # Recorded first, as being made again: a tick that stops before the run exists leaves a
+    # record the next tick finds and goes on from (:func:`_lost`), never one that reads named.
     lost_records.record(store, replace(lost, todo=MADE_AGAIN))
     fields = {
         "after_loss": lost.why,
@@ -258,6 +305,7 @@ def _made_again_or_named(
         "replanned_items": "0",
     }
     run_id, created = runs.ensure(job, day, now, deadline, fields=fields)
+    lost_records.mark_rerun(store, job.name, run_id, to_ms(now))
     if not created:  # made again meanwhile
         return Decision("rerun", run_id, "made again meanwhile")
     reason = (
@@ -265,6 +313,26 @@ def _made_again_or_named(
         "again under the same idempotency keys"
     )
     return runs.record_decision(run_id, "rerun", reason)
+
+
+def name_unknown_dates(
+    store: LeaseStore, runs: Runs, path: str, job: Job, days: list[date], now: datetime, why: str
+) -> list[Decision]:
+    """Names lost the runs of ``days`` that have no record, each one that may have run
+    (``was`` unknown): after a loss, a tick side whose memory is in doubt cannot tell whether
+    another ran them, so it makes none of them (:mod:`.due_runs`)."""
+    now_ms = to_ms(now)
+    run_ids = [job.run_id(day) for day in days]
+    decisions = []
+    for run_id, day in zip(run_ids, days, strict=True):
+        if run_id not in _without_record(store, [run_id]):
+            continue
+        if lost_records.read(store, run_id) is not None:
+            continue  # named already, or being made again
+        lost = LostRun(run_id, job.name, day.isoformat(), 0, now_ms, "unknown", why, "")
+        named = replace(lost, todo=_todo(lost, job, path, day))
+        decisions.append(_name(store, runs, named, job.options.retention_days))
+    return decisions
 
 
 def _todo(lost: LostRun, job: Job, path: str, day: date) -> str:
@@ -277,6 +345,11 @@ def _todo(lost: LostRun, job: Job, path: str, day: date) -> str:
     )
     if lost.was == "final":
         return f"it had ended, so it is not run again; to run it anyway: {again}"
+    if lost.was == "unknown":
+        return (
+            "it may have ended (the tick side's memory of it is not current), so it is not "
+            f"run again; check its effects at the provider, then, to run it: {again}"
+        )
     return (
         f"not run again: the job's schedule and catch-up policy ({job.options.catch_up}) do "
         f"not cover {day} now; to run it: {again}"
@@ -295,36 +368,70 @@ def _name(store: LeaseStore, runs: Runs, lost: LostRun, retention_days: int) -> 
     in the run index (so listings show it lost) and notes it in its event log."""
     if not lost.todo:
         lost = replace(lost, todo=ADHOC_TODO.format(run=lost.run_id))
-    lost_records.record(store, lost)
+    lost_records.record(store, lost)  # first: a tick that stops after it redoes the rest
+    return _drop_named(store, lost, retention_days)
+
+
+def _drop_named(store: LeaseStore, lost: LostRun, retention_days: int = 0) -> Decision:
+    """What naming a lost run does after its record: drops it from its job's open runs,
+    keeps it in the run index, notes it in its event log. Safe to repeat."""
     reason = f"lost: {lost.describe()}"
     events = store.keys.run_events(lost.run_id)
+    days = retention_days or DEFAULT_RETENTION_DAYS
     with store.translating_errors(lost.run_id):
         pipe = store.client.pipeline(transaction=False)
         if lost.job:
             pipe.srem(store.keys.job_open_runs(lost.job), lost.run_id)
+            # its date had a run: no tick creates it again by itself (a backfill does)
+            dated = {lost.business_date: lost.created_at_ms}
+            pipe.zadd(store.keys.job_dates(lost.job), dated, nx=True)
         if lost.created_at_ms:
             pipe.zadd(store.keys.runs, {lost.run_id: lost.created_at_ms}, nx=True)
         pipe.xadd(events, {"kind": "lost", "reason": reason}, maxlen=RUN_LOG_CAP, approximate=True)
-        pipe.pexpire(events, retention_days * DAY_MS)
+        pipe.pexpire(events, days * DAY_MS)
         pipe.execute()
     return Decision("lost", lost.run_id, reason)
+
+
+def _finish_made_again(
+    store: LeaseStore, runs: Runs, job: Job, recorded: dict[str, LostRun], now: datetime
+) -> None:
+    """Finishes what a tick that stopped midway left of making lost runs again: a run that
+    exists again but whose record does not say so yet gets its bookkeeping completed (its
+    date, the job's open runs) and its record marked made again. Safe to repeat."""
+    making = [
+        lost for lost in recorded.values() if lost.todo == MADE_AGAIN and not lost.rerun_at_ms
+    ]
+    exist = set(making and _with_record(store, [lost.run_id for lost in making]))
+    for lost in making:
+        if lost.run_id in exist and lost_records.read(store, lost.run_id) == lost:
+            runs.ensure(job, date.fromisoformat(lost.business_date), now)
+            lost_records.mark_rerun(store, job.name, lost.run_id, to_ms(now))
 
 
 def _tell_open_runs(
     store: LeaseStore, runs: Runs, job: Job, seen: Observation, now_ms: int
 ) -> list[Decision]:
-    """Records on each open run that has a record a loss of the data set it lived through,
-    once per loss (its ``after_loss_epoch``)."""
-    reason = seen.loss.reason if seen.loss else _last_reason(store)
+    """Records on each open run that lived through a loss of the data set (made before the
+    last loss was noticed) that loss, once per loss (its ``after_loss_epoch``). Looked for on
+    every tick after a loss, so a tick that stopped midway is finished by the next."""
+    if not seen.epoch:
+        return []  # no loss in this data set's life
     open_runs = runs.open_runs(job.name)
+    if not open_runs:
+        return []
     with store.translating_errors():
         pipe = store.client.pipeline(transaction=False)
         for run_id in open_runs:
-            pipe.hmget(store.keys.run(run_id), ["state", "after_loss_epoch"])
-        replies = pipe.execute() if open_runs else []
+            pipe.hmget(store.keys.run(run_id), ["state", "after_loss_epoch", "created_at"])
+        pipe.hmget(store.keys.data_set, ["last_loss_at", "last_loss_reason"])
+        *replies, (loss_at, last_reason) = pipe.execute()
+    reason = seen.loss.reason if seen.loss else as_text(last_reason or "a loss was noticed")
+    noticed_ms = int(loss_at or 0)
     decisions = []
-    for run_id, (state, epoch) in zip(open_runs, replies, strict=True):
-        if state is None or (epoch is not None and int(epoch) >= seen.epoch):
+    for run_id, (state, epoch, created) in zip(open_runs, replies, strict=True):
+        told = epoch is not None and int(epoch) >= seen.epoch
+        if state is None or told or int(created or 0) >= noticed_ms:
             continue
         fields: dict[Any, Any] = {
             "after_loss": reason,
@@ -342,11 +449,6 @@ def _tell_open_runs(
     return decisions
 
 
-def _last_reason(store: LeaseStore) -> str:
-    mark = data_set.read_mark(store)
-    return mark.last_loss_reason if mark and mark.last_loss_reason else "a loss was noticed"
-
-
 def _latest_fire(job: Job, until: datetime) -> datetime | None:
     """The job's latest scheduled time at or before ``until``."""
     fire: datetime = croniter(
@@ -357,4 +459,12 @@ def _latest_fire(job: Job, until: datetime) -> datetime | None:
     return fire
 
 
-__all__ = ["RUN_INDEX_SCAN", "recover", "remember_open", "rerun_deadline", "scan_index"]
+__all__ = [
+    "MADE_AGAIN",
+    "RUN_INDEX_SCAN",
+    "name_unknown_dates",
+    "recover",
+    "remember_open",
+    "rerun_deadline",
+    "scan_index",
+]

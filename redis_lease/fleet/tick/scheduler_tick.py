@@ -17,7 +17,10 @@ A tick of the tick leader (``redis-lease worker --job``, :mod:`.leader`) is fenc
 token: it takes each job's lock through ``tick_lock.lua`` and asks, before each step
 (the data set's mark, the job's record, lost runs, due runs, each open run, the ad-hoc
 runs), whether it still leads; once not, it stops and says so in one ``not_leader``
-decision, recorded nowhere (docs/concepts/tick-leader.md).
+decision, recorded nowhere (docs/concepts/tick-leader.md). When it still leads but a plain
+tick (cron, rq-scheduler) took the job's lock meanwhile (the leader's step ran past the
+lock's time), its tick of that job stops with one ``lock_lost`` decision, recorded nowhere,
+and it goes on with the next job: a plain tick changes nothing about who leads.
 """
 
 from __future__ import annotations
@@ -34,7 +37,16 @@ from rq import get_current_job
 from ...errors import RedisLeaseError, RedisUnavailable
 from ...limits import DEFAULT_PREFIX
 from ...protocol.store.base import lock
-from ...protocol.store.leader import BUSY, STALE, Leadership, fenced_lock, still_leading
+from ...protocol.store.leader import (
+    BUSY,
+    LEADING,
+    NOT_LEADING,
+    STALE,
+    Leadership,
+    fenced_lock,
+    lead_state,
+    still_leading,
+)
 from ...protocol.store.lease_store import LeaseStore
 from .. import data_set
 from ..job import Job, load_job
@@ -57,13 +69,42 @@ FAILURE_KINDS = ("error",)
 TickProgress = Callable[[str, int], None]
 #: The decision that ends a leader's tick once it no longer leads (recorded nowhere).
 NOT_LEADER = "not_leader"
-#: Asked before each step of a job's tick: may it go on (a leader's tick: does it still lead)?
-GoOn = Callable[[], bool]
+#: The decision that ends a leader's tick of one job once a plain tick took that job's lock
+#: (recorded nowhere); the leader still leads and ticks its other jobs.
+LOCK_LOST = "lock_lost"
+#: Asked before each step of a job's tick: may it go on? A state of
+#: :func:`~redis_lease.protocol.store.leader.lead_state` (a plain tick always goes on).
+GoOn = Callable[[], str]
 
 
-class _NotLeading(BaseException):
-    """A leader's tick found, between two steps, that it no longer leads (a BaseException:
+class _Stopped(BaseException):
+    """A leader's tick found, between two steps, that it may not go on (a BaseException:
     no isolation of a run's or a job's errors may take it for one)."""
+
+    def decision(self, job: Job) -> Decision:
+        """The decision that says where and why the job's tick stopped."""
+        raise NotImplementedError
+
+
+class _NotLeading(_Stopped):
+    """It no longer leads."""
+
+    def decision(self, job: Job) -> Decision:
+        """The ``not_leader`` decision."""
+        return _not_leading(job)
+
+
+class _LockLost(_Stopped):
+    """It still leads, but another tick holds the job's lock."""
+
+    def decision(self, job: Job) -> Decision:
+        """The ``lock_lost`` decision."""
+        return Decision(
+            LOCK_LOST,
+            job.name,
+            "another tick (a plain one: cron, rq-scheduler) took this job's lock after this "
+            "tick held it past its time: this job's tick stops here; the leader still leads",
+        )
 
 
 class TickResult(list[Decision]):
@@ -124,13 +165,13 @@ def _tick_path(
     with fenced_lock(store, job.name, leader, ttl_ms) as (taken, owner):
         if taken == BUSY:
             return []  # another tick of this job is at work, as with the plain lock
-        if taken == STALE or not still_leading(store, leader, job.name, owner, ttl_ms):
+        if taken == STALE:
             return [_not_leading(job)]
-        go_on = partial(still_leading, store, leader, job.name, owner, ttl_ms)
+        go_on = partial(lead_state, store, leader, job.name, owner, ttl_ms)
         try:
             return _tick_locked(store, runs, path, job, now, progress, go_on)
-        except _NotLeading:  # before its first step
-            return [_not_leading(job)]
+        except _Stopped as stopped:  # before its first step
+            return [stopped.decision(job)]
 
 
 def _not_leading(job: Job) -> Decision:
@@ -161,7 +202,7 @@ def tick_job(
     with lock(store, store.keys.job_tick_lock(job.name), TICK_LOCK_SECONDS * 1000) as taken:
         if not taken:
             return []
-        return _tick_locked(store, runs, path, job, now, progress, lambda: True)
+        return _tick_locked(store, runs, path, job, now, progress, lambda: LEADING)
 
 
 def _tick_locked(
@@ -184,8 +225,11 @@ def _tick_locked(
 
 
 def _check(go_on: GoOn) -> None:
-    if not go_on():
+    state = go_on()
+    if state == NOT_LEADING:
         raise _NotLeading
+    if state != LEADING:
+        raise _LockLost
 
 
 def _tick_job_runs(
@@ -199,7 +243,8 @@ def _tick_job_runs(
     go_on: GoOn,
 ) -> list[Decision]:
     """The job's tick after the mark was observed: lost runs, due runs, open runs; each
-    step only when ``go_on`` says yes, else the decisions so far and a ``not_leader`` one."""
+    step only when ``go_on`` says so, else the decisions so far and a ``not_leader`` (or a
+    ``lock_lost``) one."""
     decisions: list[Decision] = []
     try:
         _check(go_on)
@@ -207,7 +252,7 @@ def _tick_job_runs(
         _check(go_on)
         decisions += lost_runs.recover(store, runs, path, job, now, seen)
         _check(go_on)
-        decisions += create_due_runs(store, runs, path, job, now, first)
+        decisions += create_due_runs(store, runs, path, job, now, first, seen)
         for run_id in runs.open_runs(job.name):
             _check(go_on)
             told = partial(progress, run_id) if progress else None
@@ -215,8 +260,8 @@ def _tick_job_runs(
             decisions += _isolated(runs, run_id, work, True)
         _check(go_on)
         lost_runs.remember_open(store, runs, job)
-    except _NotLeading:
-        decisions.append(_not_leading(job))
+    except _Stopped as stopped:
+        decisions.append(stopped.decision(job))
     return decisions
 
 

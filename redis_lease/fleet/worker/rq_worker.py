@@ -29,9 +29,17 @@ from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 
 from ...protocol.store.lease_store import LeaseStore
+from ...protocol.store.stamp import check_protocol
 from ...protocol.validation import check_id
 from ..job import check_concurrency, with_cwd_on_path
-from ..shard_jobs import SHARD_FUNC, JsonJob, job_error, queue, use_lease_url
+from ..shard_jobs import (
+    SHARD_FUNC,
+    JsonJob,
+    job_error,
+    queue,
+    use_lease_url,
+    use_replica_wait,
+)
 from .bad_jobs import BadJobGuard
 from .shard_job import CONCURRENCY_ENV
 from .watch import FleetWatch
@@ -203,7 +211,8 @@ def check_worker_access(store: LeaseStore, connection: redis.Redis, name: str) -
     """Sends what a worker needs of its Redis users before it starts, so that a refusal of the
     ACL is one error here: not RQ's warning ("CLIENT SETNAME command not supported"), a
     traceback of its listener thread, or shard jobs failing one by one. A read-only script on
-    the store's keys; on RQ's ``connection``, CLIENT SETNAME ``name``, CLIENT INFO (Redis
+    the store's keys (and a WAIT when the store waits for replicas); on RQ's
+    ``connection``, CLIENT SETNAME ``name``, CLIENT INFO (Redis
     6.2+) and a subscription to the worker's channel. RQ's registration comes next, before
     the worker says it started (:attr:`_Reporting.started`).
 
@@ -211,6 +220,8 @@ def check_worker_access(store: LeaseStore, connection: redis.Redis, name: str) -
         redis.RedisError: what the server refused (the caller translates it).
     """
     store.scripts.call("shard_status", store.keys.status(ACCESS_CHECK_RUN, 0), [])
+    if store.replica_wait is not None:  # its claims wait for replicas: WAIT must be allowed
+        store.client.wait(0, 1)
     connection.client_setname(name)
     try:
         connection.client_info()
@@ -262,15 +273,21 @@ class WorkerSettings:
 
 
 def build_worker(store: LeaseStore, settings: WorkerSettings) -> LeaseWorker | SimpleLeaseWorker:
-    """A worker ready to :func:`run <run_worker>`: RQ's (forking, or in-process when
+    """A worker ready to :func:`run <run_worker>`: the protocol stamp checked first (and
+    stamped where there is none), then RQ's worker (forking, or in-process when
     ``settings.simple``) on the store's RQ Redis, JSON jobs, its access checked
     (:func:`check_worker_access`), the shard jobs' concurrency and lease store set for this
-    process, and the working directory on the import path (jobs import from it).
+    process (and the replicas its claims wait for: the store's), and the working directory
+    on the import path (jobs import from it). Both doors build their worker here:
+    ``redis-lease worker`` and :func:`redis_lease.run_worker`.
 
     Raises:
+        ProtocolMismatch: the data under the prefix is in a protocol this release does not
+            speak (exit 9); nothing was written.
         InvalidInput: the store is on a cluster and has no queue URL.
         RedisUnavailable: the server refused what the worker needs (PermissionDenied).
     """
+    check_protocol(store)  # before anything is written, from Python as from the CLI
     if settings.concurrency is not None:  # read by the shard jobs, forked or not
         os.environ[CONCURRENCY_ENV] = str(settings.concurrency)
     name = settings.name or uuid.uuid4().hex  # RQ's default name, known before RQ starts
@@ -278,6 +295,7 @@ def build_worker(store: LeaseStore, settings: WorkerSettings) -> LeaseWorker | S
         client = store.rq  # RQ's Redis: the store's, or the queue URL's
         check_worker_access(store, client, name)
     use_lease_url(settings.lease_url)
+    use_replica_wait(store.replica_wait)  # the jobs' stores wait for the replicas this one does
     worker_class = SimpleLeaseWorker if settings.simple else LeaseWorker
     worker = worker_class(
         [queue(client, n) for n in settings.queues],

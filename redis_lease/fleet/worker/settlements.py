@@ -26,6 +26,7 @@ from ...errors import (
     InvalidInput,
     LeaseError,
     LeaseLost,
+    NotReplicated,
     PermanentError,
     RedisLeaseError,
     SlotTimeout,
@@ -173,6 +174,8 @@ def settlement_of(active: ActiveLease, answer: Any, error: BaseException | None)
     if isinstance(error, Throttled):  # not the item's fault: back later, attempt not counted
         return ReleaseRequest(active.lease, error.delay_ms / 1000), "throttled"
     if isinstance(error, SlotTimeout):
+        return ReleaseRequest(active.lease, SLOT_RETRY_DELAY), "throttled"
+    if isinstance(error, NotReplicated):  # an intent the replicas lacked: nothing was sent
         return ReleaseRequest(active.lease, SLOT_RETRY_DELAY), "throttled"
     # The handler is user code: any other failure is a failed attempt.
     return FailRequest(active.lease, f"{type(error).__name__}: {error}"), "failed"

@@ -16,7 +16,15 @@ import threading
 import time
 from collections import deque
 
-from ...errors import ClusterBusy, LeaseError, LeaseLost, RunClosed, SlotTimeout, Throttled
+from ...errors import (
+    ClusterBusy,
+    LeaseError,
+    LeaseLost,
+    NotReplicated,
+    RunClosed,
+    SlotTimeout,
+    Throttled,
+)
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.values import ReleaseRequest
 from ..job import Job, check_concurrency
@@ -143,7 +151,7 @@ class _ShardLoop:
                 except RunClosed:
                     report.closed = True
                     return
-                except ClusterBusy as error:  # refused before running: claim again soon
+                except (ClusterBusy, NotReplicated) as error:  # nothing granted: claim again soon
                     log.info("claim on run %r shard %s: %s", self.run_id, self.shard, error)
                     stop.wait(CLUSTER_RETRY_DELAY)
             while waiting and (self.pool.queues or self.in_pool < self.size):

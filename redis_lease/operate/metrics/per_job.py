@@ -1,6 +1,6 @@
 """The exporter's series that are not a run's: by job (workers needed, runs finished,
-missed runs, lost runs), the data set's losses, the server's eviction policy and the
-provider gates.
+missed runs, lost runs, declared jobs no tick leader ticks), the data set's losses, the
+server's eviction policy and the provider gates.
 
 See :mod:`redis_lease.metrics` for the whole list; :class:`~redis_lease.metrics.LeaseCollector`
 yields these beside the run series.
@@ -17,6 +17,7 @@ from ...fleet.gate import ProviderGate
 from ...fleet.run_states import RUNNING
 from ...fleet.tick.schedule import job_names
 from ...protocol.connection.clients import as_text
+from ...protocol.store.declared_jobs import declared_jobs
 from ...protocol.store.lease_store import LeaseStore
 
 #: The gauge an autoscaler scales on: workers needed by job, summed over its running runs.
@@ -27,6 +28,7 @@ MISSED_RUNS = "redis_lease_missed_runs"
 LOST_RUNS = "redis_lease_lost_runs"
 DATA_SET_LOSSES = "redis_lease_data_set_losses"
 EVICTION_DANGER = "redis_lease_redis_eviction_danger"
+DECLARED_JOB_UNTICKED = "redis_lease_declared_job_unticked"
 
 
 def needs(store: LeaseStore, jobs: list[str]) -> list[Metric]:
@@ -168,3 +170,18 @@ __all__ = [
     "providers",
     "tallies",
 ]
+
+
+def unticked(store: LeaseStore) -> Metric:
+    """Each job a live worker declared (``redis-lease worker --job``): 1 while no tick leader
+    ticks it, 0 while the leader does (:mod:`redis_lease.protocol.store.declared_jobs`)."""
+    family = GaugeMetricFamily(
+        DECLARED_JOB_UNTICKED,
+        "1 for a job a live worker declared (redis-lease worker --job) that no tick leader "
+        "ticks: the leader does not find it in the code it loaded, or no worker leads; 0 "
+        "while the leader ticks it. redis-lease workers says why.",
+        labels=["job"],
+    )
+    for name, job in sorted(declared_jobs(store).jobs.items()):
+        family.add_metric([name], 0 if job.ticked else 1)
+    return family

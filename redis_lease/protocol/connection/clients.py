@@ -36,6 +36,7 @@ from .cluster import (
     is_sentinel,
     sentinel_client,
 )
+from .replica_wait import without_wait
 from .tls import TLS_FILE_PARAMS as TLS_FILE_PARAMS  # re-exported: TLS lives in .tls
 from .tls import VERIFIED, check_tls_params
 from .tls import InsecureTLSWarning as InsecureTLSWarning
@@ -90,9 +91,13 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
     seconds (TLS handshake included) and retries connection errors and timeouts
     (:func:`retry_policy`).
 
+    The store's own URL parameters (``wait_replicas``, ``wait_timeout_ms``: see
+    :mod:`.replica_wait`) are left out of the client's options.
+
     Raises:
         InvalidInput: the URL is malformed or its scheme unsupported (the password masked).
     """
+    url = without_wait(url)
     scheme = scheme_of(url)
     if scheme == "fakeredis":
         return _fake_client(url, options)

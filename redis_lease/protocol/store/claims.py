@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import random
 import secrets
+from collections.abc import Sequence
+from typing import Any
 
-from ...errors import InvalidInput, NotClaimable
+from ...errors import InvalidInput, NotClaimable, NotReplicated
 from ...limits import DEFAULT_TTL
 from .. import tracing
+from ..connection.translate import REDIS_FAILURES
 from ..replies import Grant
+from ..scripts import Call
 from ..values import Lease
 from .base import StoreBase
 from .call_checks import check_claim
@@ -42,6 +46,36 @@ class StoreClaims(StoreBase):
             trace_id=tracing.trace_id(),
         )
 
+    def _hold_back(
+        self,
+        name: str,
+        run_id: str,
+        shard: int,
+        reply: Any,
+        keys: list[str],
+        args: Sequence[Any],
+    ) -> str:
+        """Gives back the leases of a claim the replicas did not acknowledge, in one round
+        trip (``release``: due again at once, the attempt not counted, the token kept).
+
+        Nobody saw their tokens, so none is held: a failover that loses the claim grants
+        the same token again to its first holder. Safe to fail and to repeat: a release
+        that does not land (Redis went away, or the lease was taken over meanwhile) leaves
+        the lease to run out by its expiry, as for a claim whose reply was lost.
+        """
+        if name not in ("claim", "claim_next"):
+            return super()._hold_back(name, run_id, shard, reply, keys, args)
+        grants: list[Grant] = reply if isinstance(reply, list) else [reply]
+        if not grants:
+            return ""
+        calls = [Call("release", keys, [g.item_id, g.token, g.lease_id, 0, ""]) for g in grants]
+        try:
+            answers = self.scripts.many(calls)
+        except REDIS_FAILURES:
+            return f" (giving back its {len(grants)} lease(s) failed: they run out by expiry)"
+        given = sum(not isinstance(answer, Exception) for answer in answers)
+        return f" (its {len(grants)} lease(s) given back: {given} released)"
+
     def claim(self, run_id: str, item_id: str, worker: str, ttl: float = DEFAULT_TTL) -> Lease:
         """Leases one named item.
 
@@ -49,6 +83,8 @@ class StoreClaims(StoreBase):
             NotClaimable: held by another lease (``until_ms``: its expiry), not due, or finished.
             NotFound: no such run or item.
             RunClosed: the run is closed.
+            NotReplicated: the store waits for replicas and too few acknowledged the claim in
+                time; it was given back (see :meth:`claim_next`).
         """
         ttl_ms = check_claim(run_id, item_id, worker, ttl)
         shard = self.shard_for(run_id, item_id)
@@ -70,6 +106,12 @@ class StoreClaims(StoreBase):
 
         Expired leases are taken over first, then pending items in eligible-time
         order. Returns an empty list when nothing is due.
+
+        Raises:
+            NotReplicated: the store waits for replicas (``wait_replicas``) and too few
+                acknowledged the first shard's claim in time; its leases were given back.
+                When a later shard's claim is not acknowledged, its leases are given back
+                and the leases of the shards before it are returned.
         """
         ttl_ms = check_claim(run_id, None, worker, ttl, limit)
         count = self.shard_count(run_id)
@@ -81,12 +123,17 @@ class StoreClaims(StoreBase):
         order = [shard] if shard is not None else [(start + i) % count for i in range(count)]
         leases: list[Lease] = []
         for number in order:
-            rows = self._run_script(
-                "claim_next",
-                run_id,
-                number,
-                [worker, lease_base(), ttl_ms, limit - len(leases)],
-            )
+            try:
+                rows = self._run_script(
+                    "claim_next",
+                    run_id,
+                    number,
+                    [worker, lease_base(), ttl_ms, limit - len(leases)],
+                )
+            except NotReplicated:
+                if not leases:
+                    raise
+                break  # the shards before it were acknowledged: theirs are handed out
             leases.extend(self._lease(run_id, number, worker, row) for row in rows)
             if len(leases) >= limit:
                 break
