@@ -8,7 +8,10 @@ runs it in the suite at a small size and ``make chaos`` much longer (``MODEL_EXA
 ``MODEL_STEPS``). The invariants (:meth:`RecoveryModel.promise`):
 
 - a business date's effect is applied at most once at a provider that does not dedupe by
-  key (the handler declares ``lookup=`` or nothing, never ``honours_keys=True``);
+  key (the handler declares ``lookup=`` or nothing, never ``honours_keys=True``). A worker
+  here pauses or dies before its call or after the provider applied it, never inside the
+  call: a call still on its way when its item is taken over is the one case a lookup cannot
+  see (docs/concepts/effects-and-idempotency.md);
 - a run that ended is never made again;
 - a run lost while open is made again or named lost, and stays named;
 - no run is ``succeeded`` with an item not done.
@@ -30,7 +33,13 @@ from typing import Any
 
 import redis
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from redis_lease import LeaseStore, RedisLeaseError
 from redis_lease.errors import HandlerError, LeaseLost
@@ -60,6 +69,10 @@ LEADER_TTL_MS = 600_000
 #: Seconds an item's lease lives (the model ends a dead worker's leases by hand).
 ITEM_TTL = 600.0
 EFFECT = "pay"
+#: The job's retention in the model (its ``retention_days``, set by the test).
+RETENTION = timedelta(days=1)
+#: How a model worker's handler ends (see :meth:`RecoveryModel.work`).
+HANDLER_ENDS = ["done", "done", "done", "sent", "killed in call", "paused", "dead"]
 #: Decisions that make a run.
 MAKING = ("create", "catch_up", "rerun")
 #: What the model did and saw, over every example of a process (a long run prints it).
@@ -95,6 +108,7 @@ class RunFacts:
     """What the model saw of one run id."""
 
     ended: bool = False  # seen in a final state
+    ended_at: datetime | None = None  # the model's clock when first seen so
     named: bool = False  # named lost by a tick
     open_when_lost: bool = False  # lost while open, and not seen made again since
     made: int = 0  # decisions that made it
@@ -123,13 +137,18 @@ class RecoveryModel(RuleBasedStateMachine):
         self.provider = Provider()
         self.held: list[Held] = []
         self.paused: list[Held] = []
-        self.dead: list[Held] = []
         self.runs: dict[str, RunFacts] = {}
         self.steps: list[str] = []
 
     # -- ticks and leaders -------------------------------------------------------------------
 
-    @rule(side=st.integers(0, 2), hours=st.sampled_from([0, 1, 3, 7, 22, 26, 49]))
+    @initialize()
+    def first_leader(self) -> None:
+        """Worker 0 leads and ticks at the first date's scheduled time."""
+        self.leadership_changes(0)
+        self._tick(0, None, False)
+
+    @rule(side=st.integers(0, 2), hours=st.sampled_from([0, 0, 1, 1, 2, 3, 7, 22, 26, 49]))
     def tick(self, side: int, hours: int) -> None:
         """A would-be leader ticks (the clock moves on first): fenced off unless it leads."""
         self.now += timedelta(hours=hours)
@@ -203,49 +222,60 @@ class RecoveryModel(RuleBasedStateMachine):
             state = self.admin.hget(store.keys.run(run_id), "state")
             if state is not None:
                 facts.open_when_lost = False  # it exists (again): no loss left to tell
-                facts.ended = facts.ended or state.decode() in FINAL_STATES
+                final = state.decode() in FINAL_STATES
+                if final and not facts.ended:
+                    facts.ended_at = self.now
+                facts.ended = facts.ended or final
 
     # -- workers ---------------------------------------------------------------------------
 
-    @rule(count=st.integers(1, 4), worker=st.integers(0, 99))
-    def claim(self, count: int, worker: int) -> None:
-        """A worker leases due items of an open run."""
+    @rule(
+        count=st.integers(1, 4),
+        worker=st.integers(0, 99),
+        how=st.lists(st.sampled_from(HANDLER_ENDS), min_size=4, max_size=4),
+    )
+    def work(self, count: int, worker: int, how: list[str]) -> None:
+        """A worker leases up to ``count`` due items of an open run and runs its handler on
+        each: it pays through the ledger and commits (``done``), or stops once it paid
+        (``sent``: it holds the lease on), or dies once the provider applied the payment,
+        before the ledger says so (``killed in call``), or is paused or dies before it pays
+        (its leases ended by the takeover; a paused one resumes later)."""
         store = self.sides[0]
+        owner = f"w{worker}"
         for run_id in self._open_runs():
             with contextlib.suppress(RedisLeaseError):
-                owner = f"w{worker}"
-                for lease in store.claim_next(run_id, owner, limit=count, ttl=ITEM_TTL):
-                    self.held.append(Held(lease, owner))
-                return
+                leases = store.claim_next(run_id, owner, limit=count, ttl=ITEM_TTL)
+                if leases:
+                    break
+        else:
+            return
+        for lease, end in zip(leases, how, strict=False):
+            self._handle(Held(lease, owner), end)
 
     @precondition(lambda self: bool(self.held))
-    @rule(index=st.integers(0, 99), until=st.sampled_from(["sent", "done", "killed in call"]))
-    def work(self, index: int, until: str) -> None:
-        """A holder runs its handler: pays through the ledger, then (``done``) commits. One
-        ``killed in call`` dies once the provider applied the payment, before the ledger
-        says so: its leases are ended by the takeover."""
-        held = self.held.pop(index % len(self.held))
-        if until == "killed in call":
+    @rule(index=st.integers(0, 99), end=st.sampled_from(HANDLER_ENDS))
+    def holder_goes_on(self, index: int, end: str) -> None:
+        """A holder that stopped after it paid goes on: commits, or stops as ``end`` says."""
+        self._handle(self.held.pop(index % len(self.held)), end)
+
+    def _handle(self, held: Held, end: str) -> None:
+        TALLY[f"handler {end}"] += 1
+        if end in ("paused", "dead"):
+            if end == "paused":
+                self.paused.append(held)
+            self._take_over(held)
+            return
+        if end == "killed in call":
             self._pay(held, die_after_call=True)
             self._take_over(held)
             return
-        if not self._pay(held):
+        if not held.sent and not self._pay(held):
             return
-        if until == "sent":
+        if end == "sent":
             self.held.append(held)  # paid, not committed yet
             return
         with contextlib.suppress(RedisLeaseError):
             self.sides[0].commit(held.lease, {"paid": True})
-
-    @precondition(lambda self: bool(self.held))
-    @rule(index=st.integers(0, 99), paused=st.booleans())
-    def worker_stops(self, index: int, paused: bool) -> None:
-        """A holder's process is paused (it resumes later) or dies; a dead one's leases are
-        ended by the takeover, a paused one's too once taken for dead."""
-        held = self.held.pop(index % len(self.held))
-        if paused:
-            self.paused.append(held)
-        self._take_over(held)
 
     def _take_over(self, held: Held) -> None:
         """What the fleet's watch does to a worker taken for dead: ends its leases now."""
@@ -285,7 +315,7 @@ class RecoveryModel(RuleBasedStateMachine):
                 EFFECT,
                 pay,
                 lookup=lookup,
-                before_call=lambda: _still_held(store, lease),
+                ttl=ITEM_TTL,  # as a handler's lease.effect: checked and renewed right before
             )
         except LeaseLost:
             return False
@@ -304,36 +334,31 @@ class RecoveryModel(RuleBasedStateMachine):
 
     # -- losses ----------------------------------------------------------------------------
 
-    @rule(data=st.data())
-    def run_keys_deleted(self, data: st.DataObject) -> None:
-        """Every key of one run deleted (eviction, an operator)."""
-        known = sorted(self.runs)
-        if not known:
-            return
-        run_id = data.draw(st.sampled_from(known))
-        self._lose([k for k in keys_under(self.admin, self.prefix) if f"{{{run_id}" in k])
-        self.steps.append(f"run keys of {run_id} deleted")
-
-    @rule()
-    def flushed(self) -> None:
-        """The whole data set gone: a server restarted empty."""
-        TALLY["flushes"] += 1
-        self._lose(keys_under(self.admin, self.prefix))
-        self.steps.append("flushed")
-
-    @rule()
-    def retention_ends(self) -> None:
-        """Ended runs' keys expire with their retention, their counted ends a day later."""
+    @rule(kind=st.sampled_from(["run keys", "whole data set", "retention"]), data=st.data())
+    def loss(self, kind: str, data: st.DataObject) -> None:
+        """Keys go: every key of one run (eviction, an operator), the whole data set (a
+        server restarted empty), or the keys of runs that ended, with their retention (and
+        their counted ends, trimmed a day later)."""
+        TALLY[f"loss of {kind}"] += 1
         store = self.sides[0]
-        for run_id, facts in self.runs.items():
-            if not facts.ended or not self.admin.exists(store.keys.run(run_id)):
-                continue
-            self.admin.delete(*[k for k in keys_under(self.admin, self.prefix) if run_id in k])
-            key = counted_runs_key(store, "nightly")
-            for member in self.admin.zrange(key, 0, -1):
-                if member.decode().startswith(f"{run_id}@"):
-                    self.admin.zrem(key, member)
-        self.steps.append("retention ended")
+        if kind == "whole data set":
+            self._lose(keys_under(self.admin, self.prefix))
+        elif kind == "run keys" and self.runs:
+            run_id = data.draw(st.sampled_from(sorted(self.runs)))
+            self._lose([k for k in keys_under(self.admin, self.prefix) if f"{{{run_id}" in k])
+            kind = f"{kind} of {run_id}"
+        elif kind == "retention":  # by the model's clock, as the server's would
+            for run_id, facts in self.runs.items():
+                if facts.ended_at is None or facts.ended_at > self.now - RETENTION:
+                    continue
+                self._delete([k for k in keys_under(self.admin, self.prefix) if run_id in k])
+                if facts.ended_at > self.now - RETENTION - timedelta(days=1):
+                    continue
+                key = counted_runs_key(store, "nightly")
+                for member in self.admin.zrange(key, 0, -1):
+                    if member.decode().startswith(f"{run_id}@"):
+                        self.admin.zrem(key, member)
+        self.steps.append(f"lost: {kind}")
 
     def _lose(self, keys: list[str]) -> None:
         """Deletes ``keys``, noting each run whose record goes with them: open or not. A run
@@ -346,6 +371,9 @@ class RecoveryModel(RuleBasedStateMachine):
                 facts.open_when_lost = state.decode() in OPEN_STATES
             elif state is None and store.keys.job_lost("nightly") in gone:
                 facts.open_when_lost = False
+        self._delete(keys)
+
+    def _delete(self, keys: list[str]) -> None:
         if keys:
             self.admin.delete(*keys)
 
@@ -424,8 +452,3 @@ def _memory(store: LeaseStore) -> str:
         for job, (ms, d) in memory.fired.items()
     }
     return f"[seq {memory.seq} runs {runs} fired {fired}]"
-
-
-def _still_held(store: LeaseStore, lease: Lease) -> None:
-    """The server's word, right before the call, that the lease is still this holder's."""
-    store.renew(lease, ITEM_TTL)

@@ -17,8 +17,8 @@ from tests.test_run_accounting import Configure
 from tests.test_run_accounting import nightly as nightly  # the fixture
 
 #: Examples and steps per example (the suite's size; ``make chaos`` sets more).
-EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "12"))
-STEPS = int(os.environ.get("MODEL_STEPS", "40"))
+EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "25"))
+STEPS = int(os.environ.get("MODEL_STEPS", "50"))
 #: Report the first failing case as found, not shrunk (a long run's first find).
 NO_SHRINK = os.environ.get("MODEL_NO_SHRINK", "") == "1"
 
