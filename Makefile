@@ -31,9 +31,9 @@ N ?= 20
 SEED ?= 1
 CONCURRENCY ?= 1
 EXAMPLES ?= 1000
-chaos: setup  ## seeded chaos over real processes, then the recovery model at length: make chaos N=<iterations> SEED=<first seed> [CONCURRENCY=16] [EXAMPLES=1000]
+chaos: setup  ## seeded chaos over real processes, then the recovery model at length: make chaos N=<iterations> SEED=<first seed> [CONCURRENCY=16] [EXAMPLES=1000, 0 for none]
 	.venv/bin/python -m tests.faults.chaos --iterations $(N) --seed $(SEED) --concurrency $(CONCURRENCY)
-	$(MAKE) model EXAMPLES=$(EXAMPLES) SEED=$(SEED)
+	if [ "$(EXAMPLES)" -gt 0 ]; then $(MAKE) model EXAMPLES=$(EXAMPLES) SEED=$(SEED); fi
 
 model: setup  ## the recovery paths' model test at length: make model EXAMPLES=<examples> SEED=<seed>
 	scripts/ensure-redis.sh

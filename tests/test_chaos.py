@@ -1,7 +1,7 @@
 """A short seeded chaos run: faults mixed at random over real processes, each run checked.
 
 The seeds are fixed (``CHAOS_SEED``, ``CHAOS_ITERATIONS`` change them), so a
-failure here reproduces with ``make chaos N=1 SEED=<seed>`` (at concurrency 16:
+failure here reproduces with ``make chaos N=1 SEED=<seed> EXAMPLES=0`` (at concurrency 16:
 ``python -m tests.faults.chaos --concurrency 16 -n 1 --seed <seed>``); the long soak and
 its figures are in docs/testing.md.
 """

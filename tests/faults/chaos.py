@@ -19,7 +19,7 @@ Faults that lose data on purpose (``everysec``, a restart without data,
 eviction) have their own tests in ``tests/test_faults_redis.py``.
 
 Run it with ``make chaos N=200 SEED=1`` (or ``python -m tests.faults.chaos``);
-a failing seed reproduces with ``make chaos N=1 SEED=<seed>``. With
+a failing seed reproduces with ``make chaos N=1 SEED=<seed> EXAMPLES=0``. With
 ``--concurrency 16`` every worker runs 16 handlers at once.
 """
 
@@ -407,7 +407,7 @@ def run(
     print(f"violations: {len(failed)}")
     print(f"time: {time.monotonic() - began:.0f}s")
     for bad in failed:
-        print(f"reproduce: make chaos N=1 SEED={bad}")
+        print(f"reproduce: make chaos N=1 SEED={bad} EXAMPLES=0")
     return 1 if failed else 0
 
 
