@@ -1,4 +1,4 @@
-.PHONY: setup test lint check bench demo format chaos model docs
+.PHONY: setup test lint check bench demo format chaos model stalls docs
 
 setup:        ## create .venv and install redis-lease with dev tools
 	scripts/setup.sh
@@ -39,3 +39,7 @@ model: setup  ## the recovery paths' model test at length: make model EXAMPLES=<
 	scripts/ensure-redis.sh
 	MODEL_EXAMPLES=$(EXAMPLES) MODEL_STEPS=60 MODEL_STATS=1 .venv/bin/python -m pytest \
 		tests/test_recovery_model.py -q -s -p no:cacheprovider --timeout=0 --hypothesis-seed=$(SEED)
+
+stalls: setup ## Redis stalls, failovers and skewed clocks under a live fleet (about 10 minutes)
+	scripts/ensure-faketime.sh || true
+	.venv/bin/python -m tests.faults.stalls --stalls 20 --failovers 3 --skew-runs 6

@@ -89,6 +89,12 @@ HEARTBEAT: float = default("heartbeat_ms") / 1000
 #: its leases are taken over (:mod:`redis_lease.fleet.takeover`).
 DEAD_AFTER_MS: int = default("dead_after_ms")
 DEAD_AFTER: float = DEAD_AFTER_MS / 1000
+#: Milliseconds between two calls of the shard job registry's scripts, by the server's
+#: clock, beyond which the registry counts a stall (Redis stalled or failed over, or no
+#: worker reached it): no job is judged dead until DEAD_AFTER after a stall ended.
+STALL_GAP_MS: int = default("stall_gap_ms")
+#: Milliseconds after which a takeover begun and not finished (its watcher died) is taken again.
+TAKEOVER_RETRY_MS: int = default("takeover_retry_ms")
 DEFAULT_MAX_ATTEMPTS: int = default("max_attempts")
 DEFAULT_BACKOFF_BASE: float = default("backoff_base_ms") / 1000
 DEFAULT_BACKOFF_CAP: float = default("backoff_cap_ms") / 1000

@@ -212,7 +212,9 @@ def _lease_workers(store: LeaseStore, sink: str, world: HostileWorld) -> None:
         queue=QUEUE,
         budget=30.0,
     )
-    client.hset(keys.shard_jobs, mapping={job.rq_id: job.to_json(), NOT_UTF8: NOT_UTF8})
+    entries, beats, _taking, _clock = keys.shard_job_registry
+    client.hset(entries, mapping={job.rq_id: job.to_json(), NOT_UTF8: NOT_UTF8})
+    client.zadd(beats, {job.rq_id: now_ms, NOT_UTF8: now_ms})
     client.set(keys.run_beat(RUN, job.rq_id), NOT_UTF8)
     taken = {"worker": _hostile(world, "taken over worker", sink), "run_id": RUN, "shard": 0}
     taken |= {"rq_id": markup("taken over job", sink), "leases": 2, "at_ms": now_ms}

@@ -331,10 +331,13 @@ class ClusterServers:
 class _SentinelServer(RedisServer):
     """A ``redis-server <conf> --sentinel`` process with a generated sentinel.conf."""
 
-    def __init__(self, directory: Path, port: int, primary_port: int) -> None:
+    def __init__(
+        self, directory: Path, port: int, primary_port: int, down_after_ms: int = 1000
+    ) -> None:
         super().__init__(directory)
         self.port = port
         self.primary_port = primary_port
+        self.down_after_ms = down_after_ms
 
     def start(self, timeout: float = 10.0) -> None:
         """Writes sentinel.conf and starts the sentinel; waits until it answers PING."""
@@ -345,7 +348,7 @@ class _SentinelServer(RedisServer):
             f"dir {self.directory}\n"
             f"logfile {self.directory / 'redis.log'}\n"
             f"sentinel monitor mymaster {HOST} {self.primary_port} 1\n"
-            "sentinel down-after-milliseconds mymaster 1000\n"
+            f"sentinel down-after-milliseconds mymaster {self.down_after_ms}\n"
             "sentinel failover-timeout mymaster 5000\n"
         )
         self.process = subprocess.Popen(
@@ -365,11 +368,12 @@ class SentinelGroup:
 
     Args:
         base: directory under which ``primary/``, ``replica/`` and ``sentinel/`` are made.
+        down_after_ms: how long the primary must not answer before the sentinel fails over.
     """
 
     MASTER = "mymaster"
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, down_after_ms: int = 1000) -> None:
         primary_port, replica_port, sentinel_port = _unique_ports(3)
         dirs = {}
         for name in ("primary", "replica", "sentinel"):
@@ -383,7 +387,9 @@ class SentinelGroup:
             dirs["replica"], {**fast_sync, "replicaof": f"{HOST} {primary_port}"}
         )
         self.replica.port = replica_port
-        self.sentinel = _SentinelServer(dirs["sentinel"], sentinel_port, primary_port)
+        self.sentinel = _SentinelServer(
+            dirs["sentinel"], sentinel_port, primary_port, down_after_ms
+        )
 
     @property
     def servers(self) -> list[RedisServer]:

@@ -21,7 +21,7 @@ import redis
 from redis.crc import key_slot
 
 from redis_lease import InvalidInput, Item, LeaseStore, PermissionDenied, ProviderGate
-from redis_lease.fleet import data_set, job_tallies, lost_records, run_ages
+from redis_lease.fleet import data_set, job_tallies, lost_records, run_ages, takeover
 from redis_lease.fleet.lost_records import LostRun
 from redis_lease.fleet.runs import Runs
 from redis_lease.fleet.shard_job_failures import (
@@ -30,6 +30,7 @@ from redis_lease.fleet.shard_job_failures import (
     start_backoff,
 )
 from redis_lease.fleet.shard_jobs import purge_queue, queue
+from redis_lease.fleet.takeover import ShardJob
 from redis_lease.fleet.worker.watch import beat_worker
 from redis_lease.operate.dashboard.app import create_app
 from redis_lease.protocol.connection.clients import client_from_url
@@ -98,6 +99,13 @@ def test_every_script_touches_one_hash_slot(
     store.reap("r")
     store.cut_leases("r", 0, "w1")
     beat_worker(store, "worker-1", "")
+    # The shard job registry: register, beat, sweep, take (a live job: not taken), unregister.
+    job = ShardJob("rl-slot", "r", 0, "worker-1", "host:1:slot", "host", 1, "jobs:job", "q", 60.0)
+    takeover.register(store, job, "{}")
+    store.scripts.call("shard_job_beat", store.keys.shard_job_registry[1::2], [job.rq_id, 2000])
+    assert takeover.sweep(store) == []
+    assert takeover.take_over(store, job) is None
+    assert takeover.unregister(store, job.rq_id)
     store.status("r")
     store.scripts.call("shard_status", store.keys.status("r", 1), [])  # the protocol's own read
     store.set_closed("r", True)

@@ -228,6 +228,7 @@ TAIL_GROUPS = {
     "create_run": ["job", "j"],
     "requeue": ["c"],
     "run_transition": ["f", "v"],
+    "take_shard_jobs": ["rl-2"],
 }
 
 

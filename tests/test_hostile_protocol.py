@@ -87,6 +87,7 @@ class Scene:
     def valid_calls(self) -> dict[str, tuple[list[str], list[Any]]]:
         """One call per script that succeeds in this scene."""
         lease, keys = self.lease, self.store.keys
+        registry = keys.shard_job_registry
         holder = ["a", lease.token, lease.lease_id]
         cond = json.dumps([{"if": "missing", "key": 1}])
         write = json.dumps([{"do": "hset", "key": 1, "fields": {"f": "v"}}])
@@ -105,6 +106,10 @@ class Scene:
             "reap": (self.logged, [100]),
             "cut_leases": (self.shard, ["w1", 100]),
             "worker_beat": (self.store.keys.workers, ["w1", '{"pid": 1}', 60000]),
+            "register_shard_job": (registry, ["rl-1", "register", '{"run_id": "r"}', 2000]),
+            "shard_job_beat": (registry[1::2], ["rl-1", 2000]),
+            "sweep_shard_jobs": (registry, [5000, 2000, 100, 30000]),
+            "take_shard_jobs": (registry, ["take", 5000, 2000, 30000, "rl-1"]),
             "requeue": (self.shard, [100, "c"]),
             "close_shard": (self.shard, ["1", 0]),
             "shard_status": ([*self.shard, self.effects[1]], []),

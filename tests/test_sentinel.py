@@ -16,6 +16,7 @@ workers do (:mod:`tests.faults.cluster`).
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,9 @@ from redis.retry import Retry
 from redis_lease import LeaseStore
 from redis_lease.demo.provider import ProviderState
 from redis_lease.errors import RedisLeaseError
+from redis_lease.fleet.job import JobOptions
 from redis_lease.fleet.runs import FINAL_STATES, Runs
+from redis_lease.limits import DEAD_AFTER
 from redis_lease.protocol.connection.cluster import PRIMARY_CHECK
 from tests.effect_jobs import wait_until
 from tests.faults.checker import Violation
@@ -55,9 +58,11 @@ class SentinelCluster(Cluster):
     (no proxy); RQ's queues live on the same primary.
     """
 
-    def __init__(self, directory: Path, prefix: str, **settings: Any) -> None:
+    def __init__(
+        self, directory: Path, prefix: str, down_after_ms: int = 1000, **settings: Any
+    ) -> None:
         super().__init__(directory, prefix, **settings)
-        self.group = SentinelGroup(directory / "group")
+        self.group = SentinelGroup(directory / "group", down_after_ms)
 
     def start_redis(self) -> None:
         """Starts the primary, its replica and the sentinel (no proxy)."""
@@ -272,3 +277,45 @@ def test_a_primary_crash_can_lose_acknowledged_writes_and_the_checker_shows_it(
             f"{resent} payouts sent twice, applied once; kill to promotion "
             f"{promoted - killed} ms"
         )
+
+
+def test_a_failover_after_the_primary_died_takes_over_no_live_worker(
+    tmp_path: Path, prefix: str
+) -> None:
+    """The primary is SIGKILLed while both workers' shard jobs hold leases (the default
+    60 s) and beat; the sentinel promotes the replica only 6 s later (its down-after), so
+    every beat the replica copied is older than a heartbeat's life when it serves. The
+    test's tick, asking every 0.1 s, reaches the new primary before any keeper beats again.
+
+    Breaks if the registry judged the jobs by the beats the failover's gap left stale: a
+    takeover, a lease cut or re-claimed, a shard job counted failed. The run then ends
+    ``succeeded`` with every payout applied once (what the old primary acknowledged in the
+    switch window may be lost, and is judged with it as the loss window).
+    """
+    settings: dict[str, Any] = {"items": 40, "shards": 2, "ttl": JobOptions().lease_ttl_seconds}
+    settings.update(hold_after=8, provider=ProviderState(honour_keys=False), honours_keys=False)
+    with SentinelCluster(tmp_path / "c", prefix, down_after_ms=6000, workers=2, **settings) as c:
+        c.wait_ready()
+        run_id = c.start_run()
+        c.drive(run_id, until=lambda: c.held() >= 2 and c.beating_jobs() == 2)
+        old = c.group.primary_port()
+        with _admin(old) as primary:
+            killed = server_ms(primary)
+        c.group.kill_primary()
+        c.note("kill-primary", str(old))
+        new = c.group.wait_for_new_primary(old, timeout=60)
+        with _admin(new) as promoted:
+            named = server_ms(promoted)
+        c.note("promoted", f"{new} at server ms {named}, {named - killed} ms after the kill")
+        until = time.monotonic() + DEAD_AFTER + 3
+        c.drive(run_id, until=lambda: time.monotonic() > until)
+        c.assert_no_takeover(run_id)
+        assert c.beating_jobs() == 2
+        c.lift_hold()
+        assert c.drive(run_id, timeout=90) == "succeeded"
+        judge_on(c, new)
+        summary = c.verify(run_id, loss=(killed - SWITCH_MARGIN_MS, named + SWITCH_MARGIN_MS))
+        assert summary.done == c.config.items
+        assert set(c.provider.state.applications.values()) == {1}
+        c.assert_no_takeover(run_id, summary)
+        print(f"failover {named - killed} ms after the kill; no takeover")

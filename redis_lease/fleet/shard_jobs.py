@@ -144,17 +144,22 @@ def enqueue_shard(
 def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
     """The run's live RQ jobs by shard; forgets the ones that ended or died.
 
-    Scheduled and deferred jobs are live, so is a queued job waiting in its
-    queue and a started job whose heartbeat key exists (the worker's lease
-    keeper renews it, so a killed or paused worker stops counting within a few
-    seconds). A queued job missing from its queue (a worker took it and has not
-    started it yet, or died doing so; or its queue was lost) counts as live for
-    :data:`MISSING_GRACE_MS` after it was first found so, then as dead: RQ
-    itself would requeue it only minutes later. A worker drained between taking
-    a job and starting it leaves it so; a job counted dead while it was only
-    slow to start costs a second job on its shard, which is harmless. A failed job
-    still listed is counted on the run: its work horse died (see :func:`_count_failed`).
+    It first takes over the registered shard jobs that are dead by the server's clock
+    (:func:`redis_lease.fleet.takeover.sweep`, as a worker's watch does). A registered shard
+    job is live: the registry judges it, not RQ's status (which RQ's cleanup sets from the
+    clock of whichever worker runs it), except when RQ failed it because it saw its work
+    horse die: that job is taken over now. Scheduled and deferred jobs are live, so
+    is a queued job waiting in its queue, and a started job whose beat key lives (one about
+    to register, or one of a worker of 0.9.0). A queued job missing from its queue (a
+    worker took it and has not started it yet, or died doing so; or its queue was lost)
+    counts as live for :data:`MISSING_GRACE_MS` after it was first found so, then as dead:
+    RQ itself would requeue it only minutes later. A worker drained between taking a job
+    and starting it leaves it so; a job counted dead while it was only slow to start costs
+    a second job on its shard, which is harmless. A failed job still listed, and not
+    registered, is counted on the run: its work horse died before it registered (see
+    :func:`_count_failed`), unless RQ's cleanup called it abandoned (see :func:`_abandoned`).
     """
+    takeover.sweep(store, why=lambda job: stopped_job_why(store, job))
     key, missing_key = store.keys.run_jobs(run_id), store.keys.run_jobs_missing(run_id)
     with store.translating_errors(run_id):
         known = {as_text(k): int(v) for k, v in store.client.hgetall(key).items()}
@@ -171,7 +176,7 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
             waiting_in.lpos(Queue.redis_queue_namespace_prefix + origin, rq_id)
         for rq_id in ids:
             pipe.exists(store.keys.run_beat(run_id, rq_id))
-        pipe.hmget(store.keys.shard_jobs, ids)
+        pipe.hmget(store.keys.shard_job_registry[0], ids)
         pipe.hgetall(missing_key)
         queue_time(pipe)
         positions = waiting_in.execute() if apart else []
@@ -187,10 +192,20 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
         found_missing: list[str] = []
         found_again: list[str] = []
         failed: list[tuple[str, RQJob]] = []
+        horse_died: list[tuple[str, RQJob]] = []
         for rq_id, rq_job, beat, waiting in zip(ids, jobs, beats, positions, strict=True):
             status = rq_job.get_status(refresh=False) if rq_job is not None else None
             if (
-                status in LIVE_STATUSES
+                registered[rq_id] is not None
+                and status == JobStatus.FAILED
+                and rq_job is not None
+                and not _abandoned(rq_job)
+            ):  # RQ saw its work horse die: it beats no more, and is taken over now
+                dead.append(rq_id)
+                horse_died.append((rq_id, rq_job))
+            elif (
+                registered[rq_id] is not None
+                or status in LIVE_STATUSES
                 or (status == JobStatus.QUEUED and waiting is not None)
                 or (status == JobStatus.STARTED and beat)
             ):
@@ -205,7 +220,7 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
                     found_missing.append(rq_id)
             else:
                 dead.append(rq_id)
-                if status == JobStatus.FAILED and rq_job is not None:
+                if status == JobStatus.FAILED and rq_job is not None and not _abandoned(rq_job):
                     failed.append((rq_id, rq_job))
         pipe = store.client.pipeline(transaction=False)
         for rq_id in found_missing:
@@ -216,29 +231,30 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
             pipe.hdel(missing_key, *found_again, *dead)
         if found_missing or found_again or dead:
             pipe.execute()
-    jobs_by_id = dict(zip(ids, jobs, strict=True))
-    taken = {
-        rq_id
-        for rq_id in dead
-        if registered[rq_id] is not None
-        and _take_over(store, rq_id, registered[rq_id], jobs_by_id[rq_id])
-    }
+    for rq_id, rq_job in horse_died:
+        _take_over_dead(store, rq_id, registered[rq_id], rq_job)
     for rq_id, rq_job in failed:
-        if rq_id not in taken:  # a takeover counted it already
-            _count_failed(store, run_id, known[rq_id], rq_job)
+        _count_failed(store, run_id, known[rq_id], rq_job)
     return live
 
 
-def _take_over(store: LeaseStore, rq_id: str, raw: Any, rq_job: RQJob | None) -> bool:
-    """Takes over a dead shard job that registered (it beat, then stopped): its leases end
-    now (:mod:`redis_lease.fleet.takeover`). True when it was registered and readable."""
+def _take_over_dead(store: LeaseStore, rq_id: str, raw: Any, rq_job: RQJob) -> None:
+    """Takes over a registered shard job whose work horse RQ saw die (it failed the job
+    for it): its leases end now, whatever its last beats say."""
     job = takeover.ShardJob.from_json(rq_id, raw)
     if job is None:
-        return False
-    done = takeover.take_over(store, job, why_stopped(rq_job))
+        return
+    done = takeover.take_over(store, job, why_stopped(rq_job), known_dead=True)
     if done is not None:
         log.warning(done.line())
-    return True
+
+
+def _abandoned(rq_job: RQJob) -> bool:
+    """True when RQ failed the job as abandoned: its cleanup found the job's entry in a
+    started registry expired, by the clock of whichever worker cleaned, so a job that runs
+    on a worker whose clock is behind is "abandoned" by one whose clock is ahead. Not
+    counted as a shard job failure: a shard job that runs is judged by the registry."""
+    return "AbandonedJobError" in job_error(rq_job, "")
 
 
 def why_stopped(rq_job: RQJob | None) -> str:

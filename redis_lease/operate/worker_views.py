@@ -2,9 +2,9 @@
 
 One row per worker, from four records: the workers' own beats and records
 (:mod:`redis_lease.fleet.worker.watch`), the shard jobs at work with their heartbeats
-(:mod:`redis_lease.fleet.takeover`), the fleet's takeover log, and the jobs the workers
-given jobs declared with what the tick leader says of them
-(:mod:`redis_lease.protocol.store.declared_jobs`). A worker is ``alive`` while
+(:mod:`redis_lease.fleet.takeover`: a job beats while it is not dead by the registry's rule),
+the fleet's takeover log, and the jobs the workers given jobs declared with what the tick
+leader says of them (:mod:`redis_lease.protocol.store.declared_jobs`). A worker is ``alive`` while
 its beat is younger than :data:`~redis_lease.limits.DEAD_AFTER` seconds, ``stopped`` once
 it said so on its way out, and ``dead`` otherwise; a worker known only from its shard
 jobs or the takeovers of the last day (a plain ``rq worker`` beats no record of its own)
@@ -119,7 +119,7 @@ def worker_rows(store: LeaseStore, fleet: FleetJobs | None = None) -> list[Worke
                 "shard": job.shard,
                 "rq_id": job.rq_id,
                 "leases_held": held,
-                "beating": entry.beat is not None,
+                "beating": entry.beating,
             }
         )
         found.leases_held += held

@@ -38,7 +38,7 @@ OUTLIVE_RUNS = (
     "data_set",
     "data_set_remembered",
     "protocol",
-    "shard_jobs",
+    "shard_job_registry",
     "takeovers",
     "workers",
     "bad_jobs",
@@ -112,7 +112,9 @@ class Keys:
         return f"{self.prefix}:run:{{{run_id}}}:rq:missing"
 
     def run_beat(self, run_id: str, rq_job_id: str) -> str:
-        """A shard job's heartbeat (string with a TTL)."""
+        """What a shard job's last beat said (string with a TTL: JSON, its process and the
+        leases it holds), for the views and for a tick of 0.9.0; whether the job is dead is
+        judged from :attr:`shard_job_registry` only."""
         return f"{self.prefix}:run:{{{run_id}}}:beat:{rq_job_id}"
 
     def run_capacity(self, run_id: str) -> str:
@@ -186,10 +188,14 @@ class Keys:
         return f"{self.prefix}:protocol"
 
     @property
-    def shard_jobs(self) -> str:
-        """Every shard job at work, by RQ job id (hash: id -> JSON: run, shard, worker,
-        owner, host, pid, path, queue, budget); its heartbeat is :meth:`run_beat`."""
-        return f"{self.prefix}:shard_jobs"
+    def shard_job_registry(self) -> list[str]:
+        """The shard jobs at work, one hash tag: their entries (hash: RQ job id -> JSON: run,
+        shard, worker, owner, host, pid, path, queue, budget), their beats (sorted set: RQ
+        job id -> server ms of its last beat), the takeovers begun (sorted set: RQ job id ->
+        server ms) and the fleet's clock (hash: last_ms, stall_end_ms, stall_ms, stalls;
+        ``lua/include/fleet_clock.lua``)."""
+        base = f"{self.prefix}:{{shard_jobs}}"
+        return [base, f"{base}:beats", f"{base}:taking", f"{base}:clock"]
 
     @property
     def takeovers(self) -> str:

@@ -66,10 +66,41 @@ class Reaped(NamedTuple):
 
 
 class Cut(NamedTuple):
-    """cut_leases: leases ended early, and when (server clock)."""
+    """cut_leases: leases ended early, and when (server clock); ``cursor``: where the walk
+    over the shard's leases goes on ('' once it is done)."""
 
     leases: int
     now_ms: int
+    cursor: str = ""
+
+
+class Found(NamedTuple):
+    """A registered shard job a sweep found: its RQ id, its entry as stored (b'' when
+    none) and a time in server ms (its last beat; or when its takeover began)."""
+
+    rq_id: str
+    entry: bytes
+    at_ms: int
+
+
+class Swept(NamedTuple):
+    """sweep_shard_jobs: the server's time, the end of the last stall, the jobs dead by
+    the rule and the takeovers begun and never finished."""
+
+    now_ms: int
+    stall_end_ms: int
+    dead: list[Found]
+    stuck: list[Found]
+
+
+def _found(flat: Sequence[Any]) -> list[Found]:
+    return [
+        Found(_text(flat[i]), _bytes(flat[i + 1]), int(flat[i + 2])) for i in range(0, len(flat), 3)
+    ]
+
+
+def _bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
 
 
 class Snapshot(NamedTuple):
@@ -286,8 +317,14 @@ DECODERS: dict[str, Callable[[Any], Any]] = {
     "fail": _failed,
     "release": lambda reply: int(reply[0]),
     "reap": lambda reply: Reaped(int(reply[0]), int(reply[1]), int(reply[2])),
-    "cut_leases": lambda reply: Cut(int(reply[0]), int(reply[1])),
+    "cut_leases": lambda reply: Cut(int(reply[0]), int(reply[1]), _text(reply[2])),
     "worker_beat": lambda reply: (int(reply[0]), int(reply[1])),
+    "register_shard_job": lambda reply: (bool(reply[0]), int(reply[1])),
+    "shard_job_beat": lambda reply: (bool(reply[0]), int(reply[1])),
+    "sweep_shard_jobs": lambda reply: Swept(
+        int(reply[0]), int(reply[1]), _found(reply[2]), _found(reply[3])
+    ),
+    "take_shard_jobs": lambda reply: (int(reply[0]), [_text(rq_id) for rq_id in reply[1]]),
     "requeue": int,
     "close_shard": bool,
     "shard_status": _snapshot,

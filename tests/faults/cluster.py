@@ -32,6 +32,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -48,6 +49,7 @@ from redis.retry import Retry
 from redis_lease import LeaseStore
 from redis_lease.demo.provider import ProviderServer, ProviderState
 from redis_lease.errors import RedisLeaseError
+from redis_lease.fleet import takeover
 from redis_lease.fleet.job import Job
 from redis_lease.fleet.runs import FINAL_STATES, Decision, Runs
 from redis_lease.fleet.tick.scheduler_tick import tick_job
@@ -69,6 +71,14 @@ FAKETIME_LIBS = (
     "/usr/local/lib/faketime/libfaketime.so.1",
 )
 
+
+#: A read-only script that keeps the server busy for ARGV[1] ms by its clock.
+LONG_SCRIPT = """
+local function ms() local t = redis.call('TIME') return t[1] * 1000 + math.floor(t[2] / 1000) end
+local ends = ms() + tonumber(ARGV[1])
+while ms() < ends do end
+return 1
+"""
 
 #: A sitecustomize that mends time.sleep under libfaketime.
 FAKETIME_SITE = Path(__file__).resolve().parent / "faketime_site"
@@ -465,6 +475,19 @@ class Cluster:
             wait_for(lambda: threads_stopped(pid), 10, "redis-server to stop")
         self.note(kind)
 
+    def long_script(self, seconds: float) -> threading.Thread:
+        """Runs a read-only script that keeps redis-server busy for ``seconds`` (from a
+        thread, which it returns): every other call waits, and once the server's
+        ``busy-reply-threshold`` passed (5 s) is refused with BUSY until it ends."""
+        self._one_server("long-script")
+        client = redis.Redis.from_url(self.server.url, socket_timeout=seconds + 30)
+        busy = threading.Thread(
+            target=lambda: client.eval(LONG_SCRIPT, 0, int(seconds * 1000)), daemon=True
+        )
+        busy.start()
+        self.note("long-script", f"{seconds}s")
+        return busy
+
     def kill_redis(self) -> int:
         """SIGKILLs redis-server; returns the machine's clock (ms) just before."""
         self._one_server("kill-redis")
@@ -648,6 +671,27 @@ class Cluster:
                     f"run {run_id} still {state} after {timeout}s\n{self.describe()}"
                 )
             time.sleep(0.1)
+
+    def beating_jobs(self) -> int:
+        """Registered shard jobs alive by the registry's rule (redis_lease.fleet.takeover)."""
+        return sum(1 for entry in takeover.registered(self.store) if entry.beating)
+
+    def assert_no_takeover(self, run_id: str, summary: Summary | None = None) -> None:
+        """Nothing of ``run_id`` was taken over: no takeover logged or counted, no lease cut
+        or re-claimed, no shard job counted failed, no worker saying it took over."""
+        counters = self.store.status(run_id).counters
+        seen = (
+            takeover.takeovers(self.store),
+            counters.get("takeovers"),
+            counters.get("leases_cut"),
+        )
+        assert seen == ([], None, None), f"{seen}\n{self.describe()}"
+        failed = Runs(self.store).info(run_id).get("failed_jobs")
+        assert failed in (None, "0"), f"{failed} shard jobs failed\n{self.describe()}"
+        for worker in self.workers:
+            assert "took over" not in worker.log.read_text(errors="replace"), self.describe()
+        if summary is not None:
+            assert summary.takeovers == 0, summary
 
     def ops(self) -> list[Op]:
         """Every operation the workers recorded so far."""

@@ -29,6 +29,7 @@ from ...errors import (
     NotReplicated,
     PermanentError,
     RedisLeaseError,
+    RedisUnavailable,
     SlotTimeout,
     Throttled,
 )
@@ -44,6 +45,8 @@ __all__ = ["SLOT_RETRY_DELAY", "HandlerResult", "ShardReport"]
 
 #: Seconds before an item released for want of a provider slot is due again.
 SLOT_RETRY_DELAY = 1.0
+#: Seconds before settlements that met an unreachable or busy Redis are sent again.
+RETRY_DELAY = 1.0
 #: A settlement to send and the report's counter its success adds to; None: nothing to send.
 Settlement = tuple[SettleRequest, str] | None
 #: Old names, importable with a DeprecationWarning for one release.
@@ -120,19 +123,52 @@ class PendingSettlements:
     def flush(self) -> None:
         """Sends every waiting settlement in one round trip and settles each answer.
 
-        When the round trip fails (Redis gone past the retries) the items are
-        left to their lease expiry; the job goes on.
+        When Redis cannot be reached or is busy past the retries (a stall, a failover),
+        the settlements whose leases this process still holds wait again, kept renewed,
+        and are sent again :data:`RETRY_DELAY` seconds later (a commit repeated with its
+        token returns what the first stored); the others are left to their lease expiry.
+        The job goes on either way.
         """
         if not self.waiting:
             return
         waiting, self.waiting = self.waiting, []
+        # No renewal of these leases goes out from here on: one behind its commit is refused.
+        self.keeper.settle([active for active, _, _ in waiting])
         try:
             answers = self.store.settle_many([request for _, request, _ in waiting])
+        except RedisUnavailable as error:
+            kept = self._wait_again(waiting, error)
+            waiting = [entry for entry in waiting if not any(entry is k for k in kept)]
+            answers = [error] * len(waiting)
         except LeaseError as error:
             answers = [error] * len(waiting)
         for (active, request, counter), answer in zip(waiting, answers, strict=True):
             self.keeper.drop(active)
             self._settle_answer(active, request, counter, answer)
+
+    def _wait_again(
+        self, waiting: list[tuple[ActiveLease, SettleRequest, str]], error: RedisUnavailable
+    ) -> list[tuple[ActiveLease, SettleRequest, str]]:
+        """Puts back the settlements whose leases have not run out by this process's clock
+        (kept renewed again), to go :data:`RETRY_DELAY` seconds from now; returns them.
+        (A lease taken over meanwhile refuses its settlement: the fence decides.)"""
+        now = time.monotonic()
+        kept = [e for e in waiting if not e[0].lost and now < e[0].valid_until]
+        for active, _, _ in kept:
+            self.keeper.hold(active)
+        if kept:
+            log.warning("%d settlements wait for Redis to send them again: %s", len(kept), error)
+            self.waiting = kept + self.waiting
+            self.oldest = now + RETRY_DELAY - self.interval
+        return kept
+
+    def flush_all(self) -> None:
+        """Sends every waiting settlement, again while Redis is away and their leases are
+        held (the end of a pass: nothing is left waiting)."""
+        self.flush()
+        while self.waiting:
+            time.sleep(max(0.0, self.due_in()))
+            self.flush()
 
     def _settle_answer(
         self, active: ActiveLease, request: SettleRequest, counter: str, answer: Any

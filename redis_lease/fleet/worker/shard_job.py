@@ -92,7 +92,7 @@ def process_shard(
     ended = False
     try:
         report = _process(store, rq_job, job_path, run_id, shard)
-        ended = True
+        ended = not report["taken_over"]  # a job taken over was counted failed by its taker
         return report
     except Exception as error:  # counted on the run (status shows it), then RQ fails the job
         _record_failure(store, run_id, shard, error)
@@ -122,11 +122,19 @@ def _process(
         job.options.lease_ttl_seconds,
         beat_key=store.keys.run_beat(run_id, rq_job.id),
         stop_flag=(f"rq:worker:{name}", "shutdown_requested_date") if name else None,
+        job_id=rq_job.id,
     )
-    keeper.beat()  # before the job registers: registered without a beat reads as stopped
     owner = worker_name(rq_job.id)
-    takeover.register(store, _registration(rq_job, job_path, job, run_id, shard, owner))
+    registration = _registration(rq_job, job_path, job, run_id, shard, owner)
+    takeover.register(store, registration, keeper.beat_value())  # registered with its first beat
     keeper.on_stop_requested = stop.set
+    taken = threading.Event()
+
+    def on_unregistered() -> None:  # taken over: stop claiming, give back what is not started
+        taken.set()
+        stop.set()
+
+    keeper.on_unregistered = on_unregistered
     restore = _drain_on_sigterm(stop)
     keeper.start()
     started = time.monotonic()
@@ -143,7 +151,15 @@ def _process(
             concurrency=concurrency_override(),
         )
         _record_pass(store, run_id, report, time.monotonic() - started)
-        if not report.drained and not report.closed:
+        if taken.is_set():  # its taker enqueued the shard's next job
+            log.warning(
+                "shard job %s of run %r shard %s is no longer registered: it stopped "
+                "claiming and ends (whoever took it over enqueued the shard's next job)",
+                rq_job.id,
+                run_id,
+                shard,
+            )
+        elif not report.drained and not report.closed:
             shard_jobs.enqueue_shard(
                 store, job_path, job.options.queue, run_id, shard, job.options.shard_budget_seconds
             )
@@ -151,6 +167,7 @@ def _process(
         keeper.close()
         restore()
     return {
+        "taken_over": taken.is_set(),
         "run": run_id,
         "shard": shard,
         "committed": report.committed,
@@ -205,24 +222,25 @@ def _record_pass(store: LeaseStore, run_id: str, report: ShardReport, busy: floa
 
 
 def _forget_job(store: LeaseStore, run_id: str, rq_id: str, ended: bool) -> None:
-    """Unregisters the job, then removes its heartbeat and its entries among the run's
-    jobs (two round trips: the registration goes first, so no watcher ever sees it
-    without a beat and takes the ended job for stopped).
+    """Removes the job from the run's jobs and what its beats said, then unregisters it
+    (two round trips: a tick never finds it among the run's jobs unregistered, where RQ's
+    status, which RQ's cleanup may set by a skewed clock, would judge it).
 
     A job that ``ended`` normally also ends the run's streak of failed shard jobs
     and its dispatch back-off, in one script
     (:func:`~redis_lease.fleet.shard_job_failures.end_failure_streak`). Best effort: when Redis is
-    gone, the heartbeat expires by itself, and a watcher takes over whatever the job
+    gone, its registry entry stops beating, and a watcher takes over whatever the job
     still held.
     """
     try:
         with translating_errors(store.url, run_id=run_id):
-            store.client.hdel(store.keys.shard_jobs, rq_id)
             pipe = store.client.pipeline(transaction=False)
-            pipe.delete(store.keys.run_beat(run_id, rq_id))
             pipe.hdel(store.keys.run_jobs(run_id), rq_id)
             pipe.hdel(store.keys.run_jobs_missing(run_id), rq_id)
+            pipe.delete(store.keys.run_beat(run_id, rq_id))
             pipe.execute()
+        takeover.unregister(store, rq_id)
+        with translating_errors(store.url, run_id=run_id):
             if ended:  # apart: a cluster's pipeline does not load scripts
                 end_failure_streak(store, run_id)
     except RedisLeaseError as error:

@@ -21,6 +21,7 @@ from ...errors import (
     LeaseError,
     LeaseLost,
     NotReplicated,
+    RedisUnavailable,
     RunClosed,
     SlotTimeout,
     Throttled,
@@ -39,6 +40,8 @@ __all__ = ["work_shard"]
 
 #: Seconds before claiming again after a cluster refused a claim while moving slots.
 CLUSTER_RETRY_DELAY = 0.2
+#: Seconds before claiming again after Redis could not be reached or was busy.
+UNAVAILABLE_RETRY_DELAY = 1.0
 #: The longest the shard loop waits for a handler before it looks at the stop request again.
 _STOP_POLL = 0.05
 #: Seconds of handler work a claim covers, by the recent mean handler time (within the
@@ -92,7 +95,7 @@ def work_shard(
     finally:
         pool.close()
         shard_loop.settle_finished()  # handlers that ended while the loop was leaving
-        shard_loop.pending.flush()
+        shard_loop.pending.flush_all()
     return report
 
 
@@ -154,6 +157,9 @@ class _ShardLoop:
                 except (ClusterBusy, NotReplicated) as error:  # nothing granted: claim again soon
                     log.info("claim on run %r shard %s: %s", self.run_id, self.shard, error)
                     stop.wait(CLUSTER_RETRY_DELAY)
+                except RedisUnavailable as error:  # a stall, a failover: ride it out
+                    log.warning("claim on run %r shard %s: %s", self.run_id, self.shard, error)
+                    stop.wait(UNAVAILABLE_RETRY_DELAY)
             while waiting and (self.pool.queues or self.in_pool < self.size):
                 if stop.is_set() or time.monotonic() >= ends:
                     break

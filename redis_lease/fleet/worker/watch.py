@@ -2,18 +2,22 @@
 shard jobs.
 
 ``redis-lease worker`` runs a :class:`FleetWatch` beside its RQ worker. Every
-:data:`~redis_lease.limits.HEARTBEAT` second it
+:data:`~redis_lease.limits.HEARTBEAT` second, in one round trip, it
 
 1. beats the worker's record (``worker_beat.lua``: the beat at the server's time, so
    ``redis-lease workers`` judges every worker by one clock; workers silent for a day are
    forgotten); and
-2. takes over every registered shard job whose heartbeat is gone
+2. looks for registered shard jobs that are dead by the server's clock
+   (``sweep_shard_jobs.lua``: one script call whatever the number of jobs; the rule is in
+   :mod:`redis_lease.fleet.takeover`), takes each over
    (:func:`redis_lease.fleet.takeover.sweep`), then enqueues a shard job for its shard at the
    front of its queue (:func:`redispatch`), so an idle worker takes the items at once.
 
 So a killed worker's items are claimable again within about ``DEAD_AFTER + HEARTBEAT``
 seconds of its last beat (6 s at the defaults), whether or not other shard jobs of its run
-are at work, and are worked as soon as a worker is free.
+are at work, and are worked as soon as a worker is free. A Redis that stalls or fails over
+takes no live worker's work: after it, every job has ``DEAD_AFTER`` seconds to beat again.
+A watch never takes over a shard job of its own worker.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from functools import partial
 from ...errors import NotFound, RedisLeaseError
 from ...limits import HEARTBEAT
 from ...protocol.connection.translate import REDIS_FAILURES
+from ...protocol.replies import Swept
+from ...protocol.scripts import Call
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.validation import clip
 from .. import shard_jobs, takeover
@@ -60,12 +66,26 @@ def worker_record(queues: Sequence[str], started_at: float, *, stopped: bool = F
 def beat_worker(store: LeaseStore, name: str, record: str = "") -> int:
     """Beats worker ``name`` (and writes its record when given); returns the server's ms."""
     with store.translating_errors():
-        now_ms, _forgotten = store.scripts.call(
-            "worker_beat",
-            store.keys.workers,
-            [clip(name, takeover.NAME_MAX) or "?", record, takeover.KEPT_MS],
-        )
+        now_ms, _forgotten = store.scripts.call(*_beat_call(store, name, record))
     return int(now_ms)
+
+
+def _beat_call(store: LeaseStore, name: str, record: str) -> Call:
+    args = [clip(name, takeover.NAME_MAX) or "?", record, takeover.KEPT_MS]
+    return Call("worker_beat", store.keys.workers, args)
+
+
+def beat_and_look(store: LeaseStore, name: str, record: str = "") -> Swept:
+    """Beats worker ``name`` and looks at the shard job registry, in one round trip."""
+    with store.translating_errors():
+        beaten, swept = store.scripts.many(
+            [_beat_call(store, name, record), takeover.look_call(store)]
+        )
+    for reply in (beaten, swept):
+        if isinstance(reply, Exception):
+            raise store.translating_errors().error(reply)
+    result: Swept = swept
+    return result
 
 
 def redispatch(store: LeaseStore, done: takeover.Takeover) -> str | None:
@@ -114,6 +134,7 @@ class FleetWatch(threading.Thread):
         self._started_at = time.time()
         #: Takeovers this watch made.
         self.takeovers: list[takeover.Takeover] = []
+        takeover.OWN_WORKERS.add(clip(name, takeover.NAME_MAX))
 
     def run(self) -> None:
         """Ticks every :data:`~redis_lease.limits.HEARTBEAT` seconds until :meth:`close`
@@ -128,16 +149,17 @@ class FleetWatch(threading.Thread):
         """One beat, and one sweep for stopped shard jobs under each prefix."""
         due = self._beats % RECORD_EVERY == 0
         record = worker_record(self.queues, self._started_at) if due else ""
-        beat_worker(self.store, self.name, record)
+        swept = beat_and_look(self.store, self.name, record)
         self._beats += 1
         for prefix in self.prefixes():
             if prefix not in self._stores:
                 self._stores[prefix] = self.store.with_prefix(prefix)
         for store in list(self._stores.values()):
-            self._sweep(store)
+            self._sweep(store, swept if store is self.store else None)
 
-    def _sweep(self, store: LeaseStore) -> None:
-        for done in takeover.sweep(store, why=partial(shard_jobs.stopped_job_why, store)):
+    def _sweep(self, store: LeaseStore, swept: Swept | None) -> None:
+        why = partial(shard_jobs.stopped_job_why, store)
+        for done in takeover.sweep(store, why=why, swept=swept):
             self.takeovers.append(done)
             replaced = redispatch(store, done)
             line = done.line() + (f"; shard job {replaced} enqueued first" if replaced else "")

@@ -57,6 +57,9 @@ _DENIED_COMMAND = re.compile(r"no permissions to run the '([^']+)' command", re.
 _DENIED = re.compile(r"no permissions to|can't run this command|can't access", re.IGNORECASE)
 _SCRIPT_SHA = re.compile(r"script: ([0-9a-f]{40})")
 #: How the server refuses a SELECT of a database it does not have.
+#: Replies of a server that refuses every call for now, before running it: a script ran
+#: past ``busy-reply-threshold`` (BUSY).
+BUSY_CODES = ("BUSY",)
 _NO_DATABASE = re.compile(r"DB index is out of range", re.IGNORECASE)
 
 
@@ -103,6 +106,10 @@ def translate(
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
         return RedisUnavailable(
             f"{_where(url)} is unreachable ({error}); check --url or REDIS_URL", **context
+        )
+    if _reply_code(error) in BUSY_CODES:  # refused before running: nothing was written
+        return RedisUnavailable(
+            f"{_where(url)} is busy ({error}); the call did not run: retry", **context
         )
     if isinstance(error, redis.ResponseError) and _reply_code(error) in SCRIPT_CODES:
         return from_reply(error, **context)

@@ -160,7 +160,11 @@ class LeaseStore(StoreClaims, StoreHolder, StoreReads):
 
     def cut_leases(self, run_id: str, shard: int, owner: str, limit: int = DEFAULT_SWEEP) -> Cut:
         """Ends now every lease ``owner`` holds in one shard (its worker stopped beating);
-        the next claim takes their items over. Returns how many, and when.
+        the next claim takes their items over. Returns how many, and when (the first call's
+        server time).
+
+        The shard's live leases are looked at ``limit`` at a time, one round trip each,
+        until all have been (``cut_leases.lua``).
 
         Raises:
             NotFound: the run does not exist.
@@ -168,8 +172,12 @@ class LeaseStore(StoreClaims, StoreHolder, StoreReads):
         check_positive(limit, "limit", SWEEP_MAX)
         check_id(owner, "owner")
         self.shard_count(run_id)  # NotFound for a run that is gone
-        cut: Cut = self._run_script("cut_leases", run_id, shard, [owner, limit])
-        return cut
+        first: Cut = self._run_script("cut_leases", run_id, shard, [owner, limit, ""])
+        cut, cursor = first.leases, first.cursor
+        while cursor:
+            more: Cut = self._run_script("cut_leases", run_id, shard, [owner, limit, cursor])
+            cut, cursor = cut + more.leases, more.cursor
+        return Cut(cut, first.now_ms)
 
     def requeue(self, run_id: str, item_ids: Sequence[str] = (), limit: int = DEFAULT_SWEEP) -> int:
         """Moves dead items (named, or up to ``limit`` per shard) back to pending."""
