@@ -17,11 +17,12 @@ from datetime import UTC, date, datetime, time, timedelta
 
 import pytest
 
-from redis_lease import LeaseStore, RedisLeaseError
+from redis_lease import LeaseStore, RedisLeaseError, RedisUnavailable
 from redis_lease.fleet import remembered
 from redis_lease.fleet.job_tallies import counted_runs_key
 from redis_lease.fleet.lost_records import read as read_lost
 from redis_lease.fleet.runs import Decision, Runs
+from redis_lease.fleet.tick import lost_runs
 from redis_lease.fleet.tick.lost_runs import MADE_AGAIN
 from redis_lease.fleet.tick.scheduler_tick import tick
 from tests.fleet_helpers import NIGHTLY_PATH
@@ -293,3 +294,34 @@ def test_a_memory_reads_back_whole_and_an_older_one_still_reads() -> None:
     hostile = {**older, "states": {RUN0: "made-up", "elsewhere": remembered.ENDING}}
     read = remembered.Remembered.from_json(hostile)
     assert read is not None and read.states == {}
+
+
+def test_a_tick_that_takes_its_memory_for_superseded_and_stops_still_leaves_it_named(
+    real_store: LeaseStore,
+    sides: list[LeaseStore],
+    nightly: Configure,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the recovery model: a tick's look at the mark whose reply was lost (or
+    another side's tick) moves the mark's seq past the memory's, so the next tick takes the
+    memory for superseded; that tick stops before it remembers the job's runs again; then
+    the server is wiped. Before, a superseded memory was dropped: the open run was neither
+    made again nor named. Now it is doubtful: named lost, never made again."""
+    nightly(schedule="0 2 * * *", deadline_after=timedelta(hours=72), catch_up="all")
+    a = sides[0]
+    assert "create" in kinds(tick(a, [NIGHTLY_PATH], now=at(D0, 2)), RUN0)
+    real_store.client.hincrby(real_store.keys.data_set, "seq", 1)  # a tick's reply lost
+    with monkeypatch.context() as patched:
+
+        def stops(*args: object) -> None:
+            raise RedisUnavailable("injected: the job's runs not remembered")
+
+        patched.setattr(lost_runs, "remember_open", stops)
+        with contextlib.suppress(RedisLeaseError):
+            tick(a, [NIGHTLY_PATH], now=at(D0, 2, 5))
+    wipe(real_store)
+
+    decisions = tick(a, [NIGHTLY_PATH], now=at(D0, 2, 10))
+    assert kinds(decisions, RUN0) == ["lost"]
+    lost = read_lost(real_store, RUN0)
+    assert lost is not None and lost.was == "unknown"

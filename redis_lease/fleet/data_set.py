@@ -139,10 +139,12 @@ def _judged(
     memory: Remembered | None, mark: MarkObserved, loss: Loss | None, mark_job: str
 ) -> Remembered | None:
     """What of ``memory`` this tick may go by (:mod:`redis_lease.fleet.remembered`): all of it
-    when it noticed a loss now or no other side ticked since it was written; its runs made
-    doubtful when another side noticed a loss first; none of its runs when another side
-    ticked since (the server's records are the truth then). After a loss, every job it knows
-    of (and ``mark_job``) is unsettled until its tick finishes (:func:`remember_runs`)."""
+    when it noticed a loss now or no other side ticked since it was written; its runs and
+    scheduled times made doubtful when another side noticed a loss first, or ticked since
+    (or this side's own tick whose reply was lost: it cannot tell): while nothing is lost
+    the server's records are the truth, and after a loss a doubtful run is only named.
+    After a loss, every job it knows of (and ``mark_job``) is unsettled until its tick
+    finishes (:func:`remember_runs`)."""
     if memory is None:
         return memory
     if loss is not None:
@@ -150,7 +152,7 @@ def _judged(
     if mark.since_loss:
         return memory.doubted().after_loss(mark_job)
     if mark.seq - 1 != memory.seq:
-        return memory.without_runs()
+        return memory.doubted()
     return memory
 
 

@@ -23,15 +23,15 @@ A memory is only as good as it is current. Each remembered run has a state:
 - ``open``: seen open by this side's last tick of its job;
 - ``creating``: this side was making it (written before the run is created);
 - ``ending``: this side was ending it (written before its final state is);
-- ``doubtful``: remembered by a side that another has since superseded.
+- ``doubtful``: remembered by a side that another may have superseded since.
 
 After a loss, a run remembered ``open`` or ``creating`` may be made again (where its job's
 schedule covers it); one remembered ``ending`` or ``doubtful`` is only named lost: it may
-have ended. A memory is superseded when another tick side ticked after it (the mark's
-``seq`` moved past the one it remembers: its runs are dropped, the server's records being the
-truth), when another side noticed a loss first (its runs become doubtful), and when the
-tick leader holding it had a break in its leadership (:func:`distrust`: another leader may
-have ticked meanwhile).
+have ended. While nothing is lost, the server's records are the truth: a ``creating`` or
+``doubtful`` run is not looked for. A memory becomes doubtful when another tick side ticked
+after it (the mark's ``seq`` moved past the one it remembers), when another side noticed a
+loss first, and when the tick leader holding it had a break in its leadership
+(:func:`distrust`: another leader may have ticked meanwhile).
 """
 
 from __future__ import annotations
@@ -125,10 +125,6 @@ class Remembered:
         """This memory with every run ``doubtful``, and every job's last scheduled time."""
         fired = {job: (ms, True) for job, (ms, _) in self.fired.items()}
         return replace(self, states=dict.fromkeys(self.runs, DOUBTFUL), fired=fired)
-
-    def without_runs(self) -> Remembered:
-        """This memory with no runs, no scheduled times, no job unsettled."""
-        return replace(self, runs={}, states={}, fired={}, unsettled=frozenset())
 
     def state_of(self, run_id: str) -> str:
         """The state of a remembered run (``open`` unless noted)."""

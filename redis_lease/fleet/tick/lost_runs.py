@@ -191,8 +191,10 @@ def _job_candidates(
     memory = seen.remembered
     for run_id, made in (memory.runs_of(job.name) if memory else {}).items():
         state = memory.state_of(run_id) if memory else OPEN
-        if state == CREATING and memory and job.name not in memory.unsettled:
-            continue  # its making may have failed; with no loss, the server shows it if made
+        if state in (CREATING, DOUBTFUL) and memory and job.name not in memory.unsettled:
+            continue  # with no loss to settle, the server's records are the truth
+        if state == DOUBTFUL and 0 < made <= since:
+            continue  # made before the job's retention: ended or not, nothing can tell
         found[run_id] = _Candidate(made, _REMEMBERED[state], state)
     for day, made in dated:
         run_id = job.run_id(date.fromisoformat(as_text(day)))
