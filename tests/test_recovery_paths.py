@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,7 @@ from redis_lease.fleet.runs import Decision, Runs
 from redis_lease.fleet.tick import lost_runs
 from redis_lease.fleet.tick.lost_runs import MADE_AGAIN
 from redis_lease.fleet.tick.scheduler_tick import tick
+from redis_lease.protocol.store.leader import Leadership, hold_leadership
 from tests.fleet_helpers import NIGHTLY_PATH
 from tests.helpers import keys_under
 from tests.redis_faults import FailingCalls, client_calls
@@ -325,3 +327,115 @@ def test_a_tick_that_takes_its_memory_for_superseded_and_stops_still_leaves_it_n
     assert kinds(decisions, RUN0) == ["lost"]
     lost = read_lost(real_store, RUN0)
     assert lost is not None and lost.was == "unknown"
+
+
+def test_a_run_begun_to_be_made_again_by_one_side_is_finished_by_another_as_a_rerun(
+    real_store: LeaseStore,
+    sides: list[LeaseStore],
+    nightly: Configure,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found in review: A notices a wipe and records the lost run as being made again, then
+    its call to make it fails; B, which remembers nothing, ticks next. Before, B's tick made
+    the date's run as a plain new run: no ``after_loss``, so an effect whose ledger went
+    with the wipe was sent again without a lookup. Now any tick side finishes what the
+    record began: the run is made again after a loss, its shards marked."""
+    nightly(schedule="0 2 * * *", deadline_after=timedelta(hours=72), catch_up="latest")
+    a, b = sides[0], LeaseStore(sides[1].client, prefix=sides[1].prefix)
+    assert "create" in kinds(tick(a, [NIGHTLY_PATH], now=at(D0, 2)), RUN0)
+    wipe(real_store)
+    with monkeypatch.context() as patched:
+
+        def fails(*args: object, **kwargs: object) -> None:
+            raise RedisUnavailable("injected: the run is not made")
+
+        patched.setattr(Runs, "ensure", fails)
+        with contextlib.suppress(RedisLeaseError):
+            tick(a, [NIGHTLY_PATH], now=at(D0, 3))
+    lost = read_lost(real_store, RUN0)
+    assert lost is not None and lost.todo == MADE_AGAIN and not lost.rerun_at_ms
+
+    decisions = tick(b, [NIGHTLY_PATH], now=at(D0, 3, 1))
+    assert kinds(decisions, RUN0)[:2] == ["rerun", "plan"]
+    info = Runs(real_store).info(RUN0)
+    assert "after_loss" in info
+    metas = [
+        real_store.client.hget(real_store.keys.shard(RUN0, s)[0], "after_loss") for s in (0, 1)
+    ]
+    assert all(metas), metas
+
+
+def test_a_run_made_of_a_lost_runs_id_by_any_door_is_careful_with_its_effects(
+    real_store: LeaseStore, nightly: Configure
+) -> None:
+    """A run named lost, then made by hand (``redis-lease backfill``, ``start``): its
+    effects' ledger went with the lost run, so it is made as after a loss."""
+    nightly(schedule="0 2 * * *", deadline_after=timedelta(hours=6), catch_up="none")
+    runs = Runs(real_store)
+    assert "create" in kinds(tick(real_store, [NIGHTLY_PATH], now=at(D0, 2)), RUN0)
+    real_store.client.delete(*run_keys(real_store, RUN0))
+    assert kinds(tick(real_store, [NIGHTLY_PATH], now=at(D0, 9)), RUN0) == ["lost"]
+    from tests import fleet_jobs
+
+    run_id, created = runs.ensure(fleet_jobs.nightly, D0, at(D0, 10))  # what backfill does
+    assert created and run_id == RUN0
+    assert "its run was lost before" in runs.info(RUN0)["after_loss"]
+
+
+def test_a_worker_that_does_not_lead_keeps_a_doubtful_copy_and_names_what_a_wipe_took(
+    real_store: LeaseStore, sides: list[LeaseStore], nightly: Configure
+) -> None:
+    """Found in review: with one Redis and no memory file (the default), only the leader
+    remembered the data set, and after a wipe another worker usually takes the lease. It
+    saw no loss, and made the latest date's run again as a plain new run. Now a worker
+    that does not lead keeps a doubtful copy of the server's state each try: it tells the
+    wipe, names the run lost, and makes nothing again."""
+    from redis_lease.fleet.tick.leader import TickLeader
+
+    nightly(schedule="0 2 * * *", deadline_after=timedelta(hours=72), catch_up="latest")
+    a, b = sides[0], sides[1]
+    assert "create" in kinds(tick(a, [NIGHTLY_PATH], now=at(D0, 2)), RUN0)
+    assert hold_leadership(a, "a#1", 60_000).held
+
+    class Waiting(TickLeader):
+        def _tick(self, leadership: Leadership) -> None:
+            return None
+
+    worker = Waiting(b, "b", [NIGHTLY_PATH], lambda line: None, every=1)
+    try:
+        worker.step()  # another holds the lease: it keeps a copy
+    finally:
+        worker.close()
+    copy = remembered.recall(b)
+    assert copy is not None and copy.state_of(RUN0) == remembered.DOUBTFUL
+    wipe(real_store)
+
+    decisions = tick(b, [NIGHTLY_PATH], now=at(D0, 3))
+    assert kinds(decisions, "nightly")[:1] == ["data_lost"]
+    assert kinds(decisions, RUN0) == ["lost"]
+    assert not real_store.client.exists(real_store.keys.run(RUN0))
+
+
+def test_a_leader_in_doubt_doubts_its_machines_memory_file_too(
+    real_store: LeaseStore,
+    sides: list[LeaseStore],
+    nightly: Configure,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Found in review: a memory file is one machine's. A (on machine A) made the run, B
+    (on machine B) ended it, the server was wiped, and A leads again after a break. Before,
+    A's doubt covered its process memory only, and its file made the ended run again."""
+    nightly(schedule="0 2 * * *", deadline_after=timedelta(hours=6), catch_up="all")
+    a, b = sides[0], sides[1]
+    monkeypatch.setenv(remembered.MARK_FILE_ENV, str(tmp_path / "machine-a.json"))
+    tick(a, [NIGHTLY_PATH], now=at(D0, 2))
+    monkeypatch.setenv(remembered.MARK_FILE_ENV, str(tmp_path / "machine-b.json"))
+    assert "finalize" in kinds(tick(b, [NIGHTLY_PATH], now=at(D0, 9)), RUN0)
+    wipe(real_store)
+    monkeypatch.setenv(remembered.MARK_FILE_ENV, str(tmp_path / "machine-a.json"))
+    remembered.distrust(a)
+
+    decisions = tick(a, [NIGHTLY_PATH], now=at(D0, 9, 5))
+    assert "rerun" not in kinds(decisions, RUN0)
+    assert not real_store.client.exists(real_store.keys.run(RUN0))

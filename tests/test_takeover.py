@@ -356,3 +356,26 @@ def test_a_watcher_never_takes_over_a_shard_job_of_its_own(store: LeaseStore) ->
         takeover.OWN_WORKERS.discard("w-own")
         alive.kill()
         alive.wait()
+
+
+def test_a_takeover_enqueues_again_only_the_job_path_its_jobs_record_holds(
+    real_store: LeaseStore,
+) -> None:
+    """A registry entry is anyone's to write: the watch enqueues a shard job for a taken-over
+    entry only under the path its job's record holds (the tick dispatches otherwise), and an
+    entry whose path is not a job path is not read at all."""
+    from redis_lease.fleet.worker.watch import redispatch
+
+    store = real_store
+    add_items(store)
+    store.client.hset(store.keys.run(RUN), "job", "fleet")  # a running run of job fleet
+    store.client.hset(store.keys.job("fleet"), "path", "tests.fleet_jobs:fleet")
+    ours = replace(shard_job("ours"), queue=store.prefix)  # a queue of this test's own
+    forged = replace(ours, rq_id="forged", path="os:system")
+    assert redispatch(store, takeover.Takeover(forged, 0, 0)) is None
+    enqueued = redispatch(store, takeover.Takeover(ours, 0, 0))
+    assert enqueued is not None
+    queue(store.rq, store.prefix).empty()
+    assert (
+        ShardJob.from_json("bad", json.dumps({**json.loads(ours.to_json()), "path": "x y"})) is None
+    )

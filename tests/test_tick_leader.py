@@ -619,3 +619,24 @@ def test_a_leadership_begun_after_a_break_doubts_what_the_process_remembers(
         assert after is not None and after.state_of(run_id) == DOUBTFUL
     finally:
         leader.close()
+
+
+def test_a_token_two_past_its_own_is_a_break_another_held_the_lease_between(
+    real_store: LeaseStore,
+) -> None:
+    """Each new holder adds one to the token. A leader whose hold finds its token two past
+    its own did not see another worker that took the lease and let it go between its tries:
+    that leadership is not continuous."""
+    store = real_store
+    leader = _Recording(store, "w1", [SCHEDULED], lambda line: None, every=60)
+    leader.begun = []
+    try:
+        leader.step()
+        token = leader.begun[-1][0]
+        store.client.hset(  # another took the lease after it ran out, and let it go
+            store.keys.tick_leader, mapping={"holder": "", "token": token + 1, "expires": 0}
+        )
+        leader.step()
+        assert leader.begun[-1] == (token + 2, False)
+    finally:
+        leader.close()

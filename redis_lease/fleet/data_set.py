@@ -34,12 +34,13 @@ no tick side) no loss can be told, and none is counted: the job's tick then says
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..protocol.connection.clients import as_text
 from ..protocol.replies import MarkObserved
 from ..protocol.store.lease_store import LeaseStore
-from .remembered import Remembered, keep, recall
+from .remembered import Remembered, keep, keep_in_doubt, recall
 
 #: The kinds of loss the mark tells, in the order the exporter lists them.
 LOSS_KINDS = ("replaced", "rolled_back", "mark_lost")
@@ -168,6 +169,28 @@ def remember_runs(
         keep(store, memory if fired_ms is None else memory.with_fired(job, fired_ms))
 
 
+def mirror(store: LeaseStore, jobs: Sequence[str]) -> None:
+    """Keeps in this process a doubtful copy of what the server holds of ``jobs``: the mark,
+    each job's open runs and last scheduled time handled (one round trip). A worker that may
+    lead next does this while another leads, so that whichever worker takes the lease after
+    a wipe can tell the loss and name what it took, never make a run again plainly (it does
+    not know which of them ended since). Nothing is kept while the server has no mark."""
+    with store.translating_errors():
+        pipe = store.client.pipeline(transaction=False)
+        pipe.hmget(store.keys.data_set, ["id", "epoch", "seq"])
+        for job in jobs:
+            pipe.smembers(store.keys.job_open_runs(job))
+            pipe.hget(store.keys.job(job), "last_fire_at")
+        (mark_id, epoch, seq), *per_job = pipe.execute()
+    if not mark_id:
+        return
+    memory = Remembered(as_text(mark_id), int(epoch or 0), int(seq or 0))
+    for job, open_runs, fired in zip(jobs, per_job[::2], per_job[1::2], strict=True):
+        memory = memory.with_runs(job, dict.fromkeys(map(as_text, open_runs), 0))
+        memory = memory if fired is None else memory.with_fired(job, int(fired))
+    keep_in_doubt(store, memory.doubted())
+
+
 def read_mark(store: LeaseStore) -> MarkState | None:
     """The mark as it is, or None when the server has none (no tick has run, or it is lost)."""
     with store.translating_errors():
@@ -197,6 +220,7 @@ __all__ = [
     "Loss",
     "MarkState",
     "Observation",
+    "mirror",
     "observe",
     "read_mark",
     "remember_runs",

@@ -178,12 +178,14 @@ class Remembered:
 
 def recall(store: LeaseStore) -> Remembered | None:
     """What the tick side remembers of the store's data set: the process's memory, else the
-    file's, else RQ's Redis's (when apart); None when none has an entry. A process memory in
-    doubt (:func:`distrust`) comes after the shared places: every tick side writes those, so
-    they are as current as anything this process knows."""
+    file's, else RQ's Redis's (when apart); None when none has an entry. A process in doubt
+    (:func:`distrust`) goes by the shared places first (they may know more runs), in doubt
+    too: a file is one machine's, and any place may be out of date."""
     found = _by_store.get(store)
     if found is None or store in _doubted:
         found = _from_file(store) or _from_queue_redis(store) or found
+        if found is not None and store in _doubted:
+            found = found.doubted()  # a file is one machine's: it too may be out of date
     return found
 
 
@@ -202,6 +204,13 @@ def note(store: LeaseStore, job: str, run_id: str, state: str, created_ms: int =
     memory = recall(store)
     if memory is not None:
         keep(store, memory.with_state(job, run_id, state, created_ms))
+
+
+def keep_in_doubt(store: LeaseStore, memory: Remembered) -> None:
+    """Remembers ``memory`` in this process only, in doubt (a copy of the server's state that
+    a worker keeps while another leads: :func:`redis_lease.fleet.data_set.mirror`)."""
+    _by_store[store] = memory
+    _doubted.add(store)
 
 
 def distrust(store: LeaseStore) -> None:
@@ -304,6 +313,7 @@ __all__ = [
     "Remembered",
     "distrust",
     "keep",
+    "keep_in_doubt",
     "note",
     "recall",
 ]

@@ -144,12 +144,14 @@ class Runs:
         """Creates the job's run for a business date once; returns (run id, created now).
 
         ``deadline`` defaults to the job's deadline for the date; ``fields`` are stored
-        with a run created now (a re-run's ``after_loss``). Repeating the call after a
-        crash midway completes the bookkeeping of an open run. A run recorded lost and
-        created again is noted so (:func:`redis_lease.fleet.lost_records.mark_rerun`).
+        with a run created now (a re-run's ``after_loss``; a run recorded lost gets one
+        whoever makes it again). Repeating the call after a crash midway completes the
+        bookkeeping of an open run. A run recorded lost and created again is noted so
+        (:func:`redis_lease.fleet.lost_records.mark_rerun`).
         """
         run_id = job.run_id(business_date)
         deadline = deadline or job.deadline_for(business_date, started)
+        fields = fields if fields and "after_loss" in fields else self._doubt(run_id, fields)
         # Remembered before it exists: a loss right after is still told by the tick side.
         remembered.note(self.store, job.name, run_id, remembered.CREATING, to_ms(started))
         created, _ = self.store.create_run(
@@ -179,6 +181,20 @@ class Runs:
                 run_id, "created", f"run for {business_date} due {deadline.isoformat()}"
             )
         return run_id, created
+
+    def _doubt(self, run_id: str, fields: dict[str, str] | None) -> dict[str, str] | None:
+        """``fields``, with ``after_loss`` when ``run_id`` was recorded lost: a run made of a
+        lost run's id by any door (the tick, a backfill, ``start``) is as careful with its
+        effects as one the tick makes again (their ledger may have gone with it)."""
+        lost = lost_records.read(self.store, run_id)
+        if lost is None:
+            return fields
+        noted = {
+            "after_loss": f"its run was lost before: {lost.why}",
+            "after_loss_at": str(lost.noticed_at_ms),
+            "replanned_items": "0",
+        }
+        return {**noted, **(fields or {})}
 
     def plan(self, job: Job, run_id: str, progress: PlanProgress | None = None) -> int | None:
         """Streams the planner's items into the run in bounded batches.

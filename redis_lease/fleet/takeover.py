@@ -69,6 +69,7 @@ from ..limits import (
 from ..protocol.connection.clients import as_text, queue_time, time_ms
 from ..protocol.replies import Swept
 from ..protocol.scripts import Call, Command
+from ..protocol.store.declared_jobs import is_job_path
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import check_id, clip
 from .runs import Runs
@@ -142,7 +143,8 @@ class ShardJob:
             )
         except (ValueError, TypeError, KeyError, InvalidInput, UnicodeDecodeError):
             return None
-        return job if 0 <= job.shard < SHARD_COUNT_MAX and job.budget > 0 else None
+        well_formed = is_job_path(job.path) and 0 <= job.shard < SHARD_COUNT_MAX
+        return job if well_formed and job.budget > 0 else None
 
 
 @dataclass(frozen=True)

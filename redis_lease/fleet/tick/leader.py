@@ -46,7 +46,7 @@ from ...protocol.store.leader import (
     shown_holder,
 )
 from ...protocol.store.lease_store import LeaseStore
-from .. import remembered
+from .. import data_set, remembered
 from ..job import Job, load_job, loaded_job
 from .scheduler_tick import NOT_LEADER, tick
 
@@ -174,15 +174,18 @@ class TickLeader(threading.Thread):
             if self.leadership is not None:
                 holder = shown_holder(lease.holder) or "no one"
                 self._end(f"{holder} holds it now (token {lease.token})")
+            # a doubtful copy of what the server holds, should this worker lead after a wipe
+            data_set.mirror(self.store, list(self._own))
             return
         # held since its last hold without a break: nobody else held it (no other holder
         # answered, nothing released), its lease was live when this hold arrived (sent within
-        # the TTL of the last one), and the token did not go back, unless to the least a
-        # hold may give: the hash was lost (a wipe) and this is its first holder since
+        # the TTL of the last one), and the token is its own or the next (each new holder
+        # adds one: more means another held it between), or the least a hold may give
+        # (the hash was lost, a wipe, and this is its first holder since)
         continuous = (
             self._unbroken
             and time.monotonic() - self._renewed < TICK_LEADER_TTL_MS / 1000
-            and lease.token in (*range(self._last_token, lease.token + 1), self._at_least)
+            and lease.token in (self._last_token, self._last_token + 1, self._at_least)
         )
         self._renewed, self._last_token, self._unbroken = sent, lease.token, True
         if self.leadership is not None and self.leadership.token != lease.token:

@@ -80,6 +80,9 @@ def recover(
     decisions: list[Decision] = []
     candidates = _job_candidates(store, job, now_ms, seen)
     recorded = lost_records.of_job(store, job.name)
+    for run_id, lost in recorded.items():  # begun to be made again, by any tick side
+        if lost.todo == MADE_AGAIN and not lost.rerun_at_ms and run_id not in candidates:
+            candidates[run_id] = _Candidate(lost.created_at_ms, lost.why)
     for run_id in _without_record(store, list(candidates)):
         found = _lost(store, job.name, run_id, candidates[run_id], now_ms, seen)
         if found is not None:

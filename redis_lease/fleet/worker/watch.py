@@ -33,6 +33,7 @@ from functools import partial
 
 from ...errors import NotFound, RedisLeaseError
 from ...limits import HEARTBEAT
+from ...protocol.connection.clients import as_text
 from ...protocol.connection.translate import REDIS_FAILURES
 from ...protocol.replies import Swept
 from ...protocol.scripts import Call
@@ -90,13 +91,19 @@ def beat_and_look(store: LeaseStore, name: str, record: str = "") -> Swept:
 
 def redispatch(store: LeaseStore, done: takeover.Takeover) -> str | None:
     """Enqueues a shard job, first in its queue, for the shard of a stopped job; None when
-    its run is not running, or its failed shard jobs hold dispatch back (the tick decides)."""
+    its run is not running, or its failed shard jobs hold dispatch back, or the job path its
+    entry names is not the one its job's record holds (an entry is anyone's to write: the
+    tick decides then)."""
     job = done.job
     try:
         info = Runs(store).info(job.run_id)
     except NotFound:
         return None
     if info.get("state") != RUNNING or job_failures(info).streak >= FAILURE_STREAK_LIMIT:
+        return None
+    with store.translating_errors(job.run_id):
+        recorded = store.client.hget(store.keys.job(info.get("job", "")), "path")
+    if recorded is None or as_text(recorded) != job.path:
         return None
     return shard_jobs.enqueue_shard(
         store, job.path, job.queue, job.run_id, job.shard, job.budget, at_front=True
