@@ -11,7 +11,7 @@
 -- of the jobs other workers declared (declare_jobs.lua) that it does not tick: a new holder
 -- starts with none, a release drops it.
 --
--- KEYS[1] leader: hash, holder, token, expires (ms), unticked; <prefix>:{tick_leader}
+-- KEYS[1] leader: hash, holder, token, expires (ms), since (ms: when this holder took it anew), unticked; <prefix>:{tick_leader}
 -- ARGV[1] the holder, the worker process's id (text, bound key_length)
 -- ARGV[2] what to do (one of hold, release)
 -- ARGV[3] the lease's time to live in ms (int, bound ttl_ms)
@@ -43,7 +43,7 @@ local function main()
   if what == 'release' then
     if holder == name then
       rcall('HSET', KEYS[1], 'holder', '', 'expires', 0)
-      rcall('HDEL', KEYS[1], 'unticked')
+      rcall('HDEL', KEYS[1], 'unticked', 'since')
       return {0, token, '', 0, now}
     end
     if live then return {0, token, holder, expires, now} end
@@ -54,6 +54,7 @@ local function main()
   if anew then token = token + 1 end
   if token < at_least then token = at_least end
   rcall('HSET', KEYS[1], 'holder', name, 'token', token, 'expires', now + ttl)
+  if anew then rcall('HSET', KEYS[1], 'since', now) end
   if unticked ~= '' then
     rcall('HSET', KEYS[1], 'unticked', unticked)
   elseif anew then

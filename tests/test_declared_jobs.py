@@ -17,7 +17,9 @@ from typer.testing import CliRunner
 
 from redis_lease import LeaseStore
 from redis_lease.cli import app
+from redis_lease.operate.dashboard import create_app
 from redis_lease.operate.metrics.collector import LeaseCollector
+from redis_lease.operate.output import iso_time
 from redis_lease.operate.worker_views import worker_rows
 from redis_lease.protocol.store.declared_jobs import (
     Unticked,
@@ -35,7 +37,7 @@ from redis_lease.protocol.store.leader import (
     release_leadership,
     shown_holder,
 )
-from tests.helpers import server_ms
+from tests.helpers import server_ms, wait_past
 
 NIGHTLY = {"nightly": "app.jobs:nightly"}
 WEEKLY = {"weekly": "app.weekly:weekly"}
@@ -215,7 +217,8 @@ def test_workers_and_metrics_name_a_declared_job_no_leader_ticks(real_store: Lea
         "danger: job weekly (app.weekly:weekly), declared by worker w2, is not ticked: the tick "
         "leader w1: its module is not loaded"
     ) in shown.stdout
-    assert "weekly (not ticked)" in shown.stdout and "tick leader: nightly" in shown.stdout
+    assert "weekly (not ticked)" in shown.stdout
+    assert f"tick leader (token {token}, since " in shown.stdout and "): nightly" in shown.stdout
     listed = CliRunner().invoke(app, [*args, "--json"])
     assert listed.exit_code == 0, listed.output
     by_name = {row["name"]: row for row in json.loads(listed.stdout)}
@@ -241,3 +244,68 @@ def test_long_lists_are_cut_to_what_the_scripts_take(real_store: LeaseStore) -> 
     assert hold_leadership(store, holder, 10_000, unticked=text).held
     kept = read_unticked(store.client.hget(store.keys.tick_leader, "unticked"), holder, token)
     assert 0 < len(kept) < len(said) and all(len(u.workers) <= 10 for u in kept)
+
+
+def leader_samples(store: LeaseStore) -> dict[str, dict[str, float]]:
+    """The exporter's tick leader series: metric name -> worker -> value."""
+    registry = CollectorRegistry()
+    registry.register(LeaseCollector(store))
+    found: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        if family.name.startswith("redis_lease_tick_leader"):
+            for sample in family.samples:
+                found.setdefault(sample.name, {})[sample.labels["worker"]] = sample.value
+    return found
+
+
+def test_the_leader_its_token_and_since_when_are_shown_everywhere(real_store: LeaseStore) -> None:
+    """``workers`` (table and JSON), the Workers page and the metrics name the tick leader
+    with its token and since when; a renewal keeps the time, a new holder gets its own, and
+    with no live lease nothing names a leader."""
+    store = real_store
+    first, second = process_holder("w1"), process_holder("w<2>")
+    declare_jobs(store, first, "w1", NIGHTLY)
+    declare_jobs(store, second, "w<2>", NIGHTLY)
+    before = server_ms(store.client)
+    lease = hold_leadership(store, first, 400)
+    fleet = declared_jobs(store)
+    assert (fleet.leader, fleet.token) == ("w1", lease.token)
+    assert before <= fleet.since_ms <= lease.now_ms
+    since = fleet.since_ms
+    wait_past(store.client, since + 5)
+    renewed = hold_leadership(store, first, 400)
+    assert declared_jobs(store).since_ms == since, "a renewal keeps when it began"
+
+    rows = {row.name: row for row in worker_rows(store)}
+    assert (rows["w1"].tick_leader_token, rows["w1"].tick_leader_since_ms) == (lease.token, since)
+    assert rows["w<2>"].tick_leader_token is None and not rows["w<2>"].tick_leader
+    args = ["--url", store.url, "--prefix", store.prefix, "workers"]
+    shown = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+    assert shown.exit_code == 0, shown.output
+    assert f"tick leader: w1, token {lease.token}, since {iso_time(since)}" in shown.stdout
+    listed = CliRunner().invoke(app, [*args, "--json"])
+    by_name = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert by_name["w1"]["tick_leader_token"] == lease.token
+    assert by_name["w1"]["tick_leader_since_ms"] == since
+    page = create_app(store).test_client().get("/workers").get_data(as_text=True)
+    assert f"Tick leader: <strong>w1</strong>, token {lease.token}" in page
+    assert "w&lt;2&gt;" in page and "w<2>" not in page  # a name is shown as text
+    assert leader_samples(store) == {
+        "redis_lease_tick_leader_token": {"w1": lease.token},
+        "redis_lease_tick_leader_since_seconds": {"w1": since / 1000},
+    }
+
+    wait_past(store.client, renewed.expires_ms)  # the lease runs out: nobody leads
+    assert declared_jobs(store).leader == ""
+    assert leader_samples(store) == {}
+    shown = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+    assert "tick leader:" not in shown.stdout and "tick leader (" not in shown.stdout
+    assert "Tick leader:" not in create_app(store).test_client().get("/workers").get_data(True)
+
+    taken = hold_leadership(store, second, 10_000)
+    fleet = declared_jobs(store)
+    assert (fleet.leader, fleet.token) == ("w<2>", lease.token + 1) == ("w<2>", taken.token)
+    assert fleet.since_ms > since
+    assert leader_samples(store)["redis_lease_tick_leader_token"] == {"w<2>": taken.token}
+    release_leadership(store, second)
+    assert declared_jobs(store).since_ms == 0

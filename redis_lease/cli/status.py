@@ -230,7 +230,7 @@ def workers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     worker was given to tick (--job) are listed, the tick leader is marked, and each
     declared job no leader ticks is named with why, in a danger line under the table.
     """
-    from ..operate.output import print_json, print_table
+    from ..operate.output import iso_time, print_json, print_table
     from ..operate.worker_views import worker_rows
     from ..protocol.store.declared_jobs import declared_jobs
 
@@ -255,6 +255,12 @@ def workers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         [_worker_row(row) for row in rows],
         keep=("worker",),
     )
+    if fleet.leader:
+        since = iso_time(fleet.since_ms)
+        typer.echo(
+            f"tick leader: {fleet.leader}, token {fleet.token}"
+            + (f", since {since}" if since else "")
+        )
     for job in fleet.unticked:
         typer.echo(
             f"danger: job {job.job} ({job.path}), declared by worker {', '.join(job.workers)}, "
@@ -263,13 +269,17 @@ def workers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
 
 def _worker_row(row: WorkerRow) -> list[Any]:
+    from ..operate.output import iso_time
+
     jobs = ", ".join(f"{job['run']}#{job['shard']}" for job in row.shard_jobs)
     taken = ", ".join(f"{t['leases']} of {t['run']}#{t['shard']}" for t in row.taken_over)
     unticked = {job["job"] for job in row.unticked_jobs}
     declared = [f"{name}{' (not ticked)' if name in unticked else ''}" for name in row.jobs]
     ticks = ", ".join(declared)
     if row.tick_leader:
-        ticks = f"tick leader: {ticks}" if ticks else "tick leader"
+        since = iso_time(row.tick_leader_since_ms)
+        lead = f"tick leader (token {row.tick_leader_token}{f', since {since}' if since else ''})"
+        ticks = f"{lead}: {ticks}" if ticks else lead
     return [
         row.name,
         row.state,

@@ -43,6 +43,9 @@ class WorkerRow:
         jobs: the jobs it declared to tick (``--job``), by name: their import paths.
         unticked_jobs: those of them no tick leader ticks: job, path and why.
         tick_leader: whether it holds the tick leader's live lease.
+        tick_leader_token: the lease's fencing token while it holds it (None otherwise).
+        tick_leader_since_ms: when it took the lease, server clock (None: not the leader,
+            or a lease kept by a release older than this field).
     """
 
     name: str
@@ -58,6 +61,8 @@ class WorkerRow:
     jobs: dict[str, str] = field(default_factory=dict)
     unticked_jobs: list[dict[str, str]] = field(default_factory=list)
     tick_leader: bool = False
+    tick_leader_token: int | None = None
+    tick_leader_since_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The row as JSON-ready data."""
@@ -152,7 +157,9 @@ def worker_rows(store: LeaseStore, fleet: FleetJobs | None = None) -> list[Worke
                     {"job": declared.job, "path": declared.path, "reason": declared.reason}
                 )
     if fleet.leader:
-        row(fleet.leader).tick_leader = True
+        leader = row(fleet.leader)
+        leader.tick_leader, leader.tick_leader_token = True, fleet.token
+        leader.tick_leader_since_ms = fleet.since_ms or None
     for found in rows.values():
         if found.state == "unknown" and not any(j["beating"] for j in found.shard_jobs):
             found.state = "dead"

@@ -26,6 +26,7 @@ from ...fleet.runs import Runs
 from ...fleet.shard_job_failures import JobFailures, job_failures
 from ...limits import PAGE_SIZE, RESUME_HOURS, RESUME_HOURS_MAX
 from ...protocol.connection.clients import as_text
+from ...protocol.store.declared_jobs import declared_jobs
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.validation import check_id
 from ...protocol.values import ItemRecord, RunStatus
@@ -134,8 +135,11 @@ def _status_by_shard(store: LeaseStore, run_id: str) -> tuple[RunStatus, list[di
 
 @pages.get("/workers")
 def workers() -> str:
-    """The worker processes, as ``redis-lease workers`` lists them."""
-    return render_template("workers.html", rows=worker_rows(_store()))
+    """The worker processes, as ``redis-lease workers`` lists them, the tick leader marked,
+    and each declared job no leader ticks named with why."""
+    store = _store()
+    fleet = declared_jobs(store)
+    return render_template("workers.html", rows=worker_rows(store, fleet), fleet=fleet)
 
 
 @pages.get("/runs/<id:run_id>")

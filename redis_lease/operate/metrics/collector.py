@@ -32,8 +32,10 @@ job's running runs before their deadlines, see :mod:`redis_lease.fleet.capacity`
 attempt logs, kept by the exporter's process: :mod:`redis_lease.operate.metrics.history`). Also
 ``redis_lease_data_set_losses_total{kind}`` (:mod:`redis_lease.fleet.data_set`),
 ``redis_lease_declared_job_unticked{job}`` (a job a live worker declared that no tick leader
-ticks), ``redis_lease_redis_eviction_danger{policy}``, the provider gates'
-``redis_lease_provider_*``, and ``redis_lease_bad_jobs_total{queue,reason}``: RQ jobs
+ticks), ``redis_lease_tick_leader_token{worker}`` and
+``redis_lease_tick_leader_since_seconds{worker}`` (the tick leader, named),
+``redis_lease_redis_eviction_danger{policy}``, the provider gates' ``redis_lease_provider_*``,
+and ``redis_lease_bad_jobs_total{queue,reason}``: RQ jobs
 workers failed without running (kept in Redis, :mod:`redis_lease.fleet.worker.bad_jobs`).
 
 A scrape only reads Redis: a user allowed read commands and scripts that only read
@@ -241,7 +243,7 @@ class LeaseCollector(Collector):
         yield from per_job.needs(self.store, jobs)
         yield from per_job.tallies(self.store, jobs)
         yield per_job.data_set_losses(self.store)
-        yield per_job.unticked(self.store)
+        yield from per_job.unticked(self.store)
         streams = [
             LogStream(
                 self.store.keys.attempts(s.run_id, shard),

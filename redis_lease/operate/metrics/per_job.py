@@ -1,6 +1,6 @@
 """The exporter's series that are not a run's: by job (workers needed, runs finished,
-missed runs, lost runs, declared jobs no tick leader ticks), the data set's losses, the
-server's eviction policy and the provider gates.
+missed runs, lost runs, declared jobs no tick leader ticks), the tick leader, the data set's
+losses, the server's eviction policy and the provider gates.
 
 See :mod:`redis_lease.metrics` for the whole list; :class:`~redis_lease.metrics.LeaseCollector`
 yields these beside the run series.
@@ -29,6 +29,8 @@ LOST_RUNS = "redis_lease_lost_runs"
 DATA_SET_LOSSES = "redis_lease_data_set_losses"
 EVICTION_DANGER = "redis_lease_redis_eviction_danger"
 DECLARED_JOB_UNTICKED = "redis_lease_declared_job_unticked"
+TICK_LEADER_TOKEN = "redis_lease_tick_leader_token"
+TICK_LEADER_SINCE = "redis_lease_tick_leader_since_seconds"
 
 
 def needs(store: LeaseStore, jobs: list[str]) -> list[Metric]:
@@ -161,6 +163,8 @@ __all__ = [
     "LOST_RUNS",
     "MISSED_RUNS",
     "RUNS_FINISHED",
+    "TICK_LEADER_SINCE",
+    "TICK_LEADER_TOKEN",
     "WORKERS_NEEDED",
     "WORKERS_NEEDED_UNKNOWN",
     "data_set_losses",
@@ -172,9 +176,28 @@ __all__ = [
 ]
 
 
-def unticked(store: LeaseStore) -> Metric:
+def unticked(store: LeaseStore) -> list[Metric]:
     """Each job a live worker declared (``redis-lease worker --job``): 1 while no tick leader
-    ticks it, 0 while the leader does (:mod:`redis_lease.protocol.store.declared_jobs`)."""
+    ticks it, 0 while the leader does (:mod:`redis_lease.protocol.store.declared_jobs`); and
+    the tick leader, named: its token and since when it leads (no series while none leads)."""
+    fleet = declared_jobs(store)
+    token = GaugeMetricFamily(
+        TICK_LEADER_TOKEN,
+        "The fencing token of the tick leader's lease, labelled with the worker that holds "
+        "it; no series while no worker holds it. The token grows each time a worker takes "
+        "the lead anew.",
+        labels=["worker"],
+    )
+    since = GaugeMetricFamily(
+        TICK_LEADER_SINCE,
+        "When the tick leader took its lease (Unix time, Redis's clock), labelled with the "
+        "worker that holds it; no series while no worker holds it.",
+        labels=["worker"],
+    )
+    if fleet.leader:
+        token.add_metric([fleet.leader], fleet.token)
+        if fleet.since_ms:
+            since.add_metric([fleet.leader], fleet.since_ms / 1000)
     family = GaugeMetricFamily(
         DECLARED_JOB_UNTICKED,
         "1 for a job a live worker declared (redis-lease worker --job) that no tick leader "
@@ -182,6 +205,6 @@ def unticked(store: LeaseStore) -> Metric:
         "while the leader ticks it. redis-lease workers says why.",
         labels=["job"],
     )
-    for name, job in sorted(declared_jobs(store).jobs.items()):
+    for name, job in sorted(fleet.jobs.items()):
         family.add_metric([name], 0 if job.ticked else 1)
-    return family
+    return [family, token, since]

@@ -106,11 +106,14 @@ class FleetJobs:
         leader: the name of the worker holding a live tick leader's lease ('' for none).
         token: the lease's token (0 before any).
         jobs: every job a live worker declared, by name.
+        since_ms: when the leader took the lease, on the server's clock (0 for none, or a
+            lease an earlier release took, which kept no such time).
     """
 
     leader: str = ""
     token: int = 0
     jobs: dict[str, DeclaredJob] = field(default_factory=dict)
+    since_ms: int = 0
 
     @property
     def unticked(self) -> list[DeclaredJob]:
@@ -262,11 +265,12 @@ def declared_jobs(store: StoreBase, kept_ms: int = TICK_DECLARED_MS) -> FleetJob
     ticks it: not when no worker holds a live lease, nor when the leader names it."""
     found, now_ms = _read_declarations(store, kept_ms)
     with store.translating_errors():
-        holder, token, expires, said = store.client.hmget(
-            store.keys.tick_leader, ["holder", "token", "expires", "unticked"]
+        holder, token, expires, said, since = store.client.hmget(
+            store.keys.tick_leader, ["holder", "token", "expires", "unticked", "since"]
         )
     live = bool(holder) and _number(expires) > now_ms
     fleet = FleetJobs(shown_holder(_text(holder)) if live else "", _number(token))
+    fleet.since_ms = _number(since) if live else 0
     for declaration in found:
         for name, path in sorted(declaration.jobs.items()):
             job = fleet.jobs.setdefault(name, DeclaredJob(name, path))
