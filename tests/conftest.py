@@ -37,6 +37,18 @@ def _answers(url: str) -> bool:
         client.close()
 
 
+def pytest_report_header() -> str:
+    """Which real Redis the suite writes to, on the header's first lines."""
+    from redis_lease.protocol.connection.urls import safe_url
+
+    url = os.environ.get("REDIS_URL")
+    if url:
+        return f"real Redis: {safe_url(url)} (REDIS_URL)"
+    if _answers(LOCAL_URL):
+        return f"real Redis: {LOCAL_URL} (the one running here; set REDIS_URL for another)"
+    return "real Redis: a private redis-server for the session (none on 127.0.0.1:6379)"
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The URL of a real Redis server for this session."""

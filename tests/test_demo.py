@@ -27,7 +27,9 @@ pytestmark = pytest.mark.slow
 QUEUE = re.compile(r"--queue (demo-[0-9a-f]+-shards)")
 
 
-def run_demo(args: list[str], timeout: float) -> tuple[dict[str, Any], set[str], set[int]]:
+def run_demo(
+    args: list[str], timeout: float, env: dict[str, str] | None = None
+) -> tuple[dict[str, Any], set[str], set[int]]:
     """Runs the demo; returns its report and its workers' queues and pids.
 
     ``timeout`` only keeps a hung demo from hanging the suite: the demo's run has a
@@ -38,7 +40,9 @@ def run_demo(args: list[str], timeout: float) -> tuple[dict[str, Any], set[str],
     queues: set[str] = set()
     workers: set[int] = set()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        demo = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=err)
+        demo = subprocess.Popen(
+            command, cwd=REPO, stdout=out, stderr=err, env={**os.environ, **(env or {})}
+        )
         try:
             while demo.poll() is None:  # watch its children while it runs
                 for pid, cmdline in children_of(demo.pid):
@@ -112,15 +116,36 @@ def test_demo_on_real_redis_default_size(redis_url: str) -> None:
         client.close()
 
 
-def test_demo_on_the_embedded_backend() -> None:
+def test_demo_on_the_embedded_backend(redis_url: str) -> None:
+    """``--backend embedded`` wins over a REDIS_URL set for an application: nothing is
+    written to that server."""
+    client = redis.Redis.from_url(redis_url)
     report, queues, workers = run_demo(
-        ["demo", "--json", "--backend", "embedded", "--items", "600"], 120
+        ["demo", "--json", "--backend", "embedded", "--items", "600"],
+        120,
+        env={"REDIS_URL": redis_url, "REDIS_LEASE_URL": ""},
     )
+    (queue,) = queues
+    prefix = queue.removesuffix("-shards")
+    assert list(client.scan_iter(match=f"{prefix}:*", count=1000)) == []
+    assert list(client.scan_iter(match=f"rq:*{prefix}*", count=1000)) == []
+    client.close()
     assert report["items"] == 600
     assert_clean_report(report)
     assert report["deadline"] == demo_deadline(600, embedded=True) == "60s"
     assert report["backend"].startswith("embedded fakeredis")
     assert_no_workers_left(queues, workers)
+
+
+def test_a_url_on_the_line_and_an_explicit_backend_are_refused(redis_url: str) -> None:
+    """Two named servers: one line, exit 2, before anything starts."""
+    command = [sys.executable, "-m", "redis_lease", "--url", redis_url, "demo", "--backend"]
+    done = subprocess.run([*command, "embedded"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    assert done.stderr == (
+        "error: --url and --backend embedded name two Redis servers: give one of them\n"
+    )
+    assert done.stdout == ""
 
 
 def test_demo_on_a_redis_cluster(redis_cluster: ClusterServers, redis_url: str) -> None:

@@ -307,7 +307,12 @@ def demo(
     workers: Annotated[int, typer.Option("--workers", min=2, max=32)] = 4,
     backend: Annotated[
         str,
-        typer.Option("--backend", help="auto, redis-server or embedded (when --url is not given)."),
+        typer.Option(
+            "--backend",
+            help="auto (--url or REDIS_URL when given, else a private redis-server when "
+            "installed, else embedded), redis-server (a private one) or embedded (fakeredis). "
+            "An explicit choice wins over REDIS_URL.",
+        ),
     ] = "auto",
     faults: Annotated[
         bool, typer.Option("--faults/--no-faults", help="Pause and kill workers.")
@@ -326,7 +331,20 @@ def demo(
         raise InvalidInput(f"unknown backend {backend!r}: use auto, redis-server or embedded")
     root = ctx.find_root()
     source = root.get_parameter_source("url")
-    given = source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+    on_line = source is not None and source.name == "COMMANDLINE"
+    from_env = source is not None and source.name == "ENVIRONMENT"
+    if backend != "auto" and on_line:
+        raise InvalidInput(
+            f"--url and --backend {backend} name two Redis servers: give one of them"
+        )
+    # An explicit choice wins over the environment: a REDIS_URL set for an application
+    # does not send the demo's writes there when --backend says where they go.
+    given = on_line or (from_env and backend == "auto")
+    if from_env and not given:
+        typer.echo(
+            f"note: --backend {backend} given: the Redis URL of the environment is not used",
+            err=True,
+        )
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     config = DemoConfig(
         url=settings.url if given else None,
