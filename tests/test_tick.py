@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from redis_lease import LeaseStore
+from redis_lease import Item, LeaseStore
 from redis_lease.errors import InvalidInput, RunClosed
 from redis_lease.fleet.run_capacity import record_pass
 from redis_lease.fleet.runs import PLAN_BATCH, Decision, Runs, to_ms
@@ -260,6 +260,92 @@ def test_api_resume_reopens_a_partial_run(real_store: LeaseStore, nightly: Confi
     assert len(real_store.claim_next(RUN, "w3", limit=10)) == 2
     with pytest.raises(InvalidInput, match="only partial or failed runs resume"):
         runs.resume(RUN)
+
+
+def transient_planner(failures: list[BaseException]) -> Callable[[date], Iterator[Item]]:
+    """A planner that raises each of ``failures`` in turn, once each, then plans 4 items."""
+
+    def plan(business_date: date) -> Iterator[Item]:
+        yield Item("early", {})
+        if failures:
+            raise failures.pop(0)
+        yield from (Item(f"i{n}", {}) for n in range(3))
+
+    return plan
+
+
+def test_a_transient_planner_error_is_planned_again_after_its_back_off(
+    real_store: LeaseStore, nightly: Configure, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = nightly()
+    failures: list[BaseException] = [TimeoutError("db timeout"), ConnectionResetError("reset")]
+    monkeypatch.setattr(job, "plan_items", transient_planner(failures))
+    monkeypatch.setattr(job, "plan_retry_on", (TimeoutError, ConnectionError))
+    runs = Runs(real_store)
+    first = tick(real_store, [NIGHTLY_PATH], now=T0)
+    again = (T0 + timedelta(seconds=10)).isoformat(timespec="seconds")
+    assert [(d.kind, d.reason) for d in first] == [
+        ("create", first[0].reason),
+        (
+            "plan_retry",
+            f"planning failed (attempt 1), planned again after {again}: planning error: the "
+            "planner raised TimeoutError: db timeout",
+        ),
+    ]
+    assert not first.failures
+    info = runs.info(RUN)
+    assert (info["state"], info["planning_attempts"]) == ("planning", "1")
+    assert tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(seconds=9)) == []
+    second = tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(seconds=10))
+    again = (T0 + timedelta(seconds=30)).isoformat(timespec="seconds")
+    assert [(d.kind, d.reason) for d in second] == [
+        (
+            "plan_retry",
+            f"planning failed (attempt 2), planned again after {again}: planning error: the "
+            "planner raised ConnectionResetError: reset",
+        )
+    ]
+    assert runs.info(RUN)["state"] == "planning"
+    assert tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(seconds=29)) == []
+    third = tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(seconds=30))
+    assert ("plan", "planned 4 items") in [(d.kind, d.reason) for d in third]
+    assert runs.info(RUN)["state"] == "running"
+    assert real_store.status(RUN).total == 4  # the item planned before each error, once
+    assert_logged(runs, [*first, *second, *third])
+
+
+def test_a_transient_planner_error_at_the_deadline_fails_the_run(
+    real_store: LeaseStore, nightly: Configure, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = nightly(deadline_after=timedelta(seconds=50))  # 02:00:50, 20 s after T0
+    failures: list[BaseException] = [TimeoutError("db timeout")] * 5
+    monkeypatch.setattr(job, "plan_items", transient_planner(failures))
+    monkeypatch.setattr(job, "plan_retry_on", (TimeoutError,))
+    runs = Runs(real_store)
+    first = tick(real_store, [NIGHTLY_PATH], now=T0)  # attempt 1; again at +10 s
+    assert first[-1].kind == "plan_retry"
+    ended = tick(real_store, [NIGHTLY_PATH], now=T0 + timedelta(seconds=10))  # +20 s: too late
+    reason = (
+        "planning error: the planner raised TimeoutError: db timeout (a transient error, "
+        "tried 2 times until the deadline)"
+    )
+    assert [(d.kind, d.reason) for d in ended] == [("finalize", f"failed: {reason}")]
+    assert not ended.failures  # a run planning failed is a decision, not a failed tick
+    info = runs.info(RUN)
+    assert (info["state"], info["reason"]) == ("failed", reason)
+
+
+def test_an_error_the_job_did_not_call_transient_fails_the_run_at_once(
+    real_store: LeaseStore, nightly: Configure, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = nightly()
+    monkeypatch.setattr(job, "plan_items", transient_planner([ValueError("bad config")]))
+    monkeypatch.setattr(job, "plan_retry_on", (TimeoutError,))
+    decisions = tick(real_store, [NIGHTLY_PATH], now=T0)
+    assert decisions[-1].reason == (
+        "failed: planning error: the planner raised ValueError: bad config"
+    )
+    assert Runs(real_store).info(RUN)["state"] == "failed"
 
 
 def test_planner_error_fails_the_run(real_store: LeaseStore, nightly: Configure) -> None:

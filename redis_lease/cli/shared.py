@@ -255,8 +255,8 @@ def exit_if_failed(result: TickResult, made: Collection[str] = ()) -> None:
 
     if result.failures:
         error_line(
-            f"{len(result.failures)} of the tick's runs or jobs failed (decisions error and "
-            "drop above; each is in its run's log: redis-lease status RUN)"
+            f"{len(result.failures)} of the tick's runs or jobs failed (the error lines above; "
+            "each is in its run's log: redis-lease status RUN)"
         )
         raise typer.Exit(TICK_FAILED_EXIT)
     failed = [

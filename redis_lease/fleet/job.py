@@ -19,10 +19,11 @@ import importlib
 import inspect
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from datetime import date, datetime, time, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
@@ -36,7 +37,7 @@ from ..limits import (
     DEFAULT_RETENTION_DAYS,
     DEFAULT_TTL,
 )
-from ..protocol.validation import check_id
+from ..protocol.validation import check_id, one_line
 from ..protocol.values import Item
 from .job_options import CATCH_UP_POLICIES as CATCH_UP_POLICIES
 from .job_options import DEFAULT_DEADLINE_AFTER, RENAMED_OPTIONS, with_old_names
@@ -67,6 +68,8 @@ class Job:
     options: JobOptions = field(default_factory=JobOptions)
     plan_items: Planner | None = None
     handle_item: Handler | None = None
+    #: The planner's errors that are transient (:meth:`planner`'s ``retry_on``).
+    plan_retry_on: tuple[type[BaseException], ...] = ()
 
     def __init__(
         self,
@@ -117,11 +120,40 @@ class Job:
         self.options = JobOptions(**new)
         self.plan_items = None
         self.handle_item = None
+        self.plan_retry_on = ()
 
-    def planner(self, func: Planner) -> Planner:
-        """Decorator: the function that yields a business date's items."""
-        self.plan_items = func
-        return func
+    @overload
+    def planner(self, func: Planner) -> Planner: ...
+
+    @overload
+    def planner(
+        self, *, retry_on: tuple[type[BaseException], ...]
+    ) -> Callable[[Planner], Planner]: ...
+
+    def planner(
+        self, func: Planner | None = None, *, retry_on: tuple[type[BaseException], ...] = ()
+    ) -> Planner | Callable[[Planner], Planner]:
+        """Decorator: the function that yields a business date's items.
+
+        ``@job.planner`` or ``@job.planner(retry_on=(TimeoutError, ...))``: the planner's
+        errors of those classes (and their subclasses) are transient (a database timeout
+        at 02:00): the run stays ``planning`` and a later tick plans it again, after
+        10 s, then twice as long each time up to 5 minutes, until its deadline. Any other
+        error, or one still failing at the deadline, fails the run at once. Planning again
+        is safe: the items added already are left as they are.
+        """
+        if not isinstance(retry_on, tuple) or not all(
+            isinstance(kind, type) and issubclass(kind, BaseException) for kind in retry_on
+        ):
+            raise InvalidInput(
+                "retry_on must be a tuple of exception classes, e.g. (TimeoutError,)"
+            )
+
+        def register(planner: Planner) -> Planner:
+            self.plan_items, self.plan_retry_on = planner, retry_on
+            return planner
+
+        return register if func is None else register(func)
 
     def handler(self, func: Handler) -> Handler:
         """Decorator: the function that processes one item under its lease."""
@@ -207,6 +239,11 @@ def load_job(path: str) -> Job:
         raise InvalidInput(
             f"cannot import {module_name!r} for job {path!r}: {error}{where}"
         ) from None
+    except Exception as error:  # the module's own code raised while it was imported
+        raise InvalidInput(
+            f"cannot import {module_name!r} for job {path!r}: it raised "
+            f"{type(error).__name__}: {one_line(str(error))}{_raised_at(error)}"
+        ) from None
     if not hasattr(module, attr):
         jobs = sorted(name for name, value in vars(module).items() if isinstance(value, Job))
         known = f"its jobs: {', '.join(jobs)}" if jobs else "it defines no redis_lease.Job"
@@ -215,6 +252,20 @@ def load_job(path: str) -> Job:
     if not isinstance(job, Job):
         raise InvalidInput(f"{path!r} is a {type(job).__name__}, not a redis_lease.Job")
     return job
+
+
+def _raised_at(error: BaseException) -> str:
+    """Where the innermost frame of ``error``'s traceback outside this package lies (the
+    user's line that raised, or called what raised): ' (at FILE:LINE)', or ''."""
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if f.filename[:1] != "<" and not os.path.abspath(f.filename).startswith(ours + os.sep)
+    ]
+    if not frames:  # a SyntaxError says where in its own message
+        return ""
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})"
 
 
 def loaded_job(path: str) -> Job:

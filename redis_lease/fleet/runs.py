@@ -16,7 +16,7 @@ from ..protocol.connection.clients import as_text, server_ms
 from ..protocol.replies import Transition
 from ..protocol.store.base import lock
 from ..protocol.store.lease_store import LeaseStore
-from ..protocol.validation import clip
+from ..protocol.validation import check_id, clip, encode_json, one_line
 from ..protocol.values import Item, from_ms
 from . import job_tallies, lost_records, remembered
 from .run_states import (
@@ -41,6 +41,9 @@ if TYPE_CHECKING:  # views of runs need neither a job nor croniter
 
 PLAN_BATCH = 500
 PLANNER_LOCK_MS = 120_000
+#: A transient planner error's back-off: the first wait, doubled each time up to the most.
+PLAN_RETRY_FIRST_MS = 10_000
+PLAN_RETRY_MAX_MS = 300_000
 #: Told the items planned so far, each batch (see :meth:`Runs.plan`).
 PlanProgress = Callable[[int], None]
 
@@ -196,7 +199,13 @@ class Runs:
         }
         return {**noted, **(fields or {})}
 
-    def plan(self, job: Job, run_id: str, progress: PlanProgress | None = None) -> int | None:
+    def plan(
+        self,
+        job: Job,
+        run_id: str,
+        progress: PlanProgress | None = None,
+        now_ms: int | None = None,
+    ) -> int | None:
         """Streams the planner's items into the run in bounded batches.
 
         Safe to repeat after a crash midway: existing items are left alone. Returns
@@ -205,9 +214,12 @@ class Runs:
         first (:meth:`~redis_lease.store.LeaseStore.set_after_loss`: an effect with no
         ledger record may have been applied) and counts the items it added in
         ``replanned_items``. An error of the planner (or an item it yields
-        that is not valid) fails the run with the error as its reason; a Redis
-        failure leaves the run planning, for the next tick to plan again.
-        ``progress`` is told the items streamed so far after each batch.
+        that is not valid) fails the run with the error as its reason
+        (:func:`planning_reason`), except one of the job's transient planner errors
+        (``@job.planner(retry_on=...)``): it leaves the run planning with a time to plan
+        again (:class:`PlanningDeferred`, before the deadline; at ``now_ms``, the tick's
+        time, plus a back-off). A Redis failure leaves the run planning, for the next tick
+        to plan again. ``progress`` is told the items streamed so far after each batch.
         """
         planner = job.plan_items
         if planner is None:
@@ -222,7 +234,11 @@ class Runs:
             if rerun:  # before its items: their effects' ledger may have gone with the loss
                 self.store.set_after_loss(run_id)
             items = _Planned(planner, business_date, int(info.get("deadline_at", "0")), rerun)
-            self._add_planned(job, run_id, items, key, progress)
+            try:
+                self._add_planned(job, run_id, items, key, progress)
+            except job.plan_retry_on as error:
+                self._defer_planning(job, run_id, info, error, now_ms)
+                raise
         # Exact for distinct ids, and safe when planning repeats after a crash.
         planned = sum(counts.get("added", 0) for counts in self.store.shard_counts(run_id))
         self.transition(
@@ -242,13 +258,23 @@ class Runs:
         streamed = 0
         try:
             items = iter(plan.planner(plan.business_date))
+        except job.plan_retry_on:
+            raise  # transient: the run stays planning (plan)
         except Exception as error:  # the planner is user code: any failure fails the run
             self._fail_planning(job, run_id, error)
             raise
         while True:
             try:
                 batch = list(itertools.islice(items, PLAN_BATCH))
+            except job.plan_retry_on:
+                raise
             except Exception as error:
+                self._fail_planning(job, run_id, error)
+                raise
+            try:
+                for position, item in enumerate(batch, streamed + 1):
+                    planned_item(item, position)
+            except InvalidInput as error:
                 self._fail_planning(job, run_id, error)
                 raise
             if not batch:
@@ -275,9 +301,44 @@ class Runs:
             if progress is not None:
                 progress(streamed)
 
-    def _fail_planning(self, job: Job, run_id: str, error: Exception) -> None:
+    def _defer_planning(
+        self,
+        job: Job,
+        run_id: str,
+        info: dict[str, str],
+        error: BaseException,
+        now_ms: int | None,
+    ) -> None:
+        """A transient planner error: the run stays planning, to be planned again after a
+        back-off (10 s, doubling, at most 5 minutes); when that would be past the run's
+        deadline, the run fails now. Raises :class:`PlanningDeferred` when deferred."""
+        attempt = int(info.get("planning_attempts", "0") or 0) + 1
+        reason = planning_reason(error)
+        now = server_ms(self.client) if now_ms is None else now_ms
+        retry_at = now + min(PLAN_RETRY_FIRST_MS * 2 ** min(attempt - 1, 16), PLAN_RETRY_MAX_MS)
+        deadline = int(info.get("deadline_at", "0") or 0)
+        if deadline and retry_at >= deadline:
+            times = "once" if attempt == 1 else f"{attempt} times"
+            tried = f"{reason} (a transient error, tried {times} until the deadline)"
+            self._fail_planning(job, run_id, error, tried)
+            return
+        with self.store.translating_errors(run_id):
+            self.client.hset(
+                self.keys.run(run_id),
+                mapping={
+                    "planning_attempts": attempt,
+                    "planning_retry_at": retry_at,
+                    "planning_error": clip(reason, TEXT_MAX_BYTES),
+                },
+            )
+        again = from_ms(retry_at).isoformat(timespec="seconds")
+        said = f"planning failed (attempt {attempt}), planned again after {again}: {reason}"
+        raise PlanningDeferred(self.record_decision(run_id, "plan_retry", said)) from error
+
+    def _fail_planning(self, job: Job, run_id: str, error: BaseException, reason: str = "") -> None:
         remembered.note(self.store, job.name, run_id, remembered.ENDING)
-        ended = self._transition(run_id, OPEN_STATES, FAILED, f"planning error: {error!r}")
+        reason = reason or planning_reason(error)
+        ended = self._transition(run_id, OPEN_STATES, FAILED, reason)
         if ended.changed:
             self._count_finished(job.name, run_id, FAILED, ended.now_ms, job.options.retention_days)
         self._retire(job.name, run_id, job.options.retention_days)
@@ -393,6 +454,39 @@ class Runs:
             return sorted(
                 as_text(r) for r in self.client.smembers(self.keys.job_open_runs(job_name))
             )
+
+
+class PlanningDeferred(Exception):
+    """Planning met one of the job's transient planner errors: the run stays ``planning``
+    and is planned again after a back-off; ``decision`` (``plan_retry``) says when."""
+
+    def __init__(self, decision: Decision) -> None:
+        super().__init__(decision.reason)
+        self.decision = decision
+
+
+def planned_item(item: Any, position: int) -> None:
+    """Checks the ``position``-th item a planner yielded (from 1) as adding will: an
+    :class:`Item` with a valid id and a payload JSON can hold; else InvalidInput naming it."""
+    if not isinstance(item, Item):
+        shown = clip(repr(item), 80)
+        raise InvalidInput(
+            f"the planner's item {position} is a {type(item).__name__} ({shown}), not a "
+            "redis_lease.Item: yield Item(id, payload)"
+        )
+    try:
+        check_id(item.id, "item id")
+        encode_json(item.payload)
+    except InvalidInput as error:
+        raise InvalidInput(f"the planner's item {position}: {error}") from None
+
+
+def planning_reason(error: BaseException) -> str:
+    """Why planning failed a run, one rule for every planner error: what the planner
+    yielded that was wrong (with its position), or what it raised, with its own message."""
+    if isinstance(error, InvalidInput):
+        return f"planning error: {error}"
+    return f"planning error: the planner raised {type(error).__name__}: {one_line(str(error))}"
 
 
 @dataclass(frozen=True)

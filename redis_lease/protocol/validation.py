@@ -51,6 +51,13 @@ __all__ = [
 ]
 
 
+def one_line(text: str, most: int = 500) -> str:
+    """``text`` on one line (runs of white space made one space), cut to ``most`` characters:
+    how a message of user code is shown in one of ours."""
+    joined = " ".join(text.split())
+    return joined if len(joined) <= most else joined[: most - 3] + "..."
+
+
 def check_id(value: str, what: str = "id") -> str:
     """Returns ``value`` when it is a valid id, else raises InvalidInput."""
     if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):

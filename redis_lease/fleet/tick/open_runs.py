@@ -19,7 +19,7 @@ from ...protocol.values import RunStatus
 from .. import run_ages, run_capacity, shard_jobs
 from ..job import Job
 from ..run_states import FAILED, PLANNING, RUNNING
-from ..runs import Decision, PlanProgress, Runs, to_ms
+from ..runs import Decision, PlanningDeferred, PlanProgress, Runs, to_ms
 from ..shard_job_failures import FAILURE_STREAK_LIMIT, hold_dispatch, job_failures
 
 log = logging.getLogger("redis_lease.tick")
@@ -48,8 +48,10 @@ def tick_run(
         return []
     decisions: list[Decision] = []
     if info["state"] == PLANNING:
-        planned = _plan(runs, job, run_id, progress)
-        if planned is None or planned.kind == "finalize":
+        if int(info.get("planning_retry_at", "0") or 0) > to_ms(now):
+            return []  # a transient planner error: planned again after its back-off
+        planned, done = _plan(runs, job, run_id, progress, to_ms(now))
+        if planned is None or not done:
             return [planned] if planned else []
         decisions.append(planned)
     elif runs.retire_if_final(run_id, info) or info["state"] != RUNNING:
@@ -99,21 +101,27 @@ def _publish_need(
 
 
 def _plan(
-    runs: Runs, job: Job, run_id: str, progress: PlanProgress | None = None
-) -> Decision | None:
-    """Plans the run; None when another planner holds it.
+    runs: Runs, job: Job, run_id: str, progress: PlanProgress | None, now_ms: int
+) -> tuple[Decision | None, bool]:
+    """Plans the run; (None, False) when another planner holds it.
 
-    Returns a ``plan`` decision, or a ``finalize`` one when planning failed the run.
-    An interruption that leaves the run planning (Redis, say) raises, for the next
-    tick to plan again.
+    Returns a ``plan`` decision and True once the run is planned; a ``plan_retry`` decision
+    and False when a transient planner error left it planning, to be planned again after a
+    back-off; a ``finalize`` one and False when planning failed the run. An interruption
+    that leaves the run planning (Redis, say) raises, for the next tick to plan again.
     """
     try:
-        planned = runs.plan(job, run_id, progress)
-    except Exception as error:
-        if runs.info(run_id)["state"] != FAILED:
+        planned = runs.plan(job, run_id, progress, now_ms)
+    except PlanningDeferred as deferred:
+        return deferred.decision, False
+    except Exception:
+        info = runs.info(run_id)
+        if info["state"] != FAILED:
             raise
-        return Decision("finalize", run_id, f"failed: planning error: {error!r}")
-    return None if planned is None else Decision("plan", run_id, f"planned {planned} items")
+        return Decision("finalize", run_id, f"failed: {info.get('reason', '')}"), False
+    if planned is None:
+        return None, False
+    return Decision("plan", run_id, f"planned {planned} items"), True
 
 
 def _dispatch(

@@ -99,6 +99,12 @@ class LeaseStore(StoreClaims, StoreHolder, StoreReads):
         are fixed by a shard's first add; :meth:`set_deadline` moves the deadline later.
         """
         items = list(items)
+        for position, item in enumerate(items, 1):
+            if not isinstance(item, Item):
+                raise InvalidInput(
+                    f"item {position} is a {type(item).__name__}, not a redis_lease.Item: "
+                    "give Item(id, payload)"
+                )
         settings = check_add(
             run_id,
             [i.id for i in items],
