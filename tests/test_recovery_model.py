@@ -23,19 +23,16 @@ STEPS = int(os.environ.get("MODEL_STEPS", "50"))
 NO_SHRINK = os.environ.get("MODEL_NO_SHRINK", "") == "1"
 
 
-@pytest.mark.parametrize("effects", ["lookup", "nothing"])
-def test_the_recovery_paths_keep_the_promise_whatever_the_order(
+def model(
     redis_url: str,
     prefix: str,
     nightly: Configure,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     effects: str,
-) -> None:
-    """Ticks by three would-be leaders at advancing dates, leadership changes, workers that
-    die or pause, keys deleted, the data set flushed, retention's end and failed Redis calls,
-    in any order: no effect applied twice at a provider that does not dedupe, no ended run
-    made again, every run lost while open made again or named, no dishonest success."""
+) -> type[RecoveryModel]:
+    """The model's class for this test: the nightly job as the model runs it, the process's
+    memory file in ``tmp_path``, its Redis, prefix and handler."""
     nightly(
         schedule="0 2 * * *",
         deadline_after=timedelta(hours=6),
@@ -50,6 +47,23 @@ def test_the_recovery_paths_keep_the_promise_whatever_the_order(
 
     Model.redis_url, Model.base_prefix, Model.effects = redis_url, prefix, effects
     TALLY.clear()
+    return Model
+
+
+@pytest.mark.parametrize("effects", ["lookup", "nothing"])
+def test_the_recovery_paths_keep_the_promise_whatever_the_order(
+    redis_url: str,
+    prefix: str,
+    nightly: Configure,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    effects: str,
+) -> None:
+    """Ticks by three would-be leaders at advancing dates, leadership changes, workers that
+    die or pause, keys deleted, the data set flushed, retention's end and failed Redis calls,
+    in any order: no effect applied twice at a provider that does not dedupe, no ended run
+    made again, every run lost while open made again or named, no dishonest success."""
+    Model = model(redis_url, prefix, nightly, tmp_path, monkeypatch, effects)
     run_state_machine_as_test(
         Model,
         settings=settings(
@@ -64,3 +78,24 @@ def test_the_recovery_paths_keep_the_promise_whatever_the_order(
     )
     if os.environ.get("MODEL_STATS"):
         print(f"\nmodel ({effects}):", ", ".join(f"{k} {v}" for k, v in sorted(TALLY.items())))
+
+
+def test_a_run_a_leader_doubts_after_retaking_its_own_lease_is_named_after_a_wipe(
+    redis_url: str,
+    prefix: str,
+    nightly: Configure,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by a long run (seed 7): the leader makes a run, takes its own lease again after
+    a break (its memory now in doubt), no tick for longer than the job's retention (1 day,
+    counted from the run's making on the server's clock, which the model's clock is well
+    ahead of), the data set is wiped. The run, open when lost, was skipped as "made before
+    the retention" and so neither made again nor named; a doubtful run is now named when
+    made within a year."""
+    state = model(redis_url, prefix, nightly, tmp_path, monkeypatch, "lookup")()
+    state.first_leader()
+    state.leadership_changes(side=0)
+    state.tick(hours=22, side=1)
+    state.loss(data=None, kind="whole data set")
+    state.teardown()

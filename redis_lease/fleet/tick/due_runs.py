@@ -18,8 +18,6 @@ from ..runs import Decision, Runs, to_ms
 from . import lost_runs, missed_runs
 from .missed_runs import business_date
 
-#: The most days back a tick whose memory is in doubt names dates lost (a year).
-IN_DOUBT_DAYS = 366
 #: Said when a job has no record of any run on the server.
 NO_RECORD = (
     "no record of this job's runs on the server: a new job, or the server lost its data "
@@ -126,7 +124,7 @@ def _name_in_doubt(
     a tick that stops midway leaves it unmoved, and the next names the rest."""
     since = record.last_fire or now
     # every date since, not only the catch-up window's: any of them may have had a run
-    fires = job.fire_times(max(since, now - timedelta(days=IN_DOUBT_DAYS)), now)
+    fires = job.fire_times(max(since, now - timedelta(days=lost_runs.IN_DOUBT_DAYS)), now)
     why = (
         "scheduled after the last date this tick side remembers handling, and another tick "
         "side may have ticked since; after a loss of the data set nothing shows whether it ran"

@@ -54,6 +54,9 @@ from ..run_states import DAY_MS
 from ..runs import Decision, Runs, to_ms
 from .missed_runs import business_date
 
+#: The most days back a tick whose memory is in doubt names runs and dates lost (a year).
+IN_DOUBT_DAYS = 366
+
 #: The newest entries of the run index looked at for lost ad-hoc runs, each tick.
 RUN_INDEX_SCAN = 500
 #: What a lost run's record says was done about it when the tick made it again.
@@ -196,8 +199,8 @@ def _job_candidates(
         state = memory.state_of(run_id) if memory else OPEN
         if state in (CREATING, DOUBTFUL) and memory and job.name not in memory.unsettled:
             continue  # with no loss to settle, the server's records are the truth
-        if state == DOUBTFUL and 0 < made <= since:
-            continue  # made before the job's retention: ended or not, nothing can tell
+        if state == DOUBTFUL and 0 < made <= now_ms - IN_DOUBT_DAYS * DAY_MS:
+            continue  # a memory that old is of no use: named only within a year
         found[run_id] = _Candidate(made, _REMEMBERED[state], state)
     for day, made in dated:
         run_id = job.run_id(date.fromisoformat(as_text(day)))
