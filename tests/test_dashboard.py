@@ -78,6 +78,50 @@ def job_run(store: LeaseStore, run_id: str, items: list[str], **fields: str) -> 
 # -- the runs page ---------------------------------------------------------------------
 
 
+def test_health_is_not_ok_for_a_run_that_cannot_finish_well(
+    real_store: LeaseStore, client: FlaskClient
+) -> None:
+    """Every item dead: failed before its end; one dead: at risk; planning that failed and
+    waits, or that lasts 10 minutes: at risk; planning just begun: ok."""
+    store = real_store
+    now = server_ms(store)
+    ahead = str(now + 3_600_000)
+    job_run(store, "alldead:2026-12-01", ["a", "b"], deadline_at=ahead)
+    job_run(store, "onedead:2026-12-01", ["a", "b"], deadline_at=ahead)
+    for item in ("a", "b"):
+        dead_item(store, "alldead:2026-12-01", item, "account closed")
+    dead_item(store, "onedead:2026-12-01", "a", "account closed")
+    planning = {"job": "p", "deadline_at": ahead}
+    for run_id, extra in [
+        ("stuck:2026-12-01", {"state_at": str(now - 11 * 60_000)}),
+        ("retrying:2026-12-01", {"planning_error": "planning error: the planner raised X: y"}),
+        ("fresh:2026-12-01", {}),
+    ]:
+        store.create_run(run_id, 1, state="planning", fields={**planning, "business_date": "x"})
+        if extra:
+            store.client.hset(store.keys.run(run_id), mapping=extra)
+
+    rows = rows_with(page(client, "/").one("table", id="runs"), "data-run")
+    health = {r.attrs["data-run"]: r.attrs["data-health"] for r in rows}
+    assert health == {
+        "alldead:2026-12-01": "failed",
+        "onedead:2026-12-01": "at-risk",
+        "stuck:2026-12-01": "at-risk",
+        "retrying:2026-12-01": "at-risk",
+        "fresh:2026-12-01": "ok",
+    }
+    why = {
+        r.attrs["data-run"]: r.one("td", **{"class": "health"}).attrs.get("title", "") for r in rows
+    }
+    assert why["alldead:2026-12-01"] == "every item is dead or lost (2): it can only end failed"
+    assert why["onedead:2026-12-01"] == "1 item dead, 0 lost: it can end partial at best"
+    assert why["stuck:2026-12-01"].startswith("planning for 11 minutes")
+    assert why["retrying:2026-12-01"].endswith("the planner raised X: y")
+    assert why["fresh:2026-12-01"] == ""
+    shown = page(client, "/runs/alldead:2026-12-01").one("div", id="summary")
+    assert "it can only end failed" in shown.text
+
+
 def test_runs_page_shows_every_run_newest_first_with_the_status_numbers(
     real_store: LeaseStore, client: FlaskClient
 ) -> None:

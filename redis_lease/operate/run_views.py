@@ -13,12 +13,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..fleet.gate import GateState
-from ..fleet.run_states import CANCELED, FAILED, FINAL_STATES, LOST_STATE, PARTIAL, SUCCEEDED
+from ..fleet.run_states import (
+    CANCELED,
+    FAILED,
+    FINAL_STATES,
+    LOST_STATE,
+    PARTIAL,
+    PLANNING,
+    SUCCEEDED,
+)
 from ..fleet.runs import Runs
 from ..protocol.connection.clients import as_text
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.values import ItemRecord, RunStatus
-from .output import iso_time, same_times
+from .output import count_of, iso_time, same_times
 
 # -- runs ------------------------------------------------------------------------------
 
@@ -50,21 +58,58 @@ def projected_finish_text(status: RunStatus) -> str | None:
     return iso_time(projected_finish_ms(status))
 
 
-def run_health(status: RunStatus) -> str:
-    """``failed`` (partial, failed or lost), ``late`` (past its deadline and not succeeded),
-    ``at-risk`` (projected to finish after its deadline) or ``ok``.
+#: A run planning this long (since it was made, or resumed) is at risk: its tick may be failing.
+PLANNING_STUCK_MS = 10 * 60_000
 
-    A canceled run is an operator's decision, not a delay: never late.
+
+def run_health(status: RunStatus) -> str:
+    """The run's health: the first word of :func:`health_of`."""
+    return health_of(status)[0]
+
+
+def health_of(status: RunStatus) -> tuple[str, str]:
+    """The run's health and why, from the facts the alerts use:
+
+    - ``failed``: it ended partial, failed or lost; or it is open and can only end failed
+      (every item dead or lost, none left to work, none done);
+    - ``late``: open past its deadline;
+    - ``at-risk``: it cannot succeed any more (dead or lost items), its planning failed
+      and waits to try again, it has been planning for 10 minutes, or its projected finish
+      is after its deadline;
+    - ``ok``: none of these (a succeeded or canceled run: a cancel is an operator's
+      decision, never late).
     """
+    counts = status.counts
     if status.state in (PARTIAL, FAILED, LOST_STATE):
-        return "failed"
+        return "failed", f"it ended {status.state}"
+    if status.state in (SUCCEEDED, CANCELED):
+        return "ok", ""
+    gone = counts.get("dead", 0) + status.lost
+    if gone and not status.unfinished and not counts.get("done", 0):
+        return "failed", f"every item is dead or lost ({gone}): it can only end failed"
     deadline = deadline_ms(status)
-    if deadline is None or status.state in (SUCCEEDED, CANCELED):
-        return "ok"
-    if status.now_ms > deadline:
-        return "late"
+    if deadline is not None and status.now_ms > deadline:
+        return "late", "open past its deadline"
+    if gone:
+        dead = count_of(counts.get("dead", 0), "item")
+        return "at-risk", f"{dead} dead, {status.lost} lost: it can end partial at best"
+    if status.state == PLANNING:
+        if status.info.get("planning_error"):
+            return (
+                "at-risk",
+                f"planning failed and waits to try again: {status.info['planning_error']}",
+            )
+        since = status.info.get("state_at", "")
+        if since.isdigit() and status.now_ms - int(since) >= PLANNING_STUCK_MS:
+            minutes = (status.now_ms - int(since)) // 60_000
+            return "at-risk", (
+                f"planning for {minutes} minutes: a slow planner, or a tick that fails "
+                "(see its decisions)"
+            )
     projected = projected_finish_ms(status)
-    return "at-risk" if projected is not None and projected > deadline else "ok"
+    if deadline is not None and projected is not None and projected > deadline:
+        return "at-risk", "its projected finish is after its deadline"
+    return "ok", ""
 
 
 def is_past_deadline(status: RunStatus) -> bool:
@@ -85,10 +130,11 @@ def state_text(status: RunStatus) -> str:
 
 
 def run_row(status: RunStatus) -> dict[str, Any]:
-    """The run's row in a listing: job, state, deadline, projected finish, counts, health,
-    whether it is late (:func:`is_past_deadline`), and for a run lost or made again after a loss,
-    why (``loss``)."""
+    """The run's row in a listing: job, state, deadline, projected finish, counts, health and
+    why (:func:`health_of`), whether it is late (:func:`is_past_deadline`), and for a run lost
+    or made again after a loss, why (``loss``)."""
     counts = status.counts
+    health, why = health_of(status)
     return {
         "run": status.run_id,
         "job": status.info.get("job") or "",
@@ -101,7 +147,8 @@ def run_row(status: RunStatus) -> dict[str, Any]:
         "dead": counts["dead"],
         "pending": counts["pending"],
         "leased": counts["leased"],
-        "health": run_health(status),
+        "health": health,
+        "health_reason": why,
         "past_deadline": is_past_deadline(status),
         "loss": loss_text(status),
     }
