@@ -439,13 +439,23 @@ def test_lookup_that_cannot_tell_changes_nothing(store: LeaseStore) -> None:
 
 
 def work(store: LeaseStore, handler: Callable[[Item, ActiveLease], Any]) -> ShardReport:
-    """One in-process pass of a worker over the item's shard."""
+    """One in-process pass of a worker over the item's shard (it ends once nothing is due)."""
     job = Job("payouts", shards=2, lease_ttl_seconds=30, backoff_base_seconds=0.01, batch_size=5)
     job.handler(handler)
     keeper = LeaseKeeper(store, 30.0)  # not started: nothing needs renewing here
     shard = store.shard_for(RUN, ITEM)
     stop = threading.Event()
-    return work_shard(store, job, RUN, shard, worker="w1", budget=10, stop=stop, keeper=keeper)
+    return work_shard(
+        store,
+        job,
+        RUN,
+        shard,
+        worker="w1",
+        budget=10,
+        stop=stop,
+        keeper=keeper,
+        wait_for_backoff=False,
+    )
 
 
 def work_until(store: LeaseStore, handler: Any, state: str, passes: int = 200) -> None:

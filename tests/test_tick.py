@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, date, datetime, time, timedelta
+from time import monotonic
 from typing import Any
 
 import pytest
@@ -41,6 +42,7 @@ from redis_lease.operate.output import iso_time
 from tests import fleet_jobs
 from tests.fleet_helpers import NIGHTLY_PATH, REPO, Configure, configure_nightly, text
 from tests.helpers import scrape
+from tests.rq_helpers import burst
 
 #: 30 seconds after the nightly job's 02:00 start tomorrow (UTC).
 DAY = datetime.now(UTC).date() + timedelta(days=1)
@@ -346,6 +348,34 @@ def test_an_error_the_job_did_not_call_transient_fails_the_run_at_once(
         "failed: planning error: the planner raised ValueError: bad config"
     )
     assert Runs(real_store).info(RUN)["state"] == "failed"
+
+
+def test_a_retry_waits_its_back_off_and_the_last_shard_job_ends_the_run(
+    real_store: LeaseStore, nightly: Configure, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each item fails its first attempt (a transient error, 0.5 s back-off). The shard
+    jobs of one dispatch work the retries when due, not at a later tick, and the last of
+    them to finish ends the run: no tick after the first."""
+    job = nightly(backoff_base_seconds=0.5)
+    attempts: dict[str, list[float]] = {}
+
+    def flaky(item: Item, lease: Any) -> dict[str, Any]:
+        attempts.setdefault(item.id, []).append(monotonic())
+        if len(attempts[item.id]) == 1:
+            raise ConnectionError("the ledger timed out")
+        return {"n": item.payload["n"]}
+
+    monkeypatch.setattr(job, "handle_item", flaky)
+    decisions = tick(real_store, [NIGHTLY_PATH], now=T0)
+    assert [d.kind for d in decisions] == ["create", "plan", "dispatch"]
+    burst(real_store.client, job.options.queue, f"{real_store.prefix}-w")
+    runs = Runs(real_store)
+    assert runs.info(RUN)["state"] == "succeeded", runs.decisions(RUN)
+    assert runs.decisions(RUN)[-1]["reason"].startswith("succeeded: no item left to work")
+    assert len(attempts) == 4 and all(len(times) == 2 for times in attempts.values())
+    waits = [times[1] - times[0] for times in attempts.values()]
+    # its back-off (0.25-0.5 s: equal jitter), plus the commit interval: no tick in between
+    assert all(0.24 <= wait < 0.5 + 2.0 for wait in waits), waits
 
 
 def test_planner_error_fails_the_run(real_store: LeaseStore, nightly: Configure) -> None:

@@ -165,10 +165,18 @@ def test_a_reset_during_the_commit_pipeline_costs_a_retry(
 
 
 def work_once(store: LeaseStore, job: Job, run_id: str) -> ShardReport:
-    """One in-process pass over shard 0."""
+    """One in-process pass over shard 0 (it ends once nothing is due)."""
     keeper = LeaseKeeper(store, job.options.lease_ttl_seconds)  # not started
     return work_shard(
-        store, job, run_id, 0, worker="w", budget=10, stop=threading.Event(), keeper=keeper
+        store,
+        job,
+        run_id,
+        0,
+        worker="w",
+        budget=10,
+        stop=threading.Event(),
+        keeper=keeper,
+        wait_for_backoff=False,
     )
 
 
@@ -223,11 +231,11 @@ def test_the_gate_never_holds_a_pause_past_the_longest_delay(
 # -- an item that cannot be settled ------------------------------------------------------
 
 
-def refusing_job(action: str, admin: redis.Redis, user: str) -> Job:
+def refusing_job(action: str, admin: redis.Redis, user: str, give_back: bool, ttl: float) -> Job:
     """A job whose item ``bad`` has the server refuse its settling: the handler takes
     EVALSHA away from the worker's Redis user, then fails (``fail``) or is throttled
-    (``release``). The other items' handlers give EVALSHA back first."""
-    job = Job("refused", shards=1, lease_ttl_seconds=30, batch_size=10, commit_interval_seconds=0)
+    (``release``). With ``give_back``, the other items' handlers give EVALSHA back first."""
+    job = Job("refused", shards=1, lease_ttl_seconds=ttl, batch_size=10, commit_interval_seconds=0)
 
     @job.handler
     def handle_refused(item: Item, lease: ActiveLease) -> Any:
@@ -236,34 +244,67 @@ def refusing_job(action: str, admin: redis.Redis, user: str) -> Job:
             if action == "release":
                 raise Throttled("429", retry_after=1)
             raise RuntimeError("the ledger export is missing")
-        admin.execute_command("ACL", "SETUSER", user, "+evalsha")
+        if give_back:
+            admin.execute_command("ACL", "SETUSER", user, "+evalsha")
         return {"ok": item.id}
 
     return job
 
 
+def refused_store(private_redis: Callable[..., RedisServer], prefix: str) -> LeaseStore:
+    """A store on a private server, as a user 'worker' an admin can take EVALSHA from."""
+    server = private_redis()
+    admin = redis.Redis.from_url(server.url)
+    admin.execute_command("ACL", "SETUSER", "worker", "on", ">pw", "~*", "&*", "+@all")
+    admin.close()
+    store = LeaseStore.from_url(server.url.replace("//", "//worker:pw@"), prefix=prefix)
+    store.add("r", [Item("bad"), Item("good"), Item("fine")])
+    return store
+
+
 @pytest.mark.parametrize("action", ["fail", "release"])
-def test_an_item_that_cannot_be_settled_is_left_to_its_lease_expiry(
+def test_a_refused_settlement_is_sent_again_while_its_lease_holds(
     private_redis: Callable[..., RedisServer],
     prefix: str,
     action: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    server = private_redis()
-    admin = redis.Redis.from_url(server.url)
-    admin.execute_command("ACL", "SETUSER", "worker", "on", ">pw", "~*", "&*", "+@all")
-    store = LeaseStore.from_url(server.url.replace("//", "//worker:pw@"), prefix=prefix)
-    store.add("r", [Item("bad"), Item("good"), Item("fine")])
+    """The server refuses the settlement (NOPERM); it waits, its lease kept renewed, and is
+    sent again once the permission is back; the job goes on meanwhile."""
+    store = refused_store(private_redis, prefix)
+    admin = redis.Redis.from_url(store.url.replace("worker:pw@", ""))
     with caplog.at_level("WARNING", logger="redis_lease.worker"):
-        report = work_once(store, refusing_job(action, admin, "worker"), "r")
-    assert (report.abandoned, report.committed) == (1, 2), report
-    assert "'bad'" in report.errors[0] and "may not run EVALSHA" in report.errors[0]
+        job = refusing_job(action, admin, "worker", give_back=True, ttl=30)
+        report = work_once(store, job, "r")
+    settled = report.failed if action == "fail" else report.throttled
+    assert (settled, report.committed, report.abandoned) == (1, 2, 0), report
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("wait for Redis to send them again" in line for line in logged), logged
+    assert any("may not run EVALSHA" in line for line in logged), logged
+    bad = store.item("r", "bad")
+    assert bad.state == "pending" and bad.attempts == (1 if action == "fail" else 0)
+    assert {store.item("r", i).state for i in ("good", "fine")} == {"done"}, "the job went on"
+    admin.close()
+    store.client.close()
+
+
+def test_a_settlement_refused_until_its_lease_ends_is_left_to_its_lease_expiry(
+    private_redis: Callable[..., RedisServer],
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No permission comes back: no renewal goes through either, so each lease runs out by
+    the process's clock and its item is left to its expiry (claimable again then)."""
+    store = refused_store(private_redis, prefix)
+    admin = redis.Redis.from_url(store.url.replace("worker:pw@", ""))
+    with caplog.at_level("WARNING", logger="redis_lease.worker"):
+        report = work_once(store, refusing_job("fail", admin, "worker", False, ttl=2), "r")
+    assert report.committed == 0 and report.abandoned >= 1, report
+    assert any("'bad'" in e and "may not run EVALSHA" in e for e in report.errors), report
     logged = [r.getMessage() for r in caplog.records]
     assert any("'bad'" in line and "lease expiry" in line for line in logged), logged
     bad = store.item("r", "bad")
     assert (bad.state, bad.attempts) == ("leased", 1), "left to its lease, not settled"
-    assert bad.expires_at_ms is not None and bad.expires_at_ms > server_ms(admin)
-    assert {store.item("r", i).state for i in ("good", "fine")} == {"done"}, "the job went on"
     admin.close()
     store.client.close()
 

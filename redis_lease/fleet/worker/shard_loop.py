@@ -26,6 +26,7 @@ from ...errors import (
     SlotTimeout,
     Throttled,
 )
+from ...protocol.connection.clients import queue_time, time_ms
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.values import ReleaseRequest
 from ..job import Job, check_concurrency
@@ -42,6 +43,8 @@ __all__ = ["work_shard"]
 CLUSTER_RETRY_DELAY = 0.2
 #: Seconds before claiming again after Redis could not be reached or was busy.
 UNAVAILABLE_RETRY_DELAY = 1.0
+#: Seconds past a pending item's due time before the shard loop claims it (after a wait).
+DUE_MARGIN = 0.05
 #: The longest the shard loop waits for a handler before it looks at the stop request again.
 _STOP_POLL = 0.05
 #: Seconds of handler work a claim covers, by the recent mean handler time (within the
@@ -67,8 +70,14 @@ def work_shard(
     stop: threading.Event,
     keeper: LeaseKeeper,
     concurrency: int | None = None,
+    wait_for_backoff: bool = True,
 ) -> ShardReport:
     """Claims and handles the shard's due items until drained, stopped or out of budget.
+
+    Drained: no item of the shard is pending. One that waits out a back-off (a retry, a
+    provider's delay) is waited for, within the budget, and worked when due: a retry
+    does not wait for the next tick. ``wait_for_backoff=False``: one pass, which ends
+    once nothing is due now.
 
     Up to ``concurrency`` handlers (default: the job's option) run at once:
     plain handlers on threads, ``async def`` handlers on one event loop. On
@@ -90,6 +99,7 @@ def work_shard(
     ends = time.monotonic() + budget
     pool = make_pool(job.handle_item, size, lambda: not stop.is_set() and time.monotonic() < ends)
     shard_loop = _ShardLoop(store, job, run_id, shard, worker, keeper, pool, size, report)
+    shard_loop.wait_for_backoff = wait_for_backoff
     try:
         shard_loop.run(stop, ends)
     finally:
@@ -127,6 +137,8 @@ class _ShardLoop:
         self.waiting: deque[ActiveLease] = deque()
         #: Items handed to the pool whose handler has not ended: running or waiting for a slot.
         self.in_pool = 0
+        #: Whether items in a back-off are waited for (else the pass ends when none is due).
+        self.wait_for_backoff = True
 
     def run(self, stop: threading.Event, ends: float) -> None:
         """Works until drained, closed, stopped or ``ends`` (monotonic).
@@ -168,8 +180,13 @@ class _ShardLoop:
             if not self.in_pool and not waiting:
                 pending.flush()
                 if exhausted:
-                    report.drained = True
-                    return
+                    wait = self._until_next_due() if self.wait_for_backoff else None
+                    if wait is None:
+                        report.drained = True
+                        return
+                    # items wait out a back-off: work them when due, not at the next tick
+                    stop.wait(min(wait, max(0.0, ends - time.monotonic())))
+                    exhausted = False
                 continue
             if self.in_pool >= claim_below or exhausted:
                 # Wait for a handler to end, waking to send due commits and to see a stop.
@@ -178,6 +195,24 @@ class _ShardLoop:
                     exhausted = False
             self.settle_finished()
             pending.flush_due()
+
+    def _until_next_due(self) -> float | None:
+        """Seconds until the shard's first pending item is due (a retry's back-off, a
+        provider's delay), on the server's clock, plus a little for the clocks to agree;
+        None when no item is pending. One round trip."""
+        due = self.store.keys.shard(self.run_id, self.shard)[3]
+        try:
+            with self.store.translating_errors(self.run_id):
+                pipe = self.store.client.pipeline(transaction=False)
+                pipe.zrange(due, 0, 0, withscores=True)
+                queue_time(pipe)
+                first, now = pipe.execute()
+        except RedisUnavailable as error:  # a stall: look again soon, as a claim would
+            log.warning("run %r shard %s: %s", self.run_id, self.shard, error)
+            return UNAVAILABLE_RETRY_DELAY
+        if not first:
+            return None
+        return max(0.0, (float(first[0][1]) - time_ms(now)) / 1000) + DUE_MARGIN
 
     def _claim_size(self) -> int:
         """The items one claim takes: about CLAIM_SPAN seconds of handler work for the
