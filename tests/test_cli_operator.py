@@ -117,12 +117,29 @@ def test_an_unknown_run_points_at_the_runs_command(cli: Cli) -> None:
     assert_error(cli("resume", "nope"), 5, hint)
 
 
-def test_status_says_why_the_rate_is_missing_before_the_first_sample(cli: Cli) -> None:
+def test_status_says_why_the_recent_rate_is_missing_before_the_first_sample(cli: Cli) -> None:
     cli.ok("add", "r", "a")
-    assert "rate (items/s)\t- (no sample yet)" in cli("status", "r").stdout.splitlines()
+    assert "recent rate (items/s)\t- (no sample yet)" in cli("status", "r").stdout.splitlines()
     store = store_of(cli)
     store.client.hset(store.keys.run("r"), "rate_per_s", "2.5")
-    assert "rate (items/s)\t2.5" in cli("status", "r").stdout.splitlines()
+    assert "recent rate (items/s)\t2.5" in cli("status", "r").stdout.splitlines()
+
+
+def test_status_shows_the_runs_own_rate_not_its_retry_tails(cli: Cli) -> None:
+    """30 items done in 180 s: 0.167 items/s, whatever the tick's last sample said (the
+    slow tail of retries: 0.35); a final run has no recent rate."""
+    cli.ok("add", "r", *[f"i{n}" for n in range(30)])
+    store = store_of(cli)
+    for n in range(30):
+        store.commit(store.claim("r", f"i{n}", "w1"))
+    Runs(store).transition("r", "running", "succeeded", "no item left to work")
+    ended = int(store.client.hget(store.keys.run("r"), "state_at"))
+    store.client.hset(
+        store.keys.run("r"), mapping={"created_at": ended - 180_000, "rate_per_s": "0.35"}
+    )
+    shown = cli("status", "r").stdout.splitlines()
+    assert "rate (items/s)\t0.167" in shown, shown
+    assert "recent rate (items/s)\t-" in shown, shown
 
 
 def test_a_run_past_its_deadline_is_shown_late_open_or_final(cli: Cli) -> None:

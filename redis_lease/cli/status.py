@@ -120,7 +120,7 @@ def _last_loss(kind: str, at_ms: int, reason: str) -> str:
 def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> None:
     """``status RUN``: the run's fields, decisions, effects, providers and dangers."""
     from ..errors import NotFound
-    from ..fleet.run_states import LOST_HINT
+    from ..fleet.run_states import LOST_HINT, OPEN_STATES
     from ..fleet.runs import Runs
     from ..fleet.shard_job_failures import job_failures
     from ..operate.output import print_fields, print_json, print_table, same_times
@@ -174,7 +174,10 @@ def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> 
             "job": info.get("job"),
             "business date": info.get("business_date"),
             "deadline": deadline,
-            "rate (items/s)": info.get("rate_per_s", "- (no sample yet)"),
+            "rate (items/s)": _rate_text(one),
+            "recent rate (items/s)": (
+                info.get("rate_per_s", "- (no sample yet)") if one.state in OPEN_STATES else None
+            ),
             "projected finish": projected_finish_text(one),
             "shards": one.shards,
             "planned": one.planned,
@@ -219,6 +222,14 @@ def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> 
         )
     for line in dangers:
         typer.echo(f"danger: {line}")
+
+
+def _rate_text(status: RunStatus) -> str:
+    """The run's own rate for people (:func:`~redis_lease.operate.run_views.run_rate`)."""
+    from ..operate.run_views import run_rate
+
+    rate = run_rate(status)
+    return "-" if rate is None else f"{rate:.3g}"
 
 
 @app.command()

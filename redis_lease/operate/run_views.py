@@ -48,6 +48,19 @@ def projected_finish_ms(status: RunStatus) -> int | None:
     return int(text)
 
 
+def run_rate(status: RunStatus) -> float | None:
+    """The run's own rate: items finished (done or dead) per second from its making to its
+    end (to now while it is open); None when its making time is not recorded. Not the
+    tick's recent rate (``rate_per_s``), which a retry tail drags down at the end."""
+    made = status.info.get("created_at", "")
+    if not made.isdigit():
+        return None
+    ended = status.info.get("state_at", "")
+    end = int(ended) if status.state in FINAL_STATES and ended.isdigit() else status.now_ms
+    seconds = (end - int(made)) / 1000
+    return status.finished / seconds if seconds > 0 else None
+
+
 def deadline_text(status: RunStatus) -> str | None:
     """The run's deadline as ISO 8601 UTC (ms), or None when it has none."""
     return iso_time(deadline_ms(status))
