@@ -267,10 +267,11 @@ def test_a_primary_crash_can_lose_acknowledged_writes_and_the_checker_shows_it(
         summary = c.verify(run_id, loss=(cut, promoted))  # everything else holds strictly
         assert summary.recommitted_after_loss == len(lost)
         assert summary.done == c.config.items
-        # a lost commit's payout was sent again; the provider's idempotency key applied it once
+        # a lost commit's payout is applied once: sent again under its idempotency key (the
+        # provider applies it once), or not sent when its ledger's outcome was written
+        # before the cut (then only the commit was lost)
         assert set(c.provider.state.applications.values()) == {1}
         resent = sum(n > 1 for n in c.provider.state.requests.values())
-        assert resent >= 1
         print(
             f"{len(lost)} acknowledged commits and {len(lost_grants)} grants lost; checker "
             f"without the window: {sorted(seen.value.kinds)} x{len(seen.value.violations)}; "
