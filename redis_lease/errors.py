@@ -278,6 +278,15 @@ class MissingExtra(RedisLeaseError, ImportError):
 # -- handlers and effects -------------------------------------------------------------------
 
 
+class PlanningDeferred(RedisLeaseError):
+    """Planning met one of the job's transient planner errors: it is tried again later.
+
+    The job names them with ``@job.planner(retry_on=...)``. The run stays ``planning``
+    and is planned again after a back-off; the message (the run's ``plan_retry``
+    decision) says when.
+    """
+
+
 class HandlerError(RedisLeaseError):
     """Raised by a job's handler (or the effects it applies) to say how its item ends."""
 

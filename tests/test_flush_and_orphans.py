@@ -107,7 +107,7 @@ def test_a_shard_job_lost_off_its_queue_is_dispatched_again(
     store.client.hset(missing_key, taken, first_seen - MISSING_GRACE_MS)
     decisions = tick_job(store, runs, EFFECTS_PATH, job, datetime.now(UTC))
     dispatched = [d for d in decisions if d.kind == "dispatch"]
-    assert [d.reason for d in dispatched] == ["enqueued 1 shard jobs where no job was live"]
+    assert [d.reason for d in dispatched] == ["enqueued 1 shard job where no job was live"]
     after = [i.decode() for i in store.client.lrange(queue_key, 0, -1)]
     assert len(after) == 2 and sent[1] in after  # the waiting job still counts as live
     assert store.client.hlen(missing_key) == 0  # the dead one is forgotten

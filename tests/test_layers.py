@@ -97,7 +97,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 #: The layers, lowest first: a module imports modules of its own room or of a lower layer,
 #: never of a higher one nor of another room of its own layer (docs/architecture.md).
 LAYERS: list[dict[str, tuple[str, ...]]] = [
-    {"floor": ("errors", "limits", "version", "deprecation", "extras")},
+    {"floor": ("errors", "limits", "messages", "version", "deprecation", "extras")},
     {"protocol": ("protocol",)},
     {"protocol/connection": ("protocol.connection",)},
     {"protocol/store": ("protocol.store",)},

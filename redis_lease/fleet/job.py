@@ -37,7 +37,8 @@ from ..limits import (
     DEFAULT_RETENTION_DAYS,
     DEFAULT_TTL,
 )
-from ..protocol.validation import check_id, one_line
+from ..messages import one_line
+from ..protocol.validation import check_id
 from ..protocol.values import Item
 from .job_options import CATCH_UP_POLICIES as CATCH_UP_POLICIES
 from .job_options import DEFAULT_DEADLINE_AFTER, RENAMED_OPTIONS, with_old_names

@@ -240,11 +240,11 @@ class JobOptions:
         except (ZoneInfoNotFoundError, ValueError):
             raise InvalidInput(f"unknown timezone {self.timezone!r}; use an IANA name") from None
         self._check_deadline()
+        ttl_to_ms(self.lease_ttl_seconds, "lease_ttl_seconds")  # before what is bound by it
         if not 0 <= self.commit_interval_seconds < self.lease_ttl_seconds / 2:
             raise InvalidInput(
                 "commit_interval_seconds must be from 0 to under half the lease_ttl_seconds"
             )
-        ttl_to_ms(self.lease_ttl_seconds, "lease_ttl_seconds")
         ttl_to_ms(self.backoff_base_seconds, "backoff_base_seconds")
         ttl_to_ms(self.backoff_cap_seconds, "backoff_cap_seconds")
         if not 0 < self.shard_budget_seconds < math.inf:

@@ -10,13 +10,14 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..deprecation import warn_renamed
-from ..errors import InvalidInput, NotFound
+from ..errors import InvalidInput, NotFound, PlanningDeferred
 from ..limits import RUN_LOG_CAP, TEXT_MAX_BYTES
+from ..messages import one_line
 from ..protocol.connection.clients import as_text, server_ms
 from ..protocol.replies import Transition
 from ..protocol.store.base import lock
 from ..protocol.store.lease_store import LeaseStore
-from ..protocol.validation import check_id, clip, encode_json, one_line
+from ..protocol.validation import check_id, clip, encode_json
 from ..protocol.values import Item, from_ms
 from . import job_tallies, lost_records, remembered
 from .run_states import (
@@ -333,7 +334,8 @@ class Runs:
             )
         again = from_ms(retry_at).isoformat(timespec="seconds")
         said = f"planning failed (attempt {attempt}), planned again after {again}: {reason}"
-        raise PlanningDeferred(self.record_decision(run_id, "plan_retry", said)) from error
+        self.record_decision(run_id, "plan_retry", said)
+        raise PlanningDeferred(said, run_id=run_id) from error
 
     def _fail_planning(self, job: Job, run_id: str, error: BaseException, reason: str = "") -> None:
         remembered.note(self.store, job.name, run_id, remembered.ENDING)
@@ -454,15 +456,6 @@ class Runs:
             return sorted(
                 as_text(r) for r in self.client.smembers(self.keys.job_open_runs(job_name))
             )
-
-
-class PlanningDeferred(Exception):
-    """Planning met one of the job's transient planner errors: the run stays ``planning``
-    and is planned again after a back-off; ``decision`` (``plan_retry``) says when."""
-
-    def __init__(self, decision: Decision) -> None:
-        super().__init__(decision.reason)
-        self.decision = decision
 
 
 def planned_item(item: Any, position: int) -> None:

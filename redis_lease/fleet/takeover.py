@@ -66,6 +66,7 @@ from ..limits import (
     TAKEOVER_LOG_CAP,
     TAKEOVER_RETRY_MS,
 )
+from ..messages import count_of
 from ..protocol.connection.clients import as_text, queue_time, time_ms
 from ..protocol.replies import Swept
 from ..protocol.scripts import Call, Command
@@ -167,7 +168,7 @@ class Takeover:
         return (
             f"took over run {job.run_id} shard {job.shard} from worker {job.worker!r} "
             f"(host {job.host!r}, pid {job.pid}): its heartbeat stopped; "
-            f"{self.leases} leases ended, their items claimable now"
+            f"{count_of(self.leases, 'lease')} ended, their items claimable now"
         )
 
 
@@ -408,7 +409,7 @@ def _record(store: LeaseStore, done: Takeover, why: str) -> None:
     """Counts the takeover on the run and logs it in the run's decisions and the fleet's
     takeover log (best effort: logged when Redis refuses)."""
     job = done.job
-    error = f"{why}; worker {job.worker}, its {done.leases} leases taken over"
+    error = f"{why}; worker {job.worker}, {count_of(done.leases, 'lease')} of it taken over"
     try:
         record_job_failure(store, job.run_id, job.shard, error)
         Runs(store).record_decision(job.run_id, "takeover", done.line())

@@ -167,12 +167,6 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def count_of(number: int, noun: str, nouns: str = "") -> str:
-    """``number`` and ``noun``, plural unless it is one (``1 item``, ``2 items``; ``nouns`` for
-    an irregular plural)."""
-    return f"{number} {noun if number == 1 else nouns or noun + 's'}"
-
-
 def iso_time(ms: int | None) -> str | None:
     """A server time in ms as the CLI prints every time (ISO 8601 UTC, ms); None for none."""
     if not ms:

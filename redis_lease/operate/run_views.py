@@ -23,10 +23,11 @@ from ..fleet.run_states import (
     SUCCEEDED,
 )
 from ..fleet.runs import Runs
+from ..messages import count_of
 from ..protocol.connection.clients import as_text
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.values import ItemRecord, RunStatus
-from .output import count_of, iso_time, same_times
+from .output import iso_time, same_times
 
 # -- runs ------------------------------------------------------------------------------
 

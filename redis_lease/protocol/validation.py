@@ -51,19 +51,17 @@ __all__ = [
 ]
 
 
-def one_line(text: str, most: int = 500) -> str:
-    """``text`` on one line (runs of white space made one space), cut to ``most`` characters:
-    how a message of user code is shown in one of ours."""
-    joined = " ".join(text.split())
-    return joined if len(joined) <= most else joined[: most - 3] + "..."
-
-
 def check_id(value: str, what: str = "id") -> str:
     """Returns ``value`` when it is a valid id, else raises InvalidInput."""
-    if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
-        shown = value[:60] if isinstance(value, str) else type(value).__name__
+    if not isinstance(value, str):
+        example = f" (e.g. '{value}')" if type(value) is int else ""
         raise InvalidInput(
-            f"invalid {what} {shown!r}: use 1-{ID_MAX_LENGTH} characters from "
+            f"invalid {what} {clip(repr(value), 60)} of type {type(value).__name__}: an id "
+            f"is a str{example}"
+        )
+    if not ID_PATTERN.fullmatch(value):
+        raise InvalidInput(
+            f"invalid {what} {value[:60]!r}: use 1-{ID_MAX_LENGTH} characters from "
             "A-Z a-z 0-9 _ - . : @ / + = (no braces, '#', spaces or control characters)"
         )
     return value

@@ -13,13 +13,14 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from ...errors import NotFound, RedisLeaseError
+from ...errors import NotFound, PlanningDeferred, RedisLeaseError
+from ...messages import count_of
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.values import RunStatus
 from .. import run_ages, run_capacity, shard_jobs
 from ..job import Job
 from ..run_states import FAILED, PLANNING, RUNNING
-from ..runs import Decision, PlanningDeferred, PlanProgress, Runs, to_ms
+from ..runs import Decision, PlanProgress, Runs, to_ms
 from ..shard_job_failures import FAILURE_STREAK_LIMIT, hold_dispatch, job_failures
 
 log = logging.getLogger("redis_lease.tick")
@@ -112,8 +113,8 @@ def _plan(
     """
     try:
         planned = runs.plan(job, run_id, progress, now_ms)
-    except PlanningDeferred as deferred:
-        return deferred.decision, False
+    except PlanningDeferred as deferred:  # recorded in the run's decisions already
+        return Decision("plan_retry", run_id, deferred.message), False
     except Exception:
         info = runs.info(run_id)
         if info["state"] != FAILED:
@@ -165,7 +166,7 @@ def _dispatch(
             )
             have, total_live, enqueued = have + 1, total_live + 1, enqueued + 1
     if enqueued:
-        reason = f"enqueued {enqueued} shard jobs where no job was live"
+        reason = f"enqueued {count_of(enqueued, 'shard job')} where no job was live"
         if probing:
             reason += f" (trying again after {failures.streak} failed shard jobs)"
         decisions.append(runs.record_decision(run_id, "dispatch", reason))
