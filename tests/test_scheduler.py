@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import signal
 import subprocess
 import sys
@@ -132,3 +133,57 @@ def test_rqscheduler_triggers_the_tick_and_the_run_is_created(
         importlib.reload(fleet_jobs)
     assert entries(store, job) == []
     assert text(store.rq.exists(*[f"rq:job:{i}" for i in ids])) == "0"
+
+
+SCHEDULES = """\
+from datetime import timedelta
+
+from redis_lease import Job
+
+berlin = Job("berlin", schedule="0 2 * * *", timezone="Europe/Berlin", deadline_at="06:00")
+weekly = Job("weekly", schedule="30 1 * * 1", deadline_after=timedelta(hours=4))
+"""
+
+
+def test_schedule_next_shows_the_runs_a_schedule_makes_without_redis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Across the spring-forward night in Berlin: the 02:00 time is 03:00 that day, the
+    deadline 06:00 local; a weekly job with a duration deadline. No Redis is named."""
+    from typer.testing import CliRunner
+
+    from redis_lease.cli import app
+
+    module = f"schedules_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(SCHEDULES)
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    args = ["--url", "redis://127.0.0.1:1/0", "schedule", "next", f"{module}:berlin"]
+    shown = runner.invoke(app, [*args, "--from", "2026-03-28", "--count", "2", "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout) == [
+        {
+            "business_date": "2026-03-28",
+            "run": "berlin:2026-03-28",
+            "fires": "2026-03-28T02:00:00+01:00",
+            "fires_utc": "2026-03-28T01:00:00+00:00",
+            "deadline_utc": "2026-03-28T05:00:00+00:00",
+        },
+        {
+            "business_date": "2026-03-29",
+            "run": "berlin:2026-03-29",
+            "fires": "2026-03-29T03:00:00+02:00",
+            "fires_utc": "2026-03-29T01:00:00+00:00",
+            "deadline_utc": "2026-03-29T04:00:00+00:00",
+        },
+    ]
+    weekly = [*args[:-1], f"{module}:weekly", "--from", "2026-12-07T12:00"]
+    table = runner.invoke(app, weekly, env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    lines = table.stdout.splitlines()
+    assert lines[0] == "weekly: 30 1 * * 1 in UTC, after 2026-12-07T12:00:00+00:00"
+    assert len(lines) == 2 + 5 and "weekly:2026-12-14" in lines[2]
+    assert "2026-12-14T05:30:00+00:00" in lines[2]  # 4 hours after 01:30
+    bad = runner.invoke(app, [*args, "--from", "someday"])
+    assert bad.exit_code == 2
+    assert "invalid --from 'someday': use YYYY-MM-DD or an ISO 8601 time" in bad.output

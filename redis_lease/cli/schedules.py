@@ -93,6 +93,75 @@ def schedule_show(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = False
     )
 
 
+@schedule_app.command("next")
+def schedule_next(
+    job_path: JobArg,
+    start: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            metavar="TIME",
+            help="Start after this time: YYYY-MM-DD (midnight UTC) or ISO 8601 (UTC when it "
+            "has no offset). Default: now, by this machine's clock.",
+        ),
+    ] = None,
+    count: Annotated[int, typer.Option("--count", min=1, max=366, help="How many.")] = 5,
+    as_json: JsonOpt = False,
+) -> None:
+    """The job's next scheduled times, and the run each makes when the tick is on time:
+    its business date, run id and deadline. Reads no Redis: try a schedule, a timezone
+    or a deadline before a night comes."""
+    from datetime import UTC, datetime, timedelta
+
+    from ..fleet.job import load_job
+    from ..fleet.tick.missed_runs import business_date
+    from ..operate.output import print_json, print_table
+    from ..protocol.values import from_ms
+    from .shared import parse_since
+
+    job = load_job(job_path)
+    since = from_ms(parse_since(start, "--from")) if start else datetime.now(UTC)
+    rows: list[dict[str, str]] = []
+    after = since
+    while len(rows) < count:
+        fires = job.fire_times(after, after + timedelta(days=400))
+        if not fires:
+            break
+        for fire in fires[: count - len(rows)]:
+            day = business_date(job, fire)
+            deadline = job.deadline_for(day, fire)
+            rows.append(
+                {
+                    "business_date": day.isoformat(),
+                    "run": job.run_id(day),
+                    "fires": fire.isoformat(),
+                    "fires_utc": fire.astimezone(UTC).isoformat(),
+                    "deadline_utc": deadline.astimezone(UTC).isoformat(),
+                }
+            )
+        after = fires[-1]
+    if as_json:
+        print_json(rows)
+        return
+    typer.echo(
+        f"{job.name}: {job.options.schedule} in {job.options.timezone}, after "
+        f"{since.astimezone(UTC).isoformat(timespec='seconds')}"
+    )
+    print_table(
+        (
+            "business date",
+            "run",
+            f"fires ({job.options.timezone})",
+            "fires (UTC)",
+            "deadline (UTC)",
+        ),
+        [
+            (r["business_date"], r["run"], r["fires"], r["fires_utc"], r["deadline_utc"])
+            for r in rows
+        ],
+    )
+
+
 def _pause_json(paused: Pause | None) -> dict[str, object] | None:
     if paused is None:
         return None
