@@ -190,6 +190,17 @@ class RedisUnavailable(LeaseError):
     exit_code = 6
 
 
+class RedisFull(RedisUnavailable):
+    """Redis is full: its used memory is over ``maxmemory`` and its policy evicts nothing.
+
+    The server refused the call before running it (``OOM``). Free memory, raise
+    ``maxmemory``, or finish or delete old runs. A worker rides it out as it does a stall:
+    its claims wait, its commits are sent again while its leases hold.
+    """
+
+    exit_code = 13
+
+
 class PermissionDenied(RedisUnavailable):
     """The server's ACL refuses the Redis user a command or key (``NOPERM``).
 

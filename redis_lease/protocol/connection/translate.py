@@ -40,6 +40,7 @@ from ...errors import (
     InvalidInput,
     LeaseError,
     PermissionDenied,
+    RedisFull,
     RedisUnavailable,
     TLSFailed,
 )
@@ -61,6 +62,9 @@ _SCRIPT_SHA = re.compile(r"script: ([0-9a-f]{40})")
 #: past ``busy-reply-threshold`` (BUSY).
 BUSY_CODES = ("BUSY",)
 _NO_DATABASE = re.compile(r"DB index is out of range", re.IGNORECASE)
+#: A reply of a server over its maxmemory that evicts nothing (redis-py drops its ``OOM``
+#: code in a pipeline's error text).
+_FULL = re.compile(r"command not allowed when used memory > 'maxmemory'")
 
 
 def translate(
@@ -106,6 +110,13 @@ def translate(
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
         return RedisUnavailable(
             f"{_where(url)} is unreachable ({error}); check --url or REDIS_URL", **context
+        )
+    if isinstance(error, redis.exceptions.OutOfMemoryError) or _FULL.search(str(error)):
+        return RedisFull(
+            f"{_where(url)} is full (used memory over its maxmemory, and its policy evicts "
+            "nothing): it refused the call; free memory, raise maxmemory, or finish or "
+            "delete old runs (docs/durability.md)",
+            **context,
         )
     if _reply_code(error) in BUSY_CODES:  # refused before running: nothing was written
         return RedisUnavailable(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ...deprecation import renamed_attribute
-from ...errors import NotFound
+from ...errors import NotFound, RedisFull
 from ...limits import FINAL_RUN_STATES, RUNNING
 from ..connection.clients import as_text, queue_time, time_ms
 from ..replies import Snapshot
@@ -43,11 +43,24 @@ _PER_SHARD = 7
 
 def read(store: StoreBase, run_id: str) -> tuple[dict[str, str], list[Snapshot]]:
     """The run's record and a snapshot of each of its shards, in one round trip; raises
-    NotFound when the run has no record (also when its shard count was known before)."""
+    NotFound when the run has no record (also when its shard count was known before).
+
+    One moment on one server (a transaction), except on a full Redis, which refuses every
+    command queued in a transaction: then the same reads go as a plain pipeline, so that
+    the views still answer (each read is exact, the moments a few microseconds apart)."""
+    try:
+        return _read(store, run_id, transaction=not store.on_cluster)
+    except RedisFull:
+        return _read(store, run_id, transaction=False)
+
+
+def _read(
+    store: StoreBase, run_id: str, transaction: bool
+) -> tuple[dict[str, str], list[Snapshot]]:
     count = store.shard_count(run_id)
     with store.translating_errors(run_id):
-        # One moment on one server; on a cluster each node answers for its own shards.
-        pipe = store.client.pipeline(transaction=not store.on_cluster)
+        # On a cluster each node answers for its own shards.
+        pipe = store.client.pipeline(transaction=transaction)
         queue_time(pipe)
         pipe.hgetall(store.keys.run(run_id))
         for shard in range(count):
