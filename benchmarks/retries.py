@@ -20,8 +20,11 @@ plain exception, retried after the job's back-off (``backoff_base_seconds``
 - ``end_lag_s``: from the last item's commit (the latest ``done_at``) to the run's end;
 - ``retry_gap_s``: the longest wait of a retried item: from its failed attempt's raise
   to its next attempt's start, both written by the handler into Redis;
+- ``retry_gap_median_s``: the median of those waits;
 - ``backoff_s``: the longest back-off the server gave (``eligible_at`` minus the
-  failure's time, from the item records).
+  failure's time, from the item records);
+- ``retry_after_due_s``: the longest a retried item waited past its due time
+  (``leased_at`` minus ``eligible_at``): behind the items due before it, or for a tick.
 
 Revisions and variants are interleaved (reference then this, clean then errors; the
 next round in the reverse order). Medians per revision and variant, the ratios
@@ -74,7 +77,16 @@ POLL = 0.1
 STOP_TIMEOUT = 30.0
 VARIANTS = ("clean", "errors")
 SIDES = ("reference", "this")
-FIGURES = ("start_s", "created_s", "start_to_created_s", "end_lag_s", "retry_gap_s", "backoff_s")
+FIGURES = (
+    "start_s",
+    "created_s",
+    "start_to_created_s",
+    "end_lag_s",
+    "retry_gap_s",
+    "retry_gap_median_s",
+    "backoff_s",
+    "retry_after_due_s",
+)
 #: The goals' slack: a run's end after its last commit, a retry after its back-off.
 END_LAG_GOAL = 2.0
 RETRY_SLACK = 2.0
@@ -226,6 +238,7 @@ def one_round(
     backoffs = [r["eligible_at"] - ms_of(r["errors"][-1].at) for r in retried.values()]
     times = {k.decode(): int(v) for k, v in client.hgetall(key).items()}
     gaps = [times[f"{i}:2"] - times[f"{i}:fail"] for i in retried if f"{i}:2" in times]
+    after_due = [r["leased_at"] - r["eligible_at"] for r in retried.values()]
     failing = retry_jobs.failing(args.items, error_pct)
     if len(done) != args.items or set(retried) != failing or len(gaps) != len(failing):
         raise RuntimeError(
@@ -238,7 +251,9 @@ def one_round(
         "start_to_created_s": round(seen - started - (ended_ms - created_ms) / 1000, 2),
         "end_lag_s": round((ended_ms - max(r["done_at"] for r in done)) / 1000, 2),
         "retry_gap_s": round(max(gaps) / 1000, 2) if gaps else None,
+        "retry_gap_median_s": round(statistics.median(gaps) / 1000, 2) if gaps else None,
         "backoff_s": round(max(backoffs) / 1000, 2) if backoffs else None,
+        "retry_after_due_s": round(max(after_due) / 1000, 2) if after_due else None,
         "retried": len(retried),
         "end_reason": info.get("reason", ""),
         "worker_exit_codes": codes,
@@ -277,6 +292,7 @@ def summarize(found: dict[str, dict[str, list[dict[str, Any]]]], backoff: float)
         goals[side] = {
             "errors_run_s": {
                 "median": errors["start_s"],
+                "worst": worst([r["start_s"] for r in found[side]["errors"]]),
                 "bound": round(bound, 2),
                 "met": errors["start_s"] <= bound,
                 "every_round": all(
@@ -373,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    # SIGTERM as Ctrl-C: the finally blocks stop the workers and the server
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     begun = time.monotonic()
     checkouts = {"reference": args.ref.resolve(), "this": ROOT}
     found: dict[str, dict[str, list[dict[str, Any]]]] = {
@@ -403,7 +421,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"round {n + 1} {side} {variant}: succeeded {figures['start_s']} s "
                         f"after the start ({figures['created_s']} s after its creation), "
                         f"end {figures['end_lag_s']} s after the last commit, longest retry "
-                        f"gap {figures['retry_gap_s']} s, back-off {figures['backoff_s']} s"
+                        f"gap {figures['retry_gap_s']} s (median {figures['retry_gap_median_s']}), "
+                        f"back-off {figures['backoff_s']} s, past due "
+                        f"{figures['retry_after_due_s']} s"
                     )
             server_info = machine(client)
         finally:
