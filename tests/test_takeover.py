@@ -375,6 +375,10 @@ def test_a_takeover_enqueues_again_only_the_job_path_its_jobs_record_holds(
     assert redispatch(store, takeover.Takeover(forged, 0, 0)) is None
     enqueued = redispatch(store, takeover.Takeover(ours, 0, 0))
     assert enqueued is not None
+    # a run no tick made (shard jobs enqueued by the caller of Runs): no path recorded, so
+    # the stopped job's own path is enqueued again, or its shard would wait for ever
+    store.client.hdel(store.keys.job("fleet"), "path")
+    assert redispatch(store, takeover.Takeover(ours, 0, 0)) is not None
     queue(store.rq, store.prefix).empty()
     assert (
         ShardJob.from_json("bad", json.dumps({**json.loads(ours.to_json()), "path": "x y"})) is None

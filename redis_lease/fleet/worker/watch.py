@@ -91,9 +91,10 @@ def beat_and_look(store: LeaseStore, name: str, record: str = "") -> Swept:
 
 def redispatch(store: LeaseStore, done: takeover.Takeover) -> str | None:
     """Enqueues a shard job, first in its queue, for the shard of a stopped job; None when
-    its run is not running, or its failed shard jobs hold dispatch back, or the job path its
-    entry names is not the one its job's record holds (an entry is anyone's to write: the
-    tick decides then)."""
+    its run is not running, or its failed shard jobs hold dispatch back, or its job's record
+    holds a job path other than the one its entry names (an entry is anyone's to write: the
+    tick decides then). A run no tick made (its job has no recorded path: made through
+    ``Runs`` and shard jobs enqueued by its caller) gets the stopped job's path again."""
     job = done.job
     try:
         info = Runs(store).info(job.run_id)
@@ -103,7 +104,7 @@ def redispatch(store: LeaseStore, done: takeover.Takeover) -> str | None:
         return None
     with store.translating_errors(job.run_id):
         recorded = store.client.hget(store.keys.job(info.get("job", "")), "path")
-    if recorded is None or as_text(recorded) != job.path:
+    if recorded is not None and as_text(recorded) != job.path:
         return None
     return shard_jobs.enqueue_shard(
         store, job.path, job.queue, job.run_id, job.shard, job.budget, at_front=True
