@@ -272,12 +272,6 @@ class Runs:
             except Exception as error:
                 self._fail_planning(job, run_id, error)
                 raise
-            try:
-                for position, item in enumerate(batch, streamed + 1):
-                    planned_item(item, position)
-            except InvalidInput as error:
-                self._fail_planning(job, run_id, error)
-                raise
             if not batch:
                 return
             try:
@@ -289,9 +283,10 @@ class Runs:
                     backoff_cap=job.options.backoff_cap_seconds,
                     deadline_ms=plan.deadline_ms,
                 )
-            except InvalidInput as error:  # the planner yielded a bad item
-                self._fail_planning(job, run_id, error)
-                raise
+            except InvalidInput as error:  # the planner yielded a bad item: name it
+                named = _named_item(batch, streamed, error)
+                self._fail_planning(job, run_id, named)
+                raise named from None
             with self.store.translating_errors(run_id):
                 pipe = self.client.pipeline(transaction=False)
                 pipe.pexpire(lock, PLANNER_LOCK_MS)
@@ -472,6 +467,18 @@ def planned_item(item: Any, position: int) -> None:
         encode_json(item.payload)
     except InvalidInput as error:
         raise InvalidInput(f"the planner's item {position}: {error}") from None
+
+
+def _named_item(batch: list[Any], streamed: int, error: InvalidInput) -> InvalidInput:
+    """The refusal of the first bad item of ``batch`` (after ``streamed`` items), named by
+    its position in the plan (:func:`planned_item`); ``error`` when no item is to blame.
+    Checked only once adding refused the batch: a plan's items are checked once."""
+    for position, item in enumerate(batch, streamed + 1):
+        try:
+            planned_item(item, position)
+        except InvalidInput as named:
+            return named
+    return error
 
 
 def planning_reason(error: BaseException) -> str:
