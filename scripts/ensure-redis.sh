@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Makes sure the tests can have a real Redis. The suite uses REDIS_URL, else a Redis on
-# 127.0.0.1:6379, else a redis-server it starts itself; tests that kill, restart or
-# reconfigure a server always start a private redis-server. So the redis-server binary
-# is needed in every case: it is installed from Debian's packages when it is missing
-# and this runs as root.
+# Makes sure the tests can have a real Redis. The suite uses REDIS_LEASE_TEST_URL, else
+# REDIS_URL, else a Redis on 127.0.0.1:6379, else a redis-server it starts itself; tests
+# that kill, restart or reconfigure a server always start a private redis-server. So the
+# redis-server binary is needed in every case: it is installed from Debian's packages
+# when it is missing and this runs as root.
 set -euo pipefail
 if command -v redis-server >/dev/null 2>&1; then exit 0; fi
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then

@@ -1,7 +1,8 @@
 """Test harness: a real Redis for every test, fakeredis as a second backend.
 
-Redis is found in this order: ``REDIS_URL``; a Redis answering on
-127.0.0.1:6379; a ``redis-server`` started for the session on a free port.
+Redis is found in this order: ``REDIS_LEASE_TEST_URL`` (the suite's own variable);
+``REDIS_URL``; a Redis answering on 127.0.0.1:6379; a ``redis-server`` started for the
+session on a free port.
 Under ``CI=true`` a missing real Redis fails the run; it is never skipped.
 Each test gets its own key prefix and deletes only keys under it.
 """
@@ -37,13 +38,23 @@ def _answers(url: str) -> bool:
         client.close()
 
 
+def _chosen_url() -> tuple[str, str] | None:
+    """The Redis a variable names for the suite, and that variable's name; None for none."""
+    for variable in ("REDIS_LEASE_TEST_URL", "REDIS_URL"):
+        url = os.environ.get(variable)
+        if url:
+            return url, variable
+    return None
+
+
 def pytest_report_header() -> str:
     """Which real Redis the suite writes to, on the header's first lines."""
     from redis_lease.protocol.connection.urls import safe_url
 
-    url = os.environ.get("REDIS_URL")
-    if url:
-        return f"real Redis: {safe_url(url)} (REDIS_URL)"
+    chosen = _chosen_url()
+    if chosen:
+        url, variable = chosen
+        return f"real Redis: {safe_url(url)} ({variable})"
     if _answers(LOCAL_URL):
         return f"real Redis: {LOCAL_URL} (the one running here; set REDIS_URL for another)"
     return "real Redis: a private redis-server for the session (none on 127.0.0.1:6379)"
@@ -52,10 +63,11 @@ def pytest_report_header() -> str:
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The URL of a real Redis server for this session."""
-    url = os.environ.get("REDIS_URL")
-    if url:
+    chosen = _chosen_url()
+    if chosen:
+        url, variable = chosen
         if not _answers(url):
-            pytest.fail(f"REDIS_URL={url} does not answer PING")
+            pytest.fail(f"{variable}={url} does not answer PING")
         yield url
         return
     if _answers(LOCAL_URL):
