@@ -101,6 +101,21 @@ def test_a_bad_worker_or_item_id_changes_nothing_in_an_existing_run(
     assert snapshot(store.client, store.prefix) == before
 
 
+@pytest.mark.parametrize("bad", ["2", 1.0, True, None, [0]])
+def test_a_shard_of_the_wrong_type_is_refused_with_invalid_input(
+    store: LeaseStore, bad: Any
+) -> None:
+    """Not a raw ``TypeError`` from comparing it (``None`` is "any shard", so it is taken)."""
+    store.add(RUN, [Item("a")], shards=4)
+    before = snapshot(store.client, store.prefix)
+    if bad is None:
+        assert [lease.item_id for lease in store.claim_next(RUN, "w", shard=bad)] == ["a"]
+        return
+    with pytest.raises(InvalidInput, match=r"^invalid shard .* of type \w+: a shard is an int"):
+        store.claim_next(RUN, "w", shard=bad)
+    assert snapshot(store.client, store.prefix) == before
+
+
 def test_the_longest_id_and_every_allowed_character_are_accepted(store: LeaseStore) -> None:
     longest = "x" * 200
     every = "AZaz09_-.:@/+="

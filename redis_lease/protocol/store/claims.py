@@ -15,6 +15,7 @@ from .. import tracing
 from ..connection.translate import REDIS_FAILURES
 from ..replies import Grant
 from ..scripts import Call
+from ..validation import clip
 from ..values import Lease
 from .base import StoreBase
 from .call_checks import check_claim
@@ -115,6 +116,12 @@ class StoreClaims(StoreBase):
         """
         ttl_ms = check_claim(run_id, None, worker, ttl, limit)
         count = self.shard_count(run_id)
+        if shard is not None and (not isinstance(shard, int) or isinstance(shard, bool)):
+            example = f" (e.g. {shard})" if isinstance(shard, str) and shard.isdigit() else ""
+            raise InvalidInput(
+                f"invalid shard {clip(repr(shard), 60)} of type {type(shard).__name__}: "
+                f"a shard is an int{example}"
+            )
         if shard is not None and not 0 <= shard < count:
             raise InvalidInput(
                 f"shard {shard} out of range: run {run_id!r} has shards 0-{count - 1}"
