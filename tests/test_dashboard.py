@@ -437,6 +437,8 @@ def test_resume_reopens_a_partial_run_with_a_new_deadline(
     assert view.has("button", data_action="resume")
     form = next(f for f in view.all("form") if f.has("button", data_action="resume"))
     assert form.one("input", name="hours").attrs["value"] == "2"  # its deadline has passed
+    said = " ".join(form.one(data_field="resume-text").text.split())
+    assert said.startswith("This run ended partial and its deadline has passed. Resume it")
     token = csrf_of(view)
     refused = client.post(form.attrs["action"], data={"csrf_token": token})
     assert refused.status_code == 303
