@@ -15,8 +15,8 @@ mkdocs.yml lists this file after griffe's ``dataclasses`` extension, so that the
 from __future__ import annotations
 
 import html
-import importlib
 import inspect
+import pkgutil
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -68,7 +68,7 @@ def render_roles(text: str, link: Any = None) -> str:
 def _found(collection: Any, path: str) -> Any:
     try:
         return collection.get_member(path)
-    except Exception:  # noqa: BLE001 (griffe raises KeyError or an alias error)
+    except (KeyError, ValueError, griffe.AliasResolutionError, griffe.CyclicAliasError):
         return None
 
 
@@ -96,31 +96,17 @@ def resolve(obj: Any, target: str, collection: Any) -> str | None:
         if found is not None:
             try:
                 return str(found.final_target.path if found.is_alias else found.path)
-            except Exception:  # noqa: BLE001 (an alias to a package not loaded)
+            except (griffe.AliasResolutionError, griffe.CyclicAliasError):  # not loaded
                 return str(found.path)
     return None
 
 
-def _objects(obj: Any) -> Iterator[Any]:
+def objects(obj: Any) -> Iterator[Any]:
     """``obj`` and every member under it, aliases left out."""
     yield obj
     for member in list(obj.members.values()):
         if not member.is_alias:
-            yield from _objects(member)
-
-
-def _real(path: str) -> Any:
-    """The imported object at ``path`` (a module's member, or a member of one)."""
-    parts = path.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            value: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for part in parts[cut:]:
-            value = getattr(value, part)
-        return value
-    raise ImportError(path)
+            yield from objects(member)
 
 
 def _names_something(expression: Any) -> bool:
@@ -148,9 +134,9 @@ def show_default_values(func: Any) -> None:
     if not named:
         return
     try:
-        real = _real(func.path)
+        real = pkgutil.resolve_name(func.path)
         if func.name == "__init__" and func.parent is not None and func.parent.is_class:
-            real = _real(func.parent.path)
+            real = pkgutil.resolve_name(func.parent.path)
         parameters = inspect.signature(real).parameters
     except (ImportError, AttributeError, TypeError, ValueError):
         return
@@ -166,8 +152,8 @@ def show_attribute_value(attribute: Any) -> None:
     if not _names_something(attribute.value):
         return
     try:
-        value = shown(_real(attribute.path))
-    except (ImportError, AttributeError):
+        value = shown(pkgutil.resolve_name(attribute.path))
+    except (ImportError, AttributeError, ValueError):
         return
     if value is not None:
         attribute.value = value
@@ -181,7 +167,7 @@ class ApiReference(griffe.Extension):
         if pkg.name != "redis_lease":
             return
         collection = loader.modules_collection
-        for obj in _objects(pkg):
+        for obj in objects(pkg):
             if obj.docstring is not None:
                 obj.docstring.value = render_roles(
                     obj.docstring.value,
