@@ -142,6 +142,10 @@ RESUME_HOURS_MAX: int = default("resume_hours_max")
 #: How long a store that waits for replicas waits for them after a claim, unless told (ms).
 DEFAULT_WAIT_TIMEOUT_MS: int = default("wait_timeout_ms")
 
+#: The highest retry rate a capacity plan accepts: above it an item costs 100+ attempts
+#: (:mod:`redis_lease.fleet.capacity` checks it; ``plan-capacity --retry-rate`` states it).
+MAX_RETRY_RATE = 0.99
+
 #: The states a run is stored in (its record's ``state``, the scripts' words): the open
 #: ones, still worked, then the final ones. The rules over them are in
 #: :mod:`redis_lease.fleet.run_states`.

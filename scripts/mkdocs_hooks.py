@@ -4,11 +4,14 @@ typer app at build time by typer's own ``utils docs`` (the generator mkdocs-type
 typer 0.29 no longer builds on click, so neither mkdocs-click nor mkdocs-typer2's
 native engine can read the app, and mkdocs-typer2's legacy engine renders the usage
 lines without code blocks and an empty page when the command fails. Here a failure, or
-a command missing from the text, fails the build.
+a command missing from the text, fails the build. The list of commands is replaced by
+the groups ``redis-lease --help`` shows (redis_lease/cli/help_text.py), each command
+linked to its section.
 """
 
 from __future__ import annotations
 
+import html
 import re
 import subprocess
 import sys
@@ -26,6 +29,28 @@ def command_names() -> list[str]:
 
     group: Any = typer.main.get_command(app)
     return sorted(group.list_commands(None))  # lists (and makes) every command, as help does
+
+
+def command_groups() -> str:
+    """The commands in the groups and order of ``redis-lease --help``, with their summaries."""
+    import typer
+    import typer.main
+
+    from redis_lease.cli import app
+
+    group: Any = typer.main.get_command(app)
+    ctx = typer.Context(group, info_name="redis-lease")
+    lines: list[str] = []
+    current = None
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        panel = command.rich_help_panel or "Other commands"
+        if panel != current:
+            lines += ["", f"**{panel}**:", ""]
+            current = panel
+        text = html.escape(command.get_short_help_str(), quote=False)
+        lines.append(f"* [`{name}`](#redis-lease-{name}): {text}")
+    return "\n".join(lines).lstrip("\n") + "\n"
 
 
 def cli_reference() -> str:
@@ -48,6 +73,8 @@ def cli_reference() -> str:
     if done.returncode != 0:
         raise RuntimeError(f"typer utils docs failed: {done.stderr.strip()}")
     text = re.sub(r"^(#+) ", r"#\1 ", done.stdout, flags=re.MULTILINE)
+    listed = re.compile(r"^\*\*Commands\*\*:\n\n(?:\* .*\n)+", re.MULTILINE)
+    text = listed.sub(lambda _: command_groups(), text, count=1)
     missing = [n for n in command_names() if f"## `redis-lease {n}`" not in text]
     if missing:
         raise RuntimeError(f"the CLI reference lacks the commands {missing}")

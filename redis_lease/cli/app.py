@@ -21,15 +21,16 @@ from importlib import import_module
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperGroup
 
 from ..limits import DEFAULT_PREFIX, INSECURE_ENV
+from .help_text import GROUP_OF, PLACE, ReadableGroup, ReadableTyper
 from .plain_values import read_plainly
 from .shared import DEFAULT_URL, Settings
 
 #: Set to 1 to let unexpected exceptions show their traceback.
 DEBUG_ENV = "REDIS_LEASE_DEBUG"
-#: The modules of this package that add commands, in the order ``--help`` lists them.
+#: The modules of this package that add commands (``--help`` lists the commands in the
+#: groups of :data:`.help_text.COMMAND_GROUPS`).
 COMMAND_MODULES = (
     "capacity",
     "dashboard",
@@ -143,7 +144,7 @@ def show_warning(
     warning_line(str(message))
 
 
-class LeaseGroup(TyperGroup):
+class LeaseGroup(ReadableGroup):
     """The root command: turns every failure into one stderr line and an exit code.
 
     Its commands are made when first named: a command line imports the module of its
@@ -151,21 +152,22 @@ class LeaseGroup(TyperGroup):
     """
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        """The command ``cmd_name``, its module imported now when it was not yet."""
+        """The command ``cmd_name``, its module imported now when it was not yet, in its
+        group of ``--help`` (:data:`.help_text.COMMAND_GROUPS`)."""
         if cmd_name not in self.commands:
             home = COMMAND_HOMES.get(cmd_name)
             self._add_commands(COMMAND_MODULES if home is None else (home,))
-        return super().get_command(ctx, cmd_name)
+        command: Any = super().get_command(ctx, cmd_name)
+        if command is not None:
+            command.rich_help_panel = GROUP_OF.get(cmd_name)
+        return command
 
     def list_commands(self, ctx: Any) -> list[str]:
-        """Every command's name: those of :data:`COMMAND_MODULES` in its order (each
-        module's in the order it adds them), then the groups (``schedule``)."""
+        """Every command's name, in the groups and order of
+        :data:`.help_text.COMMAND_GROUPS` (a command in none comes last)."""
         self._add_commands(COMMAND_MODULES)
-        rank = {f"{__package__}.{module}": index for index, module in enumerate(COMMAND_MODULES)}
-        infos = sorted(app.registered_commands, key=lambda i: rank.get(i.callback.__module__, 99))
-        place = {info.callback: index for index, info in enumerate(infos)}
         names = super().list_commands(ctx)
-        return sorted(names, key=lambda name: place.get(_function(self.commands[name]), 999))
+        return sorted(names, key=lambda name: PLACE.get(name, len(PLACE)))
 
     def _add_commands(self, modules: Iterable[str]) -> None:
         """Imports ``modules`` and makes the commands they added to :data:`app`."""
@@ -231,7 +233,7 @@ class LeaseGroup(TyperGroup):
         sys.exit(result if isinstance(result, int) else 0)
 
 
-app = typer.Typer(
+app = ReadableTyper(
     name="redis-lease",
     cls=LeaseGroup,
     help="Fenced leases on the items of recoverable batch runs, in Redis.",

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ..limits import MAX_RETRY_RATE
 from .app import app
 from .shared import open_store
 
@@ -43,7 +44,10 @@ def plan_capacity(
     ] = None,
     retry_rate: Annotated[
         float | None,
-        typer.Option("--retry-rate", help="Share of attempts that do not finish their item."),
+        typer.Option(
+            "--retry-rate",
+            help=f"Share of attempts that do not finish their item: 0 to {MAX_RETRY_RATE}.",
+        ),
     ] = None,
     spare_nodes: Annotated[
         int, typer.Option("--spare-nodes", min=0, help="Nodes that may disappear.")

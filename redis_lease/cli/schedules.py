@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from .app import app
+from .help_text import ReadableTyper
 from .shared import JsonOpt, exit_if_failed, open_store, parse_date, planning_progress
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ JobNameArg = Annotated[
     str, typer.Argument(help="A job's import path (package.module:attr) or its name.")
 ]
 
-schedule_app = typer.Typer(
+schedule_app = ReadableTyper(
     help="The job's schedule: rq-scheduler entries, pause and resume.", no_args_is_help=True
 )
 app.add_typer(schedule_app, name="schedule")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..limits import DEFAULT_PREFIX
+from ..limits import DEFAULT_PREFIX, TTL_MAX_MS, TTL_MIN_MS
 
 if TYPE_CHECKING:
     from ..fleet.tick.scheduler_tick import TickProgress, TickResult
@@ -117,7 +117,14 @@ TraceIdOpt = Annotated[
         "--trace-id", help="The claim's trace id, kept with the attempt in the attempt log."
     ),
 ]
-TtlOpt = Annotated[float, typer.Option("--ttl", help="Lease time to live in seconds.")]
+TtlOpt = Annotated[
+    float,
+    typer.Option(
+        "--ttl",
+        metavar="SECONDS",
+        help=f"Lease time to live: {TTL_MIN_MS / 1000:g} to {TTL_MAX_MS // 1000} seconds.",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
 

@@ -38,9 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
+from ..limits import MAX_RETRY_RATE
 
-#: The highest retry rate a plan accepts: above it an item costs 100+ attempts.
-MAX_RETRY_RATE = 0.99
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")
 _RATE_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
