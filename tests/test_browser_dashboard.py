@@ -367,6 +367,105 @@ def test_health_and_metrics(page: Page, dashboard: Dashboard, world: World) -> N
     assert done[0] > 0
 
 
+#: The widths every page is looked at: a laptop's and a small one's.
+WIDTHS = (1400, 1024)
+#: Cells whose values read badly split (counts, pids, times, states) and buttons.
+ONE_LINE = "td.num, td.time, td.nowrap, button"
+#: The lines each matching element's text takes, by distinct line tops (a cell's row can be
+#: taller than its text, so the text's own boxes are measured, not the cell).
+LINES = """
+(selector) => [...document.querySelectorAll(selector)].map((el) => {
+  const range = document.createRange();
+  range.selectNodeContents(el);
+  const tops = [...range.getClientRects()].filter((r) => r.width > 0 && r.height > 0)
+    .map((r) => Math.round(r.top));
+  const lines = [];
+  for (const top of tops.sort((a, b) => a - b)) {
+    if (!lines.length || top - lines[lines.length - 1] > 4) lines.push(top);
+  }
+  return {text: el.innerText.trim(), lines: lines.length};
+})
+"""
+
+
+def split_cells(page: Page) -> list[str]:
+    """The ONE_LINE elements of the page whose text takes more than one line."""
+    measured = page.evaluate(LINES, ONE_LINE)
+    return [f"{m['text']!r} on {m['lines']} lines" for m in measured if m["lines"] > 1]
+
+
+def test_pages_keep_counts_times_and_buttons_on_one_line_at_1400_and_1024(
+    browser: Browser, dashboard: Dashboard, world: World, held: str
+) -> None:
+    queue = jobs.settlement.options.queue
+    pages = {
+        "runs": "",
+        "run": f"runs/{quote(world.settlement_run, safe='')}",
+        "workers": "workers",
+        "rq-queues": "rq/",
+        "rq-workers": "rq/0/view/workers",
+        "rq-jobs": f"rq/0/view/jobs/{queue}/finished",
+    }
+    shots = []
+    for width in WIDTHS:
+        context = browser.new_context(viewport={"width": width, "height": 900})
+        try:
+            page = context.new_page()
+            for name, path in pages.items():
+                response = page.goto(f"{dashboard.url}{path}")
+                assert response is not None and response.status == 200, path
+                page.locator("table").first.wait_for()
+                shots.append(screenshot(page, f"layout-{name}-{width}", width))
+                assert page.locator(ONE_LINE).count() > 0, name
+                if name == "rq-jobs":
+                    assert page.locator('button[data-action="delete"]').count() > 0
+                assert split_cells(page) == [], (name, width)
+                overflow = page.evaluate("document.documentElement.scrollWidth - innerWidth")
+                assert overflow <= 0, f"{name} is {overflow} px wider than {width}"
+            page.goto(f"{dashboard.url}rq/0/view/workers")
+            for column in ("jobs_done", "jobs_failed"):  # RQ writes a counter only once it counts
+                cells = page.locator(f'table#workers [data-field="{column}"]')
+                assert cells.count() == len(world_rq_workers(page, dashboard)) > 0
+                shown = [cells.nth(n).inner_text().strip() for n in range(cells.count())]
+                assert all(text.isdigit() for text in shown), (column, shown)
+            assert "0" in shown, "a worker that failed no job shows 0"
+        finally:
+            context.close()
+    assert all(shot.stat().st_size > 0 for shot in shots)
+
+
+def world_rq_workers(page: Page, dashboard: Dashboard) -> list[Any]:
+    """The RQ workers, as the dashboard's JSON lists them."""
+    answer = page.request.get(f"{dashboard.url}rq/0/data/workers.json")
+    assert answer.status == 200
+    workers: list[Any] = answer.json()["workers"]
+    return workers
+
+
+def test_the_metrics_link_opens_a_dashboard_page_with_a_way_back(
+    page: Page, dashboard: Dashboard, world: World
+) -> None:
+    page.goto(dashboard.url)
+    page.get_by_role("link", name="Metrics", exact=True).click()
+    page.locator("table#metrics").wait_for()
+    assert page.locator("h1").inner_text() == "Metrics"
+    assert page.get_by_role("link", name="Runs", exact=True).count() == 1  # the way back
+    raw = page.locator("a#raw-metrics")
+    assert raw.get_attribute("href") == "/metrics"
+    family = page.locator('tbody[data-family="redis_lease_items"]')
+    run = world.settlement_run
+    done = family.locator("tr[data-sample]", has_text=f'run="{run}"').filter(has_text='"done"')
+    assert done.count() == 1
+    expected = status(world, run)["counts"]["done"]
+    assert done.locator("td.num").inner_text().strip() == str(expected)
+    screenshot(page, "dashboard-metrics", 1400)
+    raw.click()
+    assert page.url == f"{dashboard.url}metrics"
+    assert "redis_lease_items" in page.content()
+    page.go_back()
+    page.locator("table#metrics").wait_for()
+
+
 # -- read-only and password -----------------------------------------------------------
 
 

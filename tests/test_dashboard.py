@@ -32,6 +32,7 @@ from redis_lease.operate.dashboard import create_app
 from redis_lease.operate.dashboard import pages as pages_module
 from redis_lease.operate.dashboard.security import loopback_hosts
 from redis_lease.operate.dashboard.server import wsgi_app
+from redis_lease.operate.dashboard.times import short_time
 from redis_lease.operate.run_views import deadline_text, projected_finish_text
 from redis_lease.operate.views import run_ids_since
 from redis_lease.protocol.values import Item, Lease
@@ -174,12 +175,14 @@ def test_runs_page_shows_every_run_newest_first_with_the_status_numbers(
         assert row.field("planned") == str(status.planned)
         assert row.field("lost") == str(status.lost)
         deadline = deadline_text(status)
-        assert deadline is not None and row.field("deadline") == deadline
-        assert row.field("projected_finish") == (projected_finish_text(status) or "")
+        assert deadline is not None and row.one(data_field="deadline").attrs["title"] == deadline
+        assert row.field("deadline") == short_time(deadline)  # to the second
+        projected = projected_finish_text(status) or ""
+        assert row.one(data_field="projected_finish").attrs["title"] == projected
     risky = runs.one("tr", data_run="risky:2026-12-01")
     assert (risky.field("planned"), risky.field("lost")) == ("5", "2")
     assert (risky.field("leased"), risky.field("dead"), risky.field("pending")) == ("1", "1", "1")
-    assert risky.field("projected_finish") == projected_finish_text(
+    assert risky.one(data_field="projected_finish").attrs["title"] == projected_finish_text(
         store.status("risky:2026-12-01")
     )
     assert runs.one("tr", data_run="broken:2026-12-01").field("projected_finish") == ""
@@ -275,7 +278,11 @@ def test_unknown_run_and_item_are_a_404_page_that_says_so(
     real_store: LeaseStore, client: FlaskClient
 ) -> None:
     missing = page(client, "/runs/nope:2026-12-02", 404)
-    assert "run 'nope:2026-12-02' not found" in missing.one(id="error-message").text
+    said = missing.one(id="error-message").text
+    assert said.startswith("There is no run 'nope:2026-12-02'. The runs page lists every run")
+    assert "`" not in said and "redis-lease" not in said, "a page's words, not a command line's"
+    assert missing.one("h1").text == "Not found"
+    assert link(missing, "All runs") == "/"
     real_store.add("r", [Item("a")])
     item = page(client, "/runs/r/items/zz", 404).one(id="error-message").text
     assert "zz" in item and "not found" in item

@@ -137,11 +137,12 @@ def updating_doc_images() -> bool:
     return os.environ.get("REDIS_LEASE_UPDATE_SCREENSHOTS") == "1"
 
 
-def screenshot(page: Page, name: str) -> Path:
-    """Saves the whole page, WIDTH pixels wide, as ``<artifacts>/<name>.png``; returns the path."""
+def screenshot(page: Page, name: str, width: int = WIDTH) -> Path:
+    """Saves the whole page, ``width`` pixels wide, as ``<artifacts>/<name>.png``; returns
+    the path."""
     path = artifacts() / f"{name}.png"
     viewport = page.viewport_size
-    page.set_viewport_size({"width": WIDTH, "height": 240})  # the image ends where the page does
+    page.set_viewport_size({"width": width, "height": 240})  # the image ends where the page does
     try:
         page.screenshot(path=str(path), full_page=True)
     finally:

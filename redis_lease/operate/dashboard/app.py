@@ -4,7 +4,9 @@ Every request is for a Host the dashboard answers to (:mod:`.security`); every
 request but ``/healthz`` passes basic auth when it is set; with ``read_only`` every
 POST is refused (403) and no page shows a button; every form carries a CSRF token
 (Flask-WTF), checked on every POST. An error is a page with one line, or for a
-``.json`` URL a JSON object ``{"error": ..., "message": ...}``, with its status.
+``.json`` URL a JSON object ``{"error": ..., "message": ...}``, with its status. On a
+full Redis (:mod:`.fullness`) every page shows a banner saying so, an action it refuses
+goes back to its page with a line saying why, and ``/healthz`` says ``redis full``.
 """
 
 from __future__ import annotations
@@ -12,26 +14,38 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 import secrets
 from collections.abc import Callable, Collection
 
 import flask
-from flask import render_template, request
+from flask import flash, render_template, request
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
 from werkzeug.exceptions import HTTPException
+from werkzeug.wrappers import Response
 
-from ...errors import InvalidInput, NotFound, RedisLeaseError, RedisUnavailable
+from ...errors import InvalidInput, NotFound, RedisFull, RedisLeaseError, RedisUnavailable
 from ...protocol.store.lease_store import LeaseStore
 from ..metrics.collector import LeaseCollector
+from . import fullness
+from .pages import back as pages_back
 from .pages import pages
+from .rq_actions import back_to as rq_back
 from .rq_actions import rq_actions
 from .rq_views import rq_views
 from .security import LOOPBACK_HOSTS, HttpsAwareSessions, host_check, security_headers
-from .unreadable import unreadable
+from .times import short_time
+from .unreadable import Unreadable, unreadable
 
 #: Methods that change nothing: allowed when read-only, and without a CSRF token.
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: The blueprints whose forms change something, and the page each action goes back to.
+ACTION_PAGES: dict[str, Callable[[], Response]] = {
+    "pages": pages_back,
+    "rq_actions": rq_back,
+}
 REALM = "redis-lease dashboard"
 log = logging.getLogger("redis_lease.dashboard.app")  # the name logging configs know
 
@@ -78,6 +92,9 @@ def create_app(
     CSRFProtect(app)
     app.after_request(security_headers)
     app.add_template_filter(json_text, "json_text")
+    app.add_template_filter(sample_value, "sample_value")
+    app.add_template_filter(short_time, "short_time")
+    app.context_processor(lambda: {"redis_full": fullness.full_now(store)})
     app.register_blueprint(pages)
     app.register_blueprint(rq_views)
     app.register_blueprint(rq_actions)
@@ -90,6 +107,16 @@ def json_text(value: object) -> str:
     """A JSON value as text for a page (autoescape makes it safe): readable, not escaped
     for a script as ``tojson`` is (which would show ``<`` as ``\\u003c``)."""
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def sample_value(value: float) -> str:
+    """A metric's value as Prometheus's text writes it, a whole number without ``.0``."""
+    value = float(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return str(int(value)) if value.is_integer() else repr(value)
 
 
 def _authenticator(auth: tuple[str, str] | None) -> Callable[[], flask.Response | None]:
@@ -126,11 +153,13 @@ def _refuse_writes() -> None:
 
 
 def _add_probes(app: flask.Flask, store: LeaseStore) -> None:
-    """``/healthz`` (Redis answers) and ``/metrics`` (the store's Prometheus metrics).
+    """``/healthz`` (Redis answers), ``/metrics`` (the store's Prometheus metrics) and
+    ``/metrics/view`` (the same, as a page).
 
-    ``/healthz`` needs no login, so it says ``ok`` or ``redis unavailable`` and no more:
-    which Redis, and why, goes to the log. ``/metrics`` is a 503 with one line when a
-    value in Redis cannot be read (bytes that are not UTF-8 where a run id should be).
+    ``/healthz`` needs no login, so it says ``ok``, ``redis unavailable`` or ``redis full``
+    (a 503 for either: see docs/how-to/alerts-and-dashboards.md) and no more: which Redis,
+    and why, goes to the log. ``/metrics`` is a 503 with one line when a value in Redis
+    cannot be read (bytes that are not UTF-8 where a run id should be).
     """
     registry = CollectorRegistry()
     registry.register(LeaseCollector(store))
@@ -143,6 +172,9 @@ def _add_probes(app: flask.Flask, store: LeaseStore) -> None:
         except RedisLeaseError as error:
             log.warning("healthz: %s", error)
             return flask.Response("redis unavailable\n", 503, mimetype="text/plain")
+        if fullness.redis_full(store):
+            log.warning("healthz: Redis is full: %s", fullness.FULL_ADVICE)
+            return flask.Response("redis full\n", 503, mimetype="text/plain")
         return flask.Response("ok\n", 200, mimetype="text/plain")
 
     @app.get("/metrics")
@@ -156,10 +188,21 @@ def _add_probes(app: flask.Flask, store: LeaseStore) -> None:
             return flask.Response(text, 503, mimetype="text/plain")
         return flask.Response(body, 200, content_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/metrics/view")
+    def metrics_page() -> str:
+        """The same metrics as a page of the dashboard: each family with its help and its
+        samples, and a link to the text Prometheus scrapes."""
+        try:
+            families: list[Metric] | Unreadable = list(registry.collect())
+        except ValueError as error:
+            families = unreadable("the metrics", error)
+        return render_template("metrics.html", families=families)
+
 
 def _add_error_pages(app: flask.Flask) -> None:
     """Errors as a page with one clear line (JSON for a ``.json`` URL): 404 for what is not
-    there, 400 for bad input, 503 when Redis does not answer."""
+    there, 400 for bad input, 503 when Redis does not answer or is full; an action a full
+    Redis refuses goes back to its page, which says why."""
 
     def page(status: int, title: str, message: str) -> tuple[str | flask.Response, int]:
         if request.path.endswith(".json"):
@@ -174,8 +217,18 @@ def _add_error_pages(app: flask.Flask) -> None:
     def invalid(error: InvalidInput) -> tuple[str | flask.Response, int]:
         return page(400, "bad request", str(error))
 
+    @app.errorhandler(RedisFull)
+    def full(error: RedisFull) -> Response | tuple[str | flask.Response, int]:
+        fullness.met_full()
+        back = ACTION_PAGES.get(request.blueprint or "")
+        if request.method not in SAFE_METHODS and back is not None:
+            flash(f"Not done: {error}", "error")
+            return back()
+        return page(503, "Redis is full", str(error))
+
     @app.errorhandler(RedisUnavailable)
     def unavailable(error: RedisUnavailable) -> tuple[str | flask.Response, int]:
+        fullness.not_asked()
         return page(503, "Redis unavailable", str(error))
 
     @app.errorhandler(CSRFError)

@@ -129,8 +129,18 @@ def _status_by_shard(store: LeaseStore, run_id: str) -> tuple[RunStatus, list[di
     check_id(run_id, "run id")
     try:
         return store.status_by_shard(run_id)
-    except NotFound as error:
-        raise Runs(store).gone(run_id) or error from None
+    except NotFound:
+        raise no_run(store, run_id) from None
+
+
+def no_run(store: LeaseStore, run_id: str) -> NotFound:
+    """The 404 of a run with no record, in a page's words: gone or lost when something
+    shows it existed (what to do then), else that there is no such run."""
+    return Runs(store).gone(run_id) or NotFound(
+        f"There is no run {run_id!r}. The runs page lists every run; a run is made when its "
+        "job's schedule falls due, or when items are added to it.",
+        run_id=run_id,
+    )
 
 
 @pages.get("/workers")
@@ -195,8 +205,8 @@ def item(run_id: str, item_id: str) -> str:
     check_id(item_id, "item id")
     try:
         store.shard_count(run_id)
-    except NotFound as error:
-        raise Runs(store).gone(run_id) or error from None
+    except NotFound:
+        raise no_run(store, run_id) from None
     record = readable(f"item {item_id}'s record", lambda: store.item(run_id, item_id))
     effects = readable(
         "its effect records",
@@ -223,9 +233,16 @@ def requeue(run_id: str, item_id: str) -> Response:
         flash(f"item {item_id} requeued: pending again, with fresh attempts", "ok")
     else:
         flash(f"item {item_id} is not dead: left as it is", "error")
-    if request.form.get("back") == "item":
-        return redirect(url_for("pages.item", run_id=run_id, item_id=item_id), code=303)
-    return redirect(url_for("pages.run", run_id=run_id), code=303)
+    return back()
+
+
+def back() -> Response:
+    """303 to the page an action's form was on: the item's page when the form says so,
+    else the run's."""
+    args = request.view_args or {}
+    if request.form.get("back") == "item" and "item_id" in args:
+        return redirect(url_for("pages.item", run_id=args["run_id"], item_id=args["item_id"]), 303)
+    return redirect(url_for("pages.run", run_id=args["run_id"]), code=303)
 
 
 @pages.post("/runs/<id:run_id>/resume")
@@ -249,4 +266,4 @@ def resume(run_id: str) -> Response:
         flash(f"new deadline {hours_text!r}: give hours from now, 0 to {RESUME_HOURS_MAX}", "error")
     else:
         flash(f"run {run_id} resumed: {decision.reason}", "ok")
-    return redirect(url_for("pages.run", run_id=run_id), code=303)
+    return back()

@@ -5,6 +5,8 @@ Each form carries the CSRF token (checked for every POST) and the page to go bac
 action answers 303 to that page, with a line saying what it did. Other methods are 405;
 ``--read-only`` refuses every POST (403) before it gets here. A job RQ cannot read (bytes
 that are not UTF-8, a pickled call) is left as it is, and the line says so: the others go on.
+A requeue is refused at once on a full Redis (:func:`.fullness.refuse_when_full`); deleting,
+emptying and compacting free memory, and a full Redis allows them.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from werkzeug.wrappers import Response
 from ...fleet.shard_jobs import JsonJob
 from ...fleet.shard_jobs import queue as json_queue
 from . import rq_data
+from .fullness import refuse_when_full
 from .ids import CONVERTER
-from .rq_source import RQ_PREFIX, known_job, known_queue, known_registry, reading
+from .rq_source import RQ_PREFIX, known_job, known_queue, known_registry, reading, store
 
 rq_actions = Blueprint("rq_actions", __name__, url_prefix=RQ_PREFIX)
 
@@ -63,7 +66,8 @@ def _job_to_change(conn: redis.Redis, job_id: str) -> Job | None:
 
 @rq_actions.post("/job/<path:job_id>/requeue")
 def requeue_job(job_id: str) -> Response:
-    """Moves a failed job back to its queue."""
+    """Moves a failed job back to its queue (refused at once on a full Redis)."""
+    refuse_when_full(store())
     with reading() as conn:
         job = _job_to_change(conn, job_id)
         if job is None:
@@ -90,7 +94,8 @@ def delete_job(job_id: str) -> Response:
 
 @rq_actions.post(f"/requeue/<{CONVERTER}:queue>")
 def requeue_all(queue: str) -> Response:
-    """Moves every failed job of ``queue`` back to it."""
+    """Moves every failed job of ``queue`` back to it (refused at once on a full Redis)."""
+    refuse_when_full(store())
     with reading() as conn:
         known_queue(conn, queue)
         done = left = 0

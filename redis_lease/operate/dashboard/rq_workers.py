@@ -44,6 +44,11 @@ class RqWorker:
         """The text of field ``name`` ('' when absent)."""
         return self.fields.get(name, "")
 
+    def job_count(self, name: str) -> str:
+        """The text of a job counter (``successful_job_count``, ``failed_job_count``):
+        "0" when absent, as RQ writes a counter only when it first counts a job."""
+        return self.get(name) or "0"
+
     @property
     def queues(self) -> list[str]:
         """The queues it listens to."""
@@ -72,8 +77,8 @@ class RqWorker:
             "hostname": self.get("hostname") or None,
             "birth_date": self.get("birth") or None,
             "last_heartbeat": self.get("last_heartbeat") or None,
-            "successful_job_count": self.get("successful_job_count") or None,
-            "failed_job_count": self.get("failed_job_count") or None,
+            "successful_job_count": self.job_count("successful_job_count"),
+            "failed_job_count": self.job_count("failed_job_count"),
             "total_working_time": self.get("total_working_time") or None,
             "version": self.get("version"),
             "python_version": self.get("python_version"),
