@@ -62,7 +62,8 @@ def tutorial(store: LeaseStore, workdir: Path) -> dict[str, str]:
     while the package is not on the package index; its dependencies come from there),
     and the tutorial's bank answers in 0.1 s, not the second a reader's payout takes (so
     a reader has minutes to kill a worker, and the suite seconds; that step 7's timeout
-    covers the reader's pace is checked by tests/test_tutorial_pace.py)."""
+    covers the reader's pace is checked by tests/test_tutorial_numbers.py, and
+    scripts/tutorial-at-reader-pace.py runs the page at that pace)."""
     (workdir.parent / "redis-lease").symlink_to(ROOT)
     return {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "BANK_SECONDS": "0.1"}
 
