@@ -8,8 +8,11 @@ with extras; :func:`require` imports what a feature needs, or raises
 
 from __future__ import annotations
 
+import json
 from importlib import import_module
+from importlib.metadata import PackageNotFoundError, distribution
 from types import ModuleType
+from urllib.parse import unquote, urlsplit
 
 from .errors import MissingExtra
 
@@ -37,6 +40,21 @@ def optional_import(module: str, extra: str, feature: str) -> ModuleType:
         return import_module(module)
     except ImportError:
         raise MissingExtra(
-            f"{feature} needs the extra {extra!r}: pip install 'redis-lease[{extra}]'",
+            f"{feature} needs the extra {extra!r}: {install_command(extra)}",
             extra=extra,
         ) from None
+
+
+def install_command(extra: str) -> str:
+    """The pip command that adds ``extra`` to this install.
+
+    It installs from where this copy came when pip recorded a local path (a clone or a
+    built wheel, in ``direct_url.json``), else by name from the package index.
+    """
+    try:
+        recorded = distribution("redis-lease").read_text("direct_url.json")
+        url = str(json.loads(recorded)["url"]) if recorded else ""
+    except (PackageNotFoundError, ValueError, KeyError, TypeError):
+        url = ""
+    source = unquote(urlsplit(url).path) if url.startswith("file://") else "redis-lease"
+    return f"pip install '{source}[{extra}]'"

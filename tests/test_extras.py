@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 import redis_lease
-from redis_lease import Item, LeaseStore, MissingExtra, RedisLeaseError
-from redis_lease.extras import EXTRAS, optional_import, require
+from redis_lease import Item, LeaseStore, MissingExtra, RedisLeaseError, extras
+from redis_lease.extras import EXTRAS, install_command, optional_import, require
 
 #: Blocks the given packages in a child process (an import of them raises ImportError),
 #: then runs the command line with the given arguments.
@@ -51,9 +51,45 @@ def test_a_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(MissingExtra) as raised:
         require("dashboard", "the dashboard")
     assert str(raised.value) == (
-        "the dashboard needs the extra 'dashboard': pip install 'redis-lease[dashboard]'"
+        f"the dashboard needs the extra 'dashboard': {install_command('dashboard')}"
     )
     assert raised.value.extra == "dashboard"
+
+
+class Recorded:
+    """A distribution whose ``direct_url.json`` says ``text`` (None: pip recorded none)."""
+
+    def __init__(self, text: str | None) -> None:
+        self.text = text
+
+    def read_text(self, name: str) -> str | None:
+        assert name == "direct_url.json"
+        return self.text
+
+
+@pytest.mark.parametrize(
+    ("recorded", "command"),
+    [
+        ('{"url": "file:///src/my%20clone", "dir_info": {}}', "pip install '/src/my clone[demo]'"),
+        (
+            '{"url": "file:///d/redis_lease-0.10.0-py3-none-any.whl", "archive_info": {}}',
+            "pip install '/d/redis_lease-0.10.0-py3-none-any.whl[demo]'",
+        ),
+        (
+            '{"url": "https://example.com/x.whl", "archive_info": {}}',
+            "pip install 'redis-lease[demo]'",
+        ),
+        (None, "pip install 'redis-lease[demo]'"),
+        ("not json", "pip install 'redis-lease[demo]'"),
+    ],
+)
+def test_the_install_command_names_where_this_copy_came_from(
+    monkeypatch: pytest.MonkeyPatch, recorded: str | None, command: str
+) -> None:
+    """A copy installed from a clone or a wheel is told to install from there: the package
+    is not on the index, so ``pip install 'redis-lease[demo]'`` would fail for it."""
+    monkeypatch.setattr(extras, "distribution", lambda name: Recorded(recorded))
+    assert install_command("demo") == command
 
 
 def test_every_extra_is_installed_here() -> None:
@@ -67,25 +103,23 @@ def test_every_extra_is_installed_here() -> None:
         (
             ["flask"],
             ["dashboard"],
-            "error: the dashboard needs the extra 'dashboard': "
-            "pip install 'redis-lease[dashboard]'",
+            "error: the dashboard needs the extra 'dashboard': " + install_command("dashboard"),
         ),
         (
             ["prometheus_client"],
             ["metrics"],
-            "error: redis-lease metrics needs the extra 'metrics': "
-            "pip install 'redis-lease[metrics]'",
+            "error: redis-lease metrics needs the extra 'metrics': " + install_command("metrics"),
         ),
         (
             ["fakeredis"],
             ["demo", "--backend", "embedded"],
-            "error: the demo needs the extra 'demo': pip install 'redis-lease[demo]'",
+            "error: the demo needs the extra 'demo': " + install_command("demo"),
         ),
         (
             ["fakeredis"],
             ["--url", "fakeredis://x", "runs"],
             "error: the embedded backend (fakeredis://) needs the extra 'demo': "
-            "pip install 'redis-lease[demo]'",
+            + install_command("demo"),
         ),
     ],
 )

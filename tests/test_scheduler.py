@@ -183,6 +183,7 @@ def test_schedule_next_shows_the_runs_a_schedule_makes_without_redis(
     lines = table.stdout.splitlines()
     assert lines[0] == "weekly: 30 1 * * 1 in UTC, after 2026-12-07T12:00:00+00:00"
     assert len(lines) == 2 + 5 and "weekly:2026-12-14" in lines[2]
+    assert lines[1].split() == ["business", "date", "run", "fires", "(UTC)", "deadline", "(UTC)"]
     assert "2026-12-14T05:30:00+00:00" in lines[2]  # 4 hours after 01:30
     bad = runner.invoke(app, [*args, "--from", "someday"])
     assert bad.exit_code == 2

@@ -148,16 +148,17 @@ def schedule_next(
         f"{job.name}: {job.options.schedule} in {job.options.timezone}, after "
         f"{since.astimezone(UTC).isoformat(timespec='seconds')}"
     )
+    local = [] if job.options.timezone == "UTC" else [f"fires ({job.options.timezone})"]
     print_table(
-        (
-            "business date",
-            "run",
-            f"fires ({job.options.timezone})",
-            "fires (UTC)",
-            "deadline (UTC)",
-        ),
+        ("business date", "run", *local, "fires (UTC)", "deadline (UTC)"),
         [
-            (r["business_date"], r["run"], r["fires"], r["fires_utc"], r["deadline_utc"])
+            (
+                r["business_date"],
+                r["run"],
+                *([r["fires"]] if local else []),
+                r["fires_utc"],
+                r["deadline_utc"],
+            )
             for r in rows
         ],
     )
