@@ -36,6 +36,7 @@ from ...errors import (
 from ...protocol.guards import Condition, Write
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.values import CommitRequest, FailRequest, ReleaseRequest, SettleRequest
+from ..full_redis import notice_full
 from ..live_lease import ActiveLease
 from .lease_keeper import LeaseKeeper
 
@@ -156,8 +157,9 @@ class PendingSettlements:
         kept = [e for e in waiting if not e[0].lost and now < e[0].valid_until]
         for active, _, _ in kept:
             self.keeper.hold(active)
-        if kept:
+        if kept and not notice_full(error, f"{len(kept)} settlements wait to be sent again"):
             log.warning("%d settlements wait for Redis to send them again: %s", len(kept), error)
+        if kept:
             self.waiting = kept + self.waiting
             self.oldest = now + RETRY_DELAY - self.interval
         return kept
@@ -248,6 +250,8 @@ def _abandon(active: ActiveLease, report: ShardReport, action: str, error: Excep
     """Leaves an item to its lease expiry after ``action`` failed; logs it with the item."""
     report.abandoned += 1
     report.errors.append(f"{action} of item {active.item_id!r} failed: {error}")
+    if notice_full(error, f"{action} of item {active.item_id!r} left to its lease expiry"):
+        return
     log.warning(
         "%s of item %r of run %r (token %s) failed, so it is left to its lease expiry: %s: %s",
         action,

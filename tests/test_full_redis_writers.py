@@ -1,0 +1,99 @@
+"""A full Redis (``maxmemory`` reached under ``noeviction``) met by what writes: a worker
+rides it out and says so once a minute; ``add --from-file`` says what went in and how to go
+on; the exporter shows Redis memory against ``maxmemory``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import redis
+
+from redis_lease import LeaseStore
+from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.shard_jobs import purge_queue
+from tests.fleet_helpers import FLEET_PATH, Processes, fleet_env, wait_for
+from tests.fleet_jobs import effects_key
+from tests.redis_server import RedisServer
+
+ITEMS = 200
+#: Seconds Redis stays full in the worker test: beats every second, ticks every second.
+FULL_FOR = 5.0
+
+
+def fill_now(client: redis.Redis) -> None:
+    """Fills the server at once: ``maxmemory`` set just over what is used, filler keys
+    written until it refuses one, then ``maxmemory`` lowered well under what is used."""
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", str(used + 200_000))
+    written = 0
+    try:
+        while written < 100_000:
+            client.set(f"filler:{written}", "x" * 10_000)
+            written += 1
+    except redis.exceptions.OutOfMemoryError:
+        pass
+    client.config_set("maxmemory", "1mb")
+
+
+def free(client: redis.Redis) -> None:
+    """Deletes the filler keys and raises ``maxmemory`` again."""
+    for key in client.scan_iter("filler:*", count=1000):
+        client.delete(key)
+    client.config_set("maxmemory", "64mb")
+
+
+def full_lines(log: str) -> list[str]:
+    """The worker's lines that say Redis is full (once a minute at most)."""
+    return [line for line in log.splitlines() if "Redis is full" in line or "still full" in line]
+
+
+def test_a_worker_rides_out_a_full_redis_says_so_once_and_loses_nothing(
+    private_redis: Callable[..., RedisServer], procs: Processes, prefix: str
+) -> None:
+    """Redis fills while a worker (with --job: it ticks too) works a run: the worker says
+    so in one line (not one per item, beat or tick), no traceback, no exit; once memory is
+    freed it goes on by itself and every item is committed once, its effect made once."""
+    server = private_redis(maxmemory="64mb", **{"maxmemory-policy": "noeviction"})
+    admin = redis.Redis.from_url(server.url)
+    queue = f"{prefix}-q"
+    env = fleet_env(queue, items=ITEMS, shards=2, delay=0.02, ttl=3, budget=30)
+    store = LeaseStore.from_url(server.url, prefix=prefix)
+    runs = Runs(store)
+    base = [sys.executable, "-m", "redis_lease", "--url", server.url, "--prefix", prefix]
+    started = subprocess.run(
+        [*base, "start", FLEET_PATH, "--date", "2031-06-02"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert started.returncode == 0, started.stderr
+    run_id = "fleet:2031-06-02"
+    args = [*base, "worker", "--queue", queue, "--job", FLEET_PATH, "--tick-every", "1"]
+    procs.start(args, env, "worker")
+
+    def done() -> int:
+        return store.status(run_id).counts["done"]
+
+    wait_for(lambda: done() >= 20, 30, "the worker to commit some items")
+    fill_now(admin)
+    wait_for(lambda: full_lines(procs.log("worker")), 20, "the worker to say Redis is full")
+    held = done()
+    time.sleep(FULL_FOR)  # full across several beats, ticks and claims: one line still
+    free(admin)
+    wait_for(lambda: runs.info(run_id)["state"] == "succeeded", 60, "the run to end")
+    log = procs.log("worker")
+    assert held < ITEMS, "Redis filled before the run ended"
+    assert len(full_lines(log)) == 1, log
+    assert "Traceback" not in log, log
+    status = store.status(run_id)
+    assert status.counts["done"] == ITEMS and status.counters["commits"] == ITEMS, status
+    effects = admin.hgetall(effects_key(prefix))
+    assert len(effects) == ITEMS and set(effects.values()) == {b"1"}, effects
+    purge_queue(store.client, queue)
+    store.client.close()
+    admin.close()
