@@ -4,13 +4,16 @@ on; the exporter shows Redis memory against ``maxmemory``."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import redis
+from typer.testing import CliRunner
 
 from redis_lease import LeaseStore
 from redis_lease.fleet.runs import Runs
@@ -97,3 +100,47 @@ def test_a_worker_rides_out_a_full_redis_says_so_once_and_loses_nothing(
     purge_queue(store.client, queue)
     store.client.close()
     admin.close()
+
+
+def test_add_from_file_stopped_by_a_full_redis_says_what_went_in_and_goes_on(
+    private_redis: Callable[..., RedisServer], prefix: str, tmp_path: Path
+) -> None:
+    """A full Redis stops ``add --from-file`` partway: one line, exit 13, naming how many
+    items went in, the run and its shards, and that the same command adds the rest; once
+    memory is freed it does, and every distinct item of the file is there once."""
+    from redis_lease.cli import app
+
+    server = private_redis(maxmemory="64mb", **{"maxmemory-policy": "noeviction"})
+    admin = redis.Redis.from_url(server.url)
+    path = tmp_path / "items.jsonl"
+    distinct = 30_000
+    with path.open("w") as file:
+        for n in [*range(distinct), *range(0, distinct, 10)]:  # every 10th id given twice
+            file.write(json.dumps({"id": f"acct-{n:05d}", "payload": {"n": n, "pad": "y" * 50}}))
+            file.write("\n")
+    used = int(admin.info("memory")["used_memory"])
+    admin.config_set("maxmemory", str(used + 3_000_000))  # room for a few thousand items
+    runner = CliRunner()
+    base = ["--url", server.url, "--prefix", prefix]
+    command = [*base, "add", "big", "--shards", "4", "--from-file", str(path)]
+
+    stopped = runner.invoke(app, command)
+    assert stopped.exit_code == 13, stopped.output
+    assert stopped.stderr.count("\n") == 1 and "Traceback" not in stopped.output
+    line = stopped.stderr
+    store = LeaseStore.from_url(server.url, prefix=prefix)
+    went_in = store.status("big").total
+    assert 0 < went_in < distinct, went_in
+    assert f"{went_in} of the file's {distinct + distinct // 10} items went in" in line, line
+    assert "(run big, shards " in line and "the same command again adds the rest" in line, line
+    assert "adding is idempotent" in line and "is full" in line, line
+
+    admin.config_set("maxmemory", "64mb")  # memory freed
+    again = runner.invoke(app, command)
+    assert again.exit_code == 0, again.output
+    assert f"{distinct - went_in} added" in again.stdout, again.stdout
+    status = store.status("big")
+    assert status.total == distinct and status.counts["pending"] == distinct
+    assert status.counters["added"] == distinct, "each item added once"
+    admin.close()
+    store.client.close()
