@@ -144,3 +144,39 @@ def test_add_from_file_stopped_by_a_full_redis_says_what_went_in_and_goes_on(
     assert status.counters["added"] == distinct, "each item added once"
     admin.close()
     store.client.close()
+
+
+def memory_samples(store: LeaseStore) -> dict[str, float]:
+    """The exporter's Redis memory samples, by metric name (one scrape)."""
+    from redis_lease.operate.metrics.collector import LeaseCollector
+
+    return {
+        sample.name: sample.value
+        for family in LeaseCollector(store).collect()
+        if family.name.startswith("redis_lease_redis_memory_")
+        for sample in family.samples
+    }
+
+
+def test_the_exporter_shows_redis_memory_against_maxmemory_full_or_not(
+    private_redis: Callable[..., RedisServer], prefix: str
+) -> None:
+    server = private_redis(maxmemory="4mb", **{"maxmemory-policy": "noeviction"})
+    admin = redis.Redis.from_url(server.url)
+    store = LeaseStore.from_url(server.url, prefix=prefix)
+    samples = memory_samples(store)
+    assert samples["redis_lease_redis_memory_max_bytes"] == 4 * 1024 * 1024, samples
+    assert 0 < samples["redis_lease_redis_memory_used_bytes"] < 4 * 1024 * 1024, samples
+
+    fill_now(admin)  # a full Redis: the scrape still answers, used over max
+    samples = memory_samples(store)
+    used, most = (
+        samples["redis_lease_redis_memory_used_bytes"],
+        samples["redis_lease_redis_memory_max_bytes"],
+    )
+    assert most == 1024 * 1024 and used / most > 0.9, samples  # what the alert fires on
+
+    admin.config_set("maxmemory", "0")  # no limit: max is 0, and the alert never fires
+    assert memory_samples(store)["redis_lease_redis_memory_max_bytes"] == 0
+    admin.close()
+    store.client.close()
