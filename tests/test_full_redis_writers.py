@@ -16,15 +16,16 @@ import redis
 from typer.testing import CliRunner
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.runs import FINAL_STATES, Runs
 from redis_lease.fleet.shard_jobs import purge_queue
 from tests.fleet_helpers import FLEET_PATH, Processes, fleet_env, wait_for
 from tests.fleet_jobs import effects_key
 from tests.redis_server import RedisServer
 
 ITEMS = 200
-#: Seconds Redis stays full in the worker test: beats every second, ticks every second.
-FULL_FOR = 5.0
+#: Seconds Redis stays full in the worker test: many beats, ticks and claims, and past the
+#: 10 attempts a handler whose write is refused would use up (back-off 0.1 to 0.5 s).
+FULL_FOR = 8.0
 
 
 def fill_now(client: redis.Redis) -> None:
@@ -47,6 +48,12 @@ def free(client: redis.Redis) -> None:
     for key in client.scan_iter("filler:*", count=1000):
         client.delete(key)
     client.config_set("maxmemory", "64mb")
+
+
+def ended(runs: Runs, run_id: str) -> str | None:
+    """The run's state once it has ended, else None."""
+    state = runs.info(run_id)["state"]
+    return state if state in FINAL_STATES else None
 
 
 def full_lines(log: str) -> list[str]:
@@ -88,8 +95,9 @@ def test_a_worker_rides_out_a_full_redis_says_so_once_and_loses_nothing(
     held = done()
     time.sleep(FULL_FOR)  # full across several beats, ticks and claims: one line still
     free(admin)
-    wait_for(lambda: runs.info(run_id)["state"] == "succeeded", 60, "the run to end")
+    state = wait_for(lambda: ended(runs, run_id), 60, "the run to end")
     log = procs.log("worker")
+    assert state == "succeeded", f"{store.status(run_id)}; {log}"
     assert held < ITEMS, "Redis filled before the run ended"
     assert len(full_lines(log)) == 1, log
     assert "Traceback" not in log, log
