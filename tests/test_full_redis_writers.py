@@ -188,3 +188,29 @@ def test_the_exporter_shows_redis_memory_against_maxmemory_full_or_not(
     assert memory_samples(store)["redis_lease_redis_memory_max_bytes"] == 0
     admin.close()
     store.client.close()
+
+
+def test_start_and_worker_on_a_full_redis_exit_13_in_one_line(
+    private_redis: Callable[..., RedisServer], prefix: str
+) -> None:
+    """``start JOB`` and ``worker --job`` on a Redis that is full already (a run of the job
+    there, the protocol stamped): one line each, exit 13, no traceback."""
+    server = private_redis(maxmemory="64mb", **{"maxmemory-policy": "noeviction"})
+    admin = redis.Redis.from_url(server.url)
+    env = {**os.environ, **fleet_env(f"{prefix}-q", items=20)}
+    base = [sys.executable, "-m", "redis_lease", "--url", server.url, "--prefix", prefix]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*base, *args], env=env, capture_output=True, text=True, timeout=60)
+
+    assert run("start", FLEET_PATH, "--date", "2031-06-01").returncode == 0
+    fill_now(admin)
+    for args in (
+        ("start", FLEET_PATH, "--date", "2031-06-02"),
+        ("worker", "--queue", f"{prefix}-q", "--job", FLEET_PATH, "--burst"),
+    ):
+        done = run(*args)
+        assert done.returncode == 13, (args, done.stdout, done.stderr)
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "is full" in done.stderr and "free memory, raise maxmemory" in done.stderr
+    admin.close()
