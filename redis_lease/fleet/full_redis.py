@@ -110,17 +110,14 @@ class _WaitForRoom(redis.retry.Retry):
         self._policy = policy
         self._where, self._server = where, server
 
-    def call_with_retry(
-        self,
-        do: Callable[[], _T],
-        fail: Callable[..., Any],
-        is_retryable: Callable[[Exception], bool] | None = None,
-        with_failure_count: bool = False,
+    def call_with_retry(  # redis-py's options passed on as they are
+        self, do: Callable[[], _T], fail: Callable[..., Any], *options: Any, **named: Any
     ) -> _T:
+        """Calls ``do`` under the store's policy; a full Redis's refusal waits and tries again."""
         waited = False
         while True:
             try:
-                result = self._policy.call_with_retry(do, fail, is_retryable, with_failure_count)
+                result = self._policy.call_with_retry(do, fail, *options, **named)
             except OutOfMemoryError as error:
                 waited = True
                 notice_full(translate(self._server, error), self._where)
