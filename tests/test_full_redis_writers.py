@@ -5,13 +5,17 @@ on; the exporter shows Redis memory against ``maxmemory``."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 import redis
 from typer.testing import CliRunner
 
@@ -23,6 +27,8 @@ from tests.fleet_jobs import effects_key
 from tests.redis_server import RedisServer
 
 ITEMS = 200
+#: Seconds into the in-process pass when memory is freed.
+FREED_AFTER = 3.0
 #: Seconds Redis stays full in the worker test: many beats, ticks and claims, and past the
 #: 10 attempts a handler whose write is refused would use up (back-off 0.1 to 0.5 s).
 FULL_FOR = 8.0
@@ -214,3 +220,55 @@ def test_start_and_worker_on_a_full_redis_exit_13_in_one_line(
         assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
         assert "is full" in done.stderr and "free memory, raise maxmemory" in done.stderr
     admin.close()
+
+
+def test_a_handler_whose_write_a_full_redis_refuses_gives_its_item_back(
+    private_redis: Callable[..., RedisServer],
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In process: a claim goes through a full Redis (its first write frees memory) but a
+    handler's own write does not: its item is given back (the release sent again while its
+    lease holds), its attempt not counted, none goes dead; once memory is freed, mid-pass,
+    each is worked and committed once."""
+    from redis_lease import Item
+    from redis_lease.fleet import full_redis
+    from redis_lease.fleet.job import Job
+    from redis_lease.fleet.worker.shard_job import LeaseKeeper, work_shard
+
+    monkeypatch.setattr(full_redis, "_said", mmap.mmap(-1, 16))  # nothing said yet
+    server = private_redis(maxmemory="64mb", **{"maxmemory-policy": "noeviction"})
+    admin = redis.Redis.from_url(server.url)
+    store = LeaseStore.from_url(server.url, prefix=prefix)
+    store.add("r", [Item(f"i{n}") for n in range(5)], max_attempts=2)
+    job = Job("full", shards=1, lease_ttl_seconds=30, batch_size=10)
+
+    @job.handler
+    def handle(item: Item, lease: Any) -> Any:
+        lease.store.client.incr(f"{prefix}:effects:{item.id}")  # refused while Redis is full
+        return {"ok": item.id}
+
+    def one_pass(budget: float) -> Any:
+        keeper = LeaseKeeper(store, 30)  # not started: nothing to renew
+        return work_shard(
+            store, job, "r", 0, worker="w", budget=budget, stop=threading.Event(), keeper=keeper
+        )
+
+    fill_now(admin)
+    freeing = threading.Timer(FREED_AFTER, free, args=(admin,))  # memory freed mid-pass
+    freeing.start()
+    try:
+        with caplog.at_level("WARNING", logger="redis_lease.worker"):
+            report = one_pass(30)
+    finally:
+        freeing.join()
+    assert (report.committed, report.failed, report.abandoned) == (5, 0, 0), report
+    assert report.throttled >= 5, report  # each given back once at least, while Redis was full
+    said = [r.getMessage() for r in caplog.records]
+    assert len([line for line in said if "Redis is full" in line]) <= 1, said
+    status = store.status("r")
+    assert status.counts["done"] == 5 and status.counters.get("failures", 0) == 0, status
+    assert [admin.get(f"{prefix}:effects:i{n}") for n in range(5)] == [b"1"] * 5
+    admin.close()
+    store.client.close()

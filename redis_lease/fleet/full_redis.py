@@ -76,9 +76,9 @@ def notice_full(error: BaseException, where: str) -> bool:
     again = "still " if said else ""
     message = error.message if isinstance(error, RedisFull) else str(error)
     log.warning(
-        "%s: Redis is %sfull: %s; this worker waits (claims wait, commits are kept while "
-        "their leases hold) and goes on by itself once memory is freed; said again in %.0fs "
-        "if it lasts",
+        "%s: Redis is %sfull: %s; this worker waits (what Redis refuses is tried again, "
+        "settlements are kept while their leases hold) and goes on by itself once memory is "
+        "freed; said again in %.0fs if it lasts",
         where,
         again,
         message,
