@@ -2,9 +2,10 @@
 
 A Redis over its ``maxmemory`` under ``noeviction`` refuses the calls that could grow its
 memory (``OOM``), before running them: nothing is half written. A worker rides it out as
-it does a stall (its claims wait, its settlements wait while their leases hold, its
-beats and ticks are tried again) and goes on by itself once memory is freed. What it
-says about it is one WARNING line per process and :data:`NOTICE_EVERY` seconds
+it does a stall (a refused claim, beat or tick is tried again, a refused settlement waits
+while its lease holds, a handler's refused write gives its item back) and goes on by
+itself once memory is freed. What it says about it is one WARNING line per worker (its
+forked shard jobs share what was said) and :data:`NOTICE_EVERY` seconds
 (:func:`notice_full`), not one per item or per beat; and one line when Redis takes
 writes again.
 
