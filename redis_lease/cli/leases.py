@@ -115,14 +115,53 @@ def _add_from_file(
 ) -> tuple[int, int]:
     """Adds the file's items after checking every line; returns the counts (an id given
     twice counts once as added, then as already there)."""
+    from ..errors import RedisFull
     from ..operate.output import progress_bar
 
     with source.opened():  # every line checked first: a bad one writes nothing
         store = open_store(ctx)
-        with progress_bar(f"adding to {run}", source.count) as advance:
-            return store.add_checked(
-                run, source.items(), shards=shards, max_attempts=max_attempts, progress=advance
-            )
+        before = _items_by_shard(store, run)
+        try:
+            with progress_bar(f"adding to {run}", source.count) as advance:
+                return store.add_checked(
+                    run, source.items(), shards=shards, max_attempts=max_attempts, progress=advance
+                )
+        except RedisFull as error:
+            raise RedisFull(
+                f"{error.message}; {_went_in(store, run, before, source.count)}", run_id=run
+            ) from None
+
+
+def _items_by_shard(store: LeaseStore, run: str) -> list[int]:
+    """The run's items in each shard now (none when the run does not exist); read without
+    scripts, so that it answers on a full Redis too."""
+    from ..errors import NotFound
+    from ..protocol.accounting import COUNT_STATES
+
+    try:
+        shards = store.status_by_shard(run)[1]
+        return [sum(counts.get(state, 0) for state in COUNT_STATES) for counts in shards]
+    except NotFound:
+        return []
+
+
+def _went_in(store: LeaseStore, run: str, before: list[int], count: int) -> str:
+    """What a full Redis let in of the file's ``count`` items before it refused, where, and
+    how to go on."""
+    from ..messages import count_of
+
+    after = _items_by_shard(store, run)
+    if not after:
+        return f"none of the file's {count} items went in (run {run} was not made)"
+    grown = [n for n, total in enumerate(after) if total > (before[n] if n < len(before) else 0)]
+    went = sum(after) - sum(before)
+    held = f"shard{'s' if len(grown) != 1 else ''} {', '.join(map(str, grown))}" if grown else ""
+    return (
+        f"{went} of the file's {count_of(count, 'item')} went in before it refused (run {run}"
+        + (f", {held}" if held else "")
+        + "); once memory is freed, the same command again adds the rest (adding is "
+        "idempotent: items already there are left as they are)"
+    )
 
 
 @app.command()

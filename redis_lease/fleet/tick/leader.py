@@ -47,6 +47,7 @@ from ...protocol.store.leader import (
 )
 from ...protocol.store.lease_store import LeaseStore
 from .. import data_set, remembered
+from ..full_redis import notice_full
 from ..job import Job, load_job, loaded_job
 from .scheduler_tick import NOT_LEADER, tick
 
@@ -148,7 +149,8 @@ class TickLeader(threading.Thread):
             try:
                 self.step()
             except (RedisLeaseError, *REDIS_FAILURES) as error:
-                log.warning("tick leader: %s", error)
+                if not notice_full(error, "tick leader"):
+                    log.warning("tick leader: %s", error)
                 self._lapse_if_late()
             except Exception:  # the thread must outlive any failure, or the fleet stops ticking
                 log.exception("tick leader: unexpected error; trying again")
@@ -273,7 +275,8 @@ class TickLeader(threading.Thread):
                 self._at_least = fence_floor(self.store, names)
                 self._end("a newer leader took over, or a job's fence is ahead", leadership)
         except (RedisLeaseError, *REDIS_FAILURES) as error:
-            log.warning("tick leader: tick failed: %s", error)
+            if not notice_full(error, "tick leader: tick"):
+                log.warning("tick leader: tick failed: %s", error)
         except Exception:
             log.exception("tick leader: the tick failed unexpectedly")
 

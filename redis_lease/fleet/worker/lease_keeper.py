@@ -27,6 +27,7 @@ from ...protocol.connection.translate import REDIS_FAILURES, translating_errors
 from ...protocol.scripts import Command
 from ...protocol.store.lease_store import LeaseStore
 from .. import takeover
+from ..full_redis import notice_full
 from ..live_lease import ActiveLease, Heartbeat
 
 log = logging.getLogger("redis_lease.worker")
@@ -129,7 +130,8 @@ class LeaseKeeper(threading.Thread):
             try:
                 self.tick()
             except (RedisLeaseError, *REDIS_FAILURES) as error:
-                log.warning("lease keeper: %s", error)
+                if not notice_full(error, "lease keeper"):
+                    log.warning("lease keeper: %s", error)
 
     def tick(self) -> None:
         """One round trip: beats, reads the stop request and, every third of the TTL,

@@ -31,6 +31,7 @@ from rq.worker import BaseWorker
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.store.stamp import check_protocol
 from ...protocol.validation import check_id
+from ..full_redis import riding_out_full
 from ..job import check_concurrency, with_cwd_on_path
 from ..shard_jobs import (
     SHARD_FUNC,
@@ -103,6 +104,8 @@ class _Reporting(BaseWorker):
     lost_leases = 0
     #: The key prefixes of the shard jobs run (the fleet watch watches them).
     shard_prefixes: frozenset[str] = frozenset()
+    #: Whether the worker's RQ connection is its own (closed when :func:`run_worker` ends).
+    own_connection = False
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         """Registers and subscribes the worker as RQ does, then calls :attr:`started`."""
@@ -156,6 +159,8 @@ class _Reporting(BaseWorker):
                 line += f", {lost} leases lost to other workers"
             if result.get("stopped"):
                 line += " (stopped: unstarted items released)"
+            if result.get("full"):  # said once a minute, not once per job (full_redis)
+                return
         elif status == JobStatus.FINISHED:  # its result is not kept
             line = f"{where}: finished in {seconds:.1f}s"
         else:
@@ -292,8 +297,10 @@ def build_worker(store: LeaseStore, settings: WorkerSettings) -> LeaseWorker | S
         os.environ[CONCURRENCY_ENV] = str(settings.concurrency)
     name = settings.name or uuid.uuid4().hex  # RQ's default name, known before RQ starts
     with store.translating_errors():
-        client = store.rq  # RQ's Redis: the store's, or the queue URL's
-        check_worker_access(store, client, name)
+        checked = store.rq  # RQ's Redis: the store's, or the queue URL's
+        check_worker_access(store, checked, name)
+    # RQ's loop quits at an error it does not expect: on a full Redis its calls wait for room
+    client = riding_out_full(checked, f"worker {name}")
     use_lease_url(settings.lease_url)
     use_replica_wait(store.replica_wait)  # the jobs' stores wait for the replicas this one does
     worker_class = SimpleLeaseWorker if settings.simple else LeaseWorker
@@ -308,6 +315,7 @@ def build_worker(store: LeaseStore, settings: WorkerSettings) -> LeaseWorker | S
     worker.say = settings.say
     worker.tracebacks = settings.tracebacks
     worker.bad_job_store = store
+    worker.own_connection = client is not checked
     return worker
 
 
@@ -359,3 +367,5 @@ def run_worker(
             thread.close()
         if watch.is_alive():
             watch.close()
+        if worker.own_connection:
+            worker.connection.close()

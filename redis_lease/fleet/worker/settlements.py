@@ -5,9 +5,11 @@ count in.
 A handler returns its result, or a :class:`HandlerResult` with a label or guarded writes;
 it raises to fail its item (:class:`~redis_lease.errors.PermanentError`: for good),
 :class:`~redis_lease.errors.Throttled` or :class:`~redis_lease.errors.SlotTimeout` to give
-it back for later. :class:`PendingSettlements` holds the settlements until they are sent
-together; their leases stay with the keeper meanwhile. A settlement that fails (Redis gone
-past the retries, a refusal) leaves its item to its lease expiry: the pass goes on.
+it back for later. A handler whose own write a full Redis refused gives its item back too,
+its attempt not counted (:data:`FULL_RETRY_DELAY`). :class:`PendingSettlements` holds the
+settlements until they are sent together; their leases stay with the keeper meanwhile. A
+settlement that fails (Redis gone past the retries, a refusal) leaves its item to its lease
+expiry: the pass goes on.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ...errors import (
 from ...protocol.guards import Condition, Write
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.values import CommitRequest, FailRequest, ReleaseRequest, SettleRequest
+from ..full_redis import is_full, notice_full
 from ..live_lease import ActiveLease
 from .lease_keeper import LeaseKeeper
 
@@ -45,6 +48,9 @@ __all__ = ["SLOT_RETRY_DELAY", "HandlerResult", "ShardReport"]
 
 #: Seconds before an item released for want of a provider slot is due again.
 SLOT_RETRY_DELAY = 1.0
+#: Seconds before an item whose handler met a full Redis is due again (its attempt is not
+#: counted: a full Redis would otherwise use up its attempts and leave it dead).
+FULL_RETRY_DELAY = 2.0
 #: Seconds before settlements that met an unreachable or busy Redis are sent again.
 RETRY_DELAY = 1.0
 #: A settlement to send and the report's counter its success adds to; None: nothing to send.
@@ -156,8 +162,9 @@ class PendingSettlements:
         kept = [e for e in waiting if not e[0].lost and now < e[0].valid_until]
         for active, _, _ in kept:
             self.keeper.hold(active)
-        if kept:
+        if kept and not notice_full(error, f"{len(kept)} settlements wait to be sent again"):
             log.warning("%d settlements wait for Redis to send them again: %s", len(kept), error)
+        if kept:
             self.waiting = kept + self.waiting
             self.oldest = now + RETRY_DELAY - self.interval
         return kept
@@ -213,6 +220,8 @@ def settlement_of(active: ActiveLease, answer: Any, error: BaseException | None)
         return ReleaseRequest(active.lease, SLOT_RETRY_DELAY), "throttled"
     if isinstance(error, NotReplicated):  # an intent the replicas lacked: nothing was sent
         return ReleaseRequest(active.lease, SLOT_RETRY_DELAY), "throttled"
+    if is_full(error):  # the handler's own write met a full Redis: not the item's fault
+        return ReleaseRequest(active.lease, FULL_RETRY_DELAY), "throttled"
     # The handler is user code: any other failure is a failed attempt.
     return FailRequest(active.lease, f"{type(error).__name__}: {error}"), "failed"
 
@@ -248,6 +257,8 @@ def _abandon(active: ActiveLease, report: ShardReport, action: str, error: Excep
     """Leaves an item to its lease expiry after ``action`` failed; logs it with the item."""
     report.abandoned += 1
     report.errors.append(f"{action} of item {active.item_id!r} failed: {error}")
+    if notice_full(error, f"{action} of item {active.item_id!r} left to its lease expiry"):
+        return
     log.warning(
         "%s of item %r of run %r (token %s) failed, so it is left to its lease expiry: %s: %s",
         action,

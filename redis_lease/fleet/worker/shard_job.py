@@ -22,13 +22,14 @@ from typing import Any
 from rq import get_current_job
 
 from ...deprecation import renamed_attribute
-from ...errors import InvalidInput, LeaseError, RedisLeaseError
+from ...errors import InvalidInput, LeaseError, RedisFull, RedisLeaseError
 from ...limits import DEFAULT_PREFIX
 from ...protocol.connection.server_checks import eviction_danger
 from ...protocol.connection.translate import REDIS_FAILURES, translating_errors
 from ...protocol.connection.urls import safe_url
 from ...protocol.store.lease_store import LeaseStore
 from .. import run_capacity, shard_jobs, takeover
+from ..full_redis import notice_full
 from ..job import Job, check_concurrency, load_job
 from ..live_lease import ActiveLease
 from ..run_states import RUNNING
@@ -96,6 +97,9 @@ def process_shard(
         report = _process(store, rq_job, job_path, run_id, shard)
         ended = not report["taken_over"]  # a job taken over was counted failed by its taker
         return report
+    except RedisFull as error:  # not the job's failure: the tick dispatches the shard again
+        notice_full(error, f"shard job of run {run_id!r} shard {shard}")
+        return {"taken_over": False, "run": run_id, "shard": shard, "full": True}
     except Exception as error:  # counted on the run (status shows it), then RQ fails the job
         _record_failure(store, run_id, shard, error)
         raise
@@ -162,9 +166,7 @@ def _process(
                 shard,
             )
         elif not report.drained and not report.closed:
-            shard_jobs.enqueue_shard(
-                store, job_path, job.options.queue, run_id, shard, job.options.shard_budget_seconds
-            )
+            _enqueue_next(store, job_path, job, run_id, shard)
         elif report.drained:
             _end_if_done(store, run_id)
     finally:
@@ -184,6 +186,16 @@ def _process(
         "handled": report.handled,
         "handler_seconds": round(report.handler_seconds, 6),
     }
+
+
+def _enqueue_next(store: LeaseStore, job_path: str, job: Job, run_id: str, shard: int) -> None:
+    """Enqueues the shard's next job; on a full Redis, leaves it to the tick's dispatch."""
+    try:
+        shard_jobs.enqueue_shard(
+            store, job_path, job.options.queue, run_id, shard, job.options.shard_budget_seconds
+        )
+    except RedisFull as error:
+        notice_full(error, f"the next shard job of run {run_id!r} shard {shard}")
 
 
 def _end_if_done(store: LeaseStore, run_id: str) -> None:
@@ -222,7 +234,10 @@ def _record_failure(store: LeaseStore, run_id: str, shard: int, error: Exception
     try:
         record_job_failure(store, run_id, shard, f"{type(error).__name__}: {error}")
     except RedisLeaseError as failure:
-        log.warning("could not record the failure of a shard job of run %r: %s", run_id, failure)
+        if not notice_full(failure, f"shard job of run {run_id!r}"):
+            log.warning(
+                "could not record the failure of a shard job of run %r: %s", run_id, failure
+            )
 
 
 def _record_pass(store: LeaseStore, run_id: str, report: ShardReport, busy: float) -> None:
@@ -261,7 +276,10 @@ def _forget_job(store: LeaseStore, run_id: str, rq_id: str, ended: bool) -> None
             if ended:  # apart: a cluster's pipeline does not load scripts
                 end_failure_streak(store, run_id)
     except RedisLeaseError as error:
-        log.warning("could not remove the heartbeat of job %s of run %r: %s", rq_id, run_id, error)
+        if not notice_full(error, f"shard job {rq_id} of run {run_id!r}"):
+            log.warning(
+                "could not remove the heartbeat of job %s of run %r: %s", rq_id, run_id, error
+            )
 
 
 _dangers_logged: set[str] = set()

@@ -29,6 +29,7 @@ from ...errors import (
 from ...protocol.connection.clients import queue_time, time_ms
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.values import ReleaseRequest
+from ..full_redis import notice_full
 from ..job import Job, check_concurrency
 from ..live_lease import ActiveLease
 from .lease_keeper import LeaseKeeper
@@ -169,8 +170,10 @@ class _ShardLoop:
                 except (ClusterBusy, NotReplicated) as error:  # nothing granted: claim again soon
                     log.info("claim on run %r shard %s: %s", self.run_id, self.shard, error)
                     stop.wait(CLUSTER_RETRY_DELAY)
-                except RedisUnavailable as error:  # a stall, a failover: ride it out
-                    log.warning("claim on run %r shard %s: %s", self.run_id, self.shard, error)
+                except RedisUnavailable as error:  # a stall, a failover, a full Redis: ride it out
+                    where = f"claim on run {self.run_id!r} shard {self.shard}"
+                    if not notice_full(error, where):
+                        log.warning("%s: %s", where, error)
                     stop.wait(UNAVAILABLE_RETRY_DELAY)
             while waiting and (self.pool.queues or self.in_pool < self.size):
                 if stop.is_set() or time.monotonic() >= ends:
@@ -208,7 +211,9 @@ class _ShardLoop:
                 queue_time(pipe)
                 first, now = pipe.execute()
         except RedisUnavailable as error:  # a stall: look again soon, as a claim would
-            log.warning("run %r shard %s: %s", self.run_id, self.shard, error)
+            where = f"run {self.run_id!r} shard {self.shard}"
+            if not notice_full(error, where):
+                log.warning("%s: %s", where, error)
             return UNAVAILABLE_RETRY_DELAY
         if not first:
             return None

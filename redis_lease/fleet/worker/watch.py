@@ -40,6 +40,7 @@ from ...protocol.scripts import Call
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.validation import clip
 from .. import shard_jobs, takeover
+from ..full_redis import notice_full
 from ..run_states import RUNNING
 from ..runs import Runs
 from ..shard_job_failures import FAILURE_STREAK_LIMIT, job_failures
@@ -151,7 +152,8 @@ class FleetWatch(threading.Thread):
             try:
                 self.tick()
             except (RedisLeaseError, *REDIS_FAILURES) as error:
-                log.warning("fleet watch: %s", error)
+                if not notice_full(error, "fleet watch"):
+                    log.warning("fleet watch: %s", error)
 
     def tick(self) -> None:
         """One beat, and one sweep for stopped shard jobs under each prefix."""

@@ -34,7 +34,9 @@ attempt logs, kept by the exporter's process: :mod:`redis_lease.operate.metrics.
 ``redis_lease_declared_job_unticked{job}`` (a job a live worker declared that no tick leader
 ticks), ``redis_lease_tick_leader_token{worker}`` and
 ``redis_lease_tick_leader_since_seconds{worker}`` (the tick leader, named),
-``redis_lease_redis_eviction_danger{policy}``, the provider gates' ``redis_lease_provider_*``,
+``redis_lease_redis_eviction_danger{policy}``, ``redis_lease_redis_memory_used_bytes`` and
+``redis_lease_redis_memory_max_bytes`` (0: no maxmemory), the provider gates'
+``redis_lease_provider_*``,
 and ``redis_lease_bad_jobs_total{queue,reason}``: RQ jobs
 workers failed without running (kept in Redis, :mod:`redis_lease.fleet.worker.bad_jobs`).
 
@@ -256,6 +258,7 @@ class LeaseCollector(Collector):
         self.history.update(self.store, streams)
         yield from self.history.families()
         yield per_job.eviction(self.store)
+        yield from per_job.memory(self.store)
         yield from per_job.providers(self.store)
         yield _bad_jobs(self.store)
 

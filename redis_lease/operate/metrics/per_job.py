@@ -28,6 +28,8 @@ MISSED_RUNS = "redis_lease_missed_runs"
 LOST_RUNS = "redis_lease_lost_runs"
 DATA_SET_LOSSES = "redis_lease_data_set_losses"
 EVICTION_DANGER = "redis_lease_redis_eviction_danger"
+MEMORY_USED = "redis_lease_redis_memory_used_bytes"
+MEMORY_MAX = "redis_lease_redis_memory_max_bytes"
 DECLARED_JOB_UNTICKED = "redis_lease_declared_job_unticked"
 TICK_LEADER_TOKEN = "redis_lease_tick_leader_token"
 TICK_LEADER_SINCE = "redis_lease_tick_leader_since_seconds"
@@ -139,6 +141,30 @@ def eviction(store: LeaseStore) -> Metric:
     return gauge
 
 
+def memory(store: LeaseStore) -> list[Metric]:
+    """Redis's used memory and its ``maxmemory`` (0: no limit), in bytes, from ``INFO
+    memory``: at the limit, under noeviction, Redis refuses writes (docs/durability.md).
+    No sample when INFO is refused (an ACL, a managed Redis that hides it)."""
+    used = GaugeMetricFamily(
+        MEMORY_USED,
+        "Memory Redis uses (INFO used_memory); at redis_lease_redis_memory_max_bytes it "
+        "refuses writes under noeviction.",
+    )
+    most = GaugeMetricFamily(
+        MEMORY_MAX,
+        "Redis's maxmemory (INFO maxmemory): the memory past which it refuses writes under "
+        "noeviction; 0 when it has no limit.",
+    )
+    try:
+        info = store.client.info("memory")
+    except redis.ResponseError:
+        return [used, most]
+    if "used_memory" in info:
+        used.add_metric([], float(info["used_memory"]))
+        most.add_metric([], float(info.get("maxmemory", 0)))
+    return [used, most]
+
+
 def providers(store: LeaseStore) -> list[Metric]:
     """Each provider gate's cap, slots in use and throttle answers."""
     cap = GaugeMetricFamily("redis_lease_provider_cap", "Current cap.", labels=["provider"])
@@ -161,6 +187,8 @@ __all__ = [
     "DATA_SET_LOSSES",
     "EVICTION_DANGER",
     "LOST_RUNS",
+    "MEMORY_MAX",
+    "MEMORY_USED",
     "MISSED_RUNS",
     "RUNS_FINISHED",
     "TICK_LEADER_SINCE",
@@ -170,6 +198,7 @@ __all__ = [
     "data_set_losses",
     "eviction",
     "job_names",
+    "memory",
     "needs",
     "providers",
     "tallies",

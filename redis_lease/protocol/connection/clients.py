@@ -176,8 +176,9 @@ def _fake_client(url: str, options: dict[str, Any]) -> redis.Redis:
     return client
 
 
-def resilient(client: redis.Redis) -> redis.Redis:
-    """A client for the same server as ``client`` whose connections retry (:func:`retry_policy`).
+def resilient(client: redis.Redis, retry: Retry | None = None) -> redis.Redis:
+    """A client for the same server as ``client`` whose connections retry (:func:`retry_policy`,
+    or ``retry`` when given).
 
     For a connection made elsewhere (e.g. the one RQ hands a job): its pool's
     options are kept, the retry policy is set, and ``client`` is left as it was.
@@ -192,7 +193,7 @@ def resilient(client: redis.Redis) -> redis.Redis:
         for name, value in pool.connection_kwargs.items()
         if name not in ("himport_registry", "maint_notifications_pool_handler")
     }
-    options["retry"] = retry_policy()
+    options["retry"] = retry if retry is not None else retry_policy()
     if options.get("socket_connect_timeout") is None:
         options["socket_connect_timeout"] = CONNECT_TIMEOUT
     connection_class = pool.connection_class
