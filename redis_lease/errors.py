@@ -195,7 +195,7 @@ class RedisFull(RedisUnavailable):
 
     The server refused the call before running it (``OOM``). Free memory, raise
     ``maxmemory``, or finish or delete old runs. A worker rides it out as it does a stall:
-    its claims wait, its commits are sent again while its leases hold.
+    a refused claim is tried again, a refused commit is sent again while its lease holds.
     """
 
     exit_code = 13

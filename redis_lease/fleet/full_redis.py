@@ -28,7 +28,7 @@ from redis.exceptions import OutOfMemoryError
 
 from ..errors import RedisFull
 from ..protocol.connection.clients import describe, resilient, retry_policy
-from ..protocol.connection.translate import translate
+from ..protocol.connection.translate import full_refusal
 
 log = logging.getLogger("redis_lease.worker")
 
@@ -57,9 +57,7 @@ _said = mmap.mmap(-1, struct.calcsize("dd"))
 
 def is_full(error: BaseException) -> bool:
     """True for a full Redis's refusal, raw (redis-py's) or translated (:class:`RedisFull`)."""
-    if isinstance(error, RedisFull):
-        return True
-    return isinstance(error, redis.RedisError) and isinstance(translate("", error), RedisFull)
+    return full_refusal("", error) is not None
 
 
 def notice_full(error: BaseException, where: str) -> bool:
@@ -121,7 +119,7 @@ class _WaitForRoom(redis.retry.Retry):
                 result = self._policy.call_with_retry(do, fail, *options, **named)
             except OutOfMemoryError as error:
                 waited = True
-                notice_full(translate(self._server, error), self._where)
+                notice_full(full_refusal(self._server, error) or error, self._where)
                 time.sleep(RETRY_EVERY)
                 continue
             if waited:

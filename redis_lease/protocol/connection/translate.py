@@ -305,6 +305,17 @@ class ErrorDoor:
             raise self.error(error) from None
 
 
+def full_refusal(url: str, error: BaseException) -> RedisFull | None:
+    """The :class:`~redis_lease.errors.RedisFull` that ``error`` is (a full Redis's
+    refusal, raw or already translated), for the Redis at ``url``; None for any other."""
+    if isinstance(error, RedisFull):
+        return error
+    if not isinstance(error, redis.RedisError):
+        return None
+    translated = translate(url, error)
+    return translated if isinstance(translated, RedisFull) else None
+
+
 def translating_errors(
     url: str,
     *,
