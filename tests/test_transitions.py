@@ -46,7 +46,7 @@ from tests.effect_jobs import (
     wait_until,
     worker_env,
 )
-from tests.fleet_helpers import stop_group
+from tests.fleet_helpers import stop_group, wait_for
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -667,8 +667,11 @@ def test_harness_cleans_up_its_rq_keys(redis_url: str, prefix: str, tmp_path: Pa
         run_id = start_run(store, job)
         workers.start(redis_url, queue, 1, **config.env())
         drive(store, EFFECTS_PATH, job, run_id, timeout=60, describe=workers.output)
+        # the run ends with its last commit, before RQ files its shard job as finished
+        finished = f"rq:finished:{queue}"
+        wait_for(lambda: client.zcard(finished) > 0, 30, "RQ to file a shard job as finished")
         workers.close()  # SIGKILL: the worker leaves its registration behind
-        job_ids = {j.decode() for j in client.zrange(f"rq:finished:{queue}", 0, -1)}
+        job_ids = {j.decode() for j in client.zrange(finished, 0, -1)}
         names = {queue, *job_ids}
         names |= {
             w.decode().removeprefix("rq:worker:") for w in client.smembers(f"rq:workers:{queue}")
