@@ -27,7 +27,7 @@ import redis
 from redis.exceptions import OutOfMemoryError
 
 from ..errors import RedisFull
-from ..protocol.connection.clients import describe, resilient, retry_policy
+from ..protocol.connection.clients import describe, resilient, retry_backoff, retry_policy
 from ..protocol.connection.translate import full_refusal
 
 log = logging.getLogger("redis_lease.worker")
@@ -104,9 +104,8 @@ class _WaitForRoom(redis.retry.Retry):
     sent again as it was."""
 
     def __init__(self, where: str, server: str) -> None:
-        policy = retry_policy()
-        super().__init__(policy._backoff, policy.get_retries())
-        self._policy = policy
+        self._policy = retry_policy()
+        super().__init__(retry_backoff(), self._policy.get_retries())
         self._where, self._server = where, server
 
     def call_with_retry(  # redis-py's options passed on as they are

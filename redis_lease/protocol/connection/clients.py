@@ -78,10 +78,14 @@ class _TransientRetry(Retry):
         return super().call_with_retry(do, fail, transient, with_failure_count)
 
 
+def retry_backoff() -> ExponentialWithJitterBackoff:
+    """The backoff between two tries of :func:`retry_policy`."""
+    return ExponentialWithJitterBackoff(base=BACKOFF_BASE, cap=BACKOFF_CAP)
+
+
 def retry_policy() -> Retry:
     """Retries after connection errors and timeouts (not a refused login), with backoff."""
-    backoff = ExponentialWithJitterBackoff(base=BACKOFF_BASE, cap=BACKOFF_CAP)
-    return _TransientRetry(backoff, RETRIES)
+    return _TransientRetry(retry_backoff(), RETRIES)
 
 
 def client_from_url(url: str, **options: Any) -> redis.Redis:
