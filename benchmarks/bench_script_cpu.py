@@ -58,7 +58,7 @@ def reference_source(checkout: Path) -> Callable[[str], str]:
     if (checkout / "redis_lease" / "scripts.py").is_file():
 
         def own(name: str) -> str:  # nested includes and LIMITS, as that revision builds them
-            code = f"from redis_lease.scripts import source; print(source({name!r}), end='')"
+            code = f"from redis_lease import source; print(source({name!r}), end='')"
             env = {**os.environ, "PYTHONPATH": str(checkout)}
             # Run in the checkout: ``python -c`` puts the working directory first on sys.path.
             found = subprocess.run(

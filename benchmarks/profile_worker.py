@@ -1,6 +1,6 @@
 """Profiles the shard loop in one process: items/s, and where its time goes.
 
-Runs :func:`redis_lease.worker.work_shard` over a one-shard run of ``--items``
+Runs :func:`redis_lease.fleet.worker.shard_loop.work_shard` over a one-shard run of ``--items``
 items on a private ``redis-server`` (or ``--url``), with a kept lease renewed
 by a started :class:`~redis_lease.fleet.worker.lease_keeper.LeaseKeeper`, and a handler that does
 nothing (``--delay 0``) or sleeps (``--delay 0.001``; ``--async`` for an

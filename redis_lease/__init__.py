@@ -9,10 +9,7 @@ command line start) loads only what the program uses: not Redis's client for
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .deprecation import find_moved_modules, renamed_attribute
 from .version import __version__ as __version__
-
-find_moved_modules()  # old module paths (redis_lease.keeper, ...) for one release
 
 if TYPE_CHECKING:
     from .errors import (
@@ -57,7 +54,7 @@ if TYPE_CHECKING:
     from .fleet.runs import Decision, Runs
     from .fleet.shard_job_failures import JobFailures
     from .fleet.shard_jobs import JsonJob, JsonQueue, json_cron_jobs, purge_queue
-    from .fleet.tick.scheduler_tick import TickResult, tick_entry
+    from .fleet.tick.scheduler_tick import TickResult
     from .fleet.worker.bad_jobs import BadJob, BadJobGuard
     from .fleet.worker.lease_keeper import LeaseKeeper
     from .fleet.worker.rq_worker import LeaseWorker, SimpleLeaseWorker
@@ -88,6 +85,7 @@ if TYPE_CHECKING:
         RunStatus,
     )
     from .runner import run_worker
+    from .tick import tick_entry
 
 __all__ = [
     "ActiveLease",
@@ -272,20 +270,16 @@ _LAZY = {
     "process_shard": "fleet.worker.shard_job",
     "purge_queue": "fleet.shard_jobs",
     "TickResult": "fleet.tick.scheduler_tick",
-    "tick_entry": "fleet.tick.scheduler_tick",
+    "tick_entry": "tick",
     "run_worker": "runner",
 }
 
-#: Old names, importable with a DeprecationWarning for one release.
-_RENAMED = {"CommitOutcome": "CommitReply", "FailOutcome": "FailReply", "Outcome": "HandlerResult"}
-
 
 def __getattr__(name: str) -> Any:
-    """The names of :data:`_LAZY`, imported now; and the old names (``CommitOutcome``,
-    ``FailOutcome``, ``Outcome``) of renamed classes, with a DeprecationWarning."""
+    """The names of :data:`_LAZY`, imported now."""
     module = _LAZY.get(name)
-    if module is not None:
-        value = getattr(import_module(f".{module}", __name__), name)
-        globals()[name] = value
-        return value
-    return renamed_attribute(__name__, name, _RENAMED, globals())
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

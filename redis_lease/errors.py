@@ -39,7 +39,6 @@ from typing import Any
 
 import redis
 
-from .deprecation import moved_name
 from .limits import DELAY_MAX_MS
 
 
@@ -114,7 +113,7 @@ class NotClaimable(LeaseError):
     Attributes:
         state: the item's state (pending, leased, done, dead); None when no item was
             named and nothing is due in any shard
-            (:meth:`~redis_lease.store.LeaseStore.claim_any`).
+            (:meth:`~redis_lease.LeaseStore.claim_any`).
         until_ms: when the item is due or its lease expires (server clock), when known.
     """
 
@@ -354,8 +353,3 @@ class EffectUnknown(ProviderError):
 
 class SlotTimeout(ProviderError):
     """No provider slot became free in time; the item is released and retried later."""
-
-
-def __getattr__(name: str) -> Any:
-    """The script-reply parser's old names here (one release, with a warning)."""
-    return moved_name(__name__, name)

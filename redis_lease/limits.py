@@ -64,7 +64,6 @@ CATCH_UP_DAYS_MAX = bound("catch_up_days")[1]
 WORKERS_PER_SHARD_MAX = bound("workers_per_shard")[1]
 #: The most shard jobs working one run at once (the job option ``max_shard_jobs``).
 MAX_SHARD_JOBS_MAX = bound("max_shard_jobs")[1]
-MAX_WORKERS_MAX = MAX_SHARD_JOBS_MAX  # the earlier name of this bound
 RETENTION_DAYS_MAX = bound("retention_days")[1]
 SPARE_NODES_MAX = bound("spare_nodes")[1]
 WORKERS_PER_NODE_MAX = bound("workers_per_node")[1]

@@ -1,26 +1,32 @@
-"""One call runs a worker process of the fleet from Python: :func:`run_worker`.
+"""A worker process of the fleet: :func:`run_worker` from Python, :func:`serve` under it and
+under ``redis-lease worker``.
 
-It is what ``redis-lease worker --job ...`` runs: the RQ worker
-(:mod:`redis_lease.fleet.worker.rq_worker`), its fleet watch, and, given jobs, the tick
-leader (:mod:`redis_lease.fleet.tick.leader`). It stands above the layers, as the
-package's face does, because it joins two rooms of one layer (the worker and the tick)
-that may not import each other.
+The worker is the RQ worker (:mod:`redis_lease.fleet.worker.rq_worker`) with its fleet
+watch and, given jobs, the tick leader (:mod:`redis_lease.fleet.tick.leader`). This module
+joins two rooms of one layer (the worker and the tick) that may not import each other, so
+it is a layer of its own, above both and below the command line (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
+from importlib import import_module
 
 from .errors import InvalidInput
 from .fleet.job import Job, load_job
 from .fleet.tick.leader import TickLeader, check_jobs
-from .fleet.worker.rq_worker import DEFAULT_QUEUE, WorkerSettings, build_worker
+from .fleet.worker.rq_worker import (
+    DEFAULT_QUEUE,
+    LeaseWorker,
+    SimpleLeaseWorker,
+    WorkerSettings,
+    build_worker,
+)
 from .fleet.worker.rq_worker import run_worker as work_queues
 from .limits import DEFAULT_PREFIX, TICK_EVERY
 from .protocol.store.lease_store import LeaseStore
 
-__all__ = ["run_worker"]
+__all__ = ["run_worker", "serve"]
 
 
 def run_worker(
@@ -86,18 +92,46 @@ def run_worker(
     )
     store = LeaseStore.from_url(url, prefix, queue_url=queue_url)
     try:
-        worker = build_worker(store, settings)
-        leader = [TickLeader(store, worker.name, paths, say, tick_every)] if paths else []
-        work_queues(worker, store, burst=burst, beside=leader)
+        serve(store, settings, paths, burst=burst, tick_every=tick_every)
     finally:
         store.close()
+
+
+def serve(
+    store: LeaseStore,
+    settings: WorkerSettings,
+    jobs: Sequence[str] = (),
+    *,
+    burst: bool = False,
+    tick_every: float = TICK_EVERY,
+    started: Callable[[LeaseWorker | SimpleLeaseWorker], None] | None = None,
+) -> LeaseWorker | SimpleLeaseWorker:
+    """Builds the worker of ``settings`` on ``store`` and works its queues until it stops;
+    given ``jobs`` (import paths, checked by the caller), the tick leader runs beside it.
+
+    ``started`` is called with the worker once RQ registered it and the fleet watch beat
+    first. Both doors of a worker use this: :func:`run_worker` and ``redis-lease worker``.
+
+    Returns:
+        The worker, stopped: its counts of shard jobs say what it did.
+
+    Raises:
+        ProtocolMismatch: the data under the store's prefix is in a protocol this release
+            does not speak; nothing was written.
+        RedisUnavailable: Redis cannot be reached, or refuses what a worker needs.
+    """
+    worker = build_worker(store, settings)
+    leader = [TickLeader(store, worker.name, jobs, settings.say, tick_every)] if jobs else []
+    on_started = (lambda: started(worker)) if started is not None else None
+    work_queues(worker, store, burst=burst, started=on_started, beside=leader)
+    return worker
 
 
 def _path_of(job: Job) -> str:
     """The import path of a Job object: the module-level name that holds it."""
     module = getattr(job.plan_items or job.handle_item, "__module__", None)
     if module and module != "__main__":
-        for attr, value in vars(sys.modules[module]).items():
+        for attr, value in vars(import_module(module)).items():
             if value is job:
                 path = f"{module}:{attr}"
                 if load_job(path) is job:

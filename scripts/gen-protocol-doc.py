@@ -319,7 +319,7 @@ A client's expansion is right when its SHA1 of every script equals the Python on
     .venv/bin/python - <<'EOF'
     import hashlib
     from redis_lease.limits import lua_dir
-    from redis_lease.scripts import source
+    from redis_lease import source
     for path in sorted(lua_dir().glob("*.lua")):
         print(path.stem, hashlib.sha1(source(path.stem).encode()).hexdigest())
     EOF

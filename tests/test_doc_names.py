@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,11 @@ FENCED = re.compile(r"^```\w*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
 def resolve(dotted: str) -> Any:
-    """The object a dotted path names: the longest importable module, then attributes
-    (an old module path the docs name as such imports, with its DeprecationWarning)."""
+    """The object a dotted path names: the longest importable module, then attributes."""
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                found: Any = importlib.import_module(".".join(parts[:cut]))
+            found: Any = importlib.import_module(".".join(parts[:cut]))
         except ModuleNotFoundError:
             continue
         for name in parts[cut:]:

@@ -2,15 +2,12 @@
 
 Ids may contain ':', so keys joined with ':' collided (run ``r:a`` item ``b``
 and run ``r`` item ``a:b``); keys are joined with '|', which no id may contain,
-and a long key keeps a readable head and a digest of the whole. A ledger
-written under the old keys keeps its keys, so an upgrade mid-run sends nothing
-twice.
+and a long key keeps a readable head and a digest of the whole.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import string
 from typing import Any
 
@@ -86,10 +83,9 @@ def test_every_part_must_be_an_id(bad: str) -> None:
             idempotency_key(*triple)
 
 
-# -- ledgers written with the old keys ----------------------------------------------------
+# -- an effect on a ledger --------------------------------------------------------------------
 
 RUN, ITEM, EFFECT = "nightly:2026-12-02", "acct:7", "pay"
-OLD_KEY = f"{RUN}:{ITEM}:{EFFECT}"
 
 
 class Provider:
@@ -111,42 +107,6 @@ class Provider:
 def claim(store: LeaseStore) -> Lease:
     store.add(RUN, [Item(ITEM)], shards=2)
     return store.claim(RUN, ITEM, "w", ttl=30)
-
-
-def test_an_applied_effect_under_its_old_key_is_not_sent_again(store: LeaseStore) -> None:
-    lease = claim(store)
-    store.record_effect(lease, OLD_KEY, EFFECT, "intended")  # written by the old version
-    store.record_effect(lease, OLD_KEY, EFFECT, "applied", {"id": "ref-old"})
-    provider = Provider()
-    assert apply_effect(store, lease, EFFECT, provider.call) == {"id": "ref-old"}
-    assert provider.calls == []
-    assert store.effect(RUN, ITEM, idempotency_key(RUN, ITEM, EFFECT)) is None
-
-
-def test_an_unknown_effect_under_its_old_key_is_reconciled_by_that_key(
-    store: LeaseStore,
-) -> None:
-    lease = claim(store)
-    store.record_effect(lease, OLD_KEY, EFFECT, "intended")
-    store.record_effect(lease, OLD_KEY, EFFECT, "unknown", "timeout")
-    provider = Provider()
-    provider.applied[OLD_KEY] = {"id": "ref-old"}  # the old attempt did reach the provider
-    assert apply_effect(store, lease, EFFECT, provider.call, lookup=provider.lookup) == {
-        "id": "ref-old"
-    }
-    assert provider.calls == []
-    record = store.effect(RUN, ITEM, OLD_KEY)
-    assert record is not None and record["state"] == "applied"
-
-
-def test_an_old_key_that_holds_another_effect_is_not_taken(store: LeaseStore) -> None:
-    lease = claim(store)
-    ledger = store.keys.effects(RUN, lease.shard)[0]
-    other = {"item": "acct", "name": "7:pay", "state": "applied", "result": '{"id": "x"}'}
-    store.client.hset(ledger, OLD_KEY, json.dumps(other))  # same old key, another triple
-    provider = Provider()
-    assert apply_effect(store, lease, EFFECT, provider.call) == {"id": "ref-1"}
-    assert provider.calls == [idempotency_key(RUN, ITEM, EFFECT)]
 
 
 def test_an_effect_costs_two_round_trips(

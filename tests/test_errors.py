@@ -40,14 +40,13 @@ from redis_lease import (
     SlotTimeout,
     Throttled,
     TLSFailed,
-    errors,
 )
 from redis_lease.cli import report
 from redis_lease.fleet.effects import apply_effect
 from redis_lease.fleet.runs import Runs
 from redis_lease.limits import DELAY_MAX_MS
 from redis_lease.protocol.connection.translate import translate, translating_errors
-from redis_lease.protocol.error_replies import SCRIPT_CODES, from_reply
+from redis_lease.protocol.error_replies import from_reply
 from tests.helpers import wait_past
 
 
@@ -86,34 +85,6 @@ def test_every_error_is_exported_from_the_package() -> None:
         assert getattr(redis_lease, cls.__name__) is cls
         assert cls.__name__ in redis_lease.__all__
     assert "ProviderGate" in redis_lease.__all__
-
-
-def test_old_import_paths_still_work() -> None:
-    from redis_lease.fleet.effects import EffectUnknown as OldUnknown
-    from redis_lease.fleet.effects import NeedsReconciliation as OldReconciliation
-    from redis_lease.fleet.effects import Throttled as OldThrottled
-    from redis_lease.fleet.gate import SlotTimeout as OldSlotTimeout
-    from redis_lease.fleet.job import PermanentError as OldPermanent
-
-    assert OldThrottled is Throttled and OldPermanent is PermanentError
-    assert OldSlotTimeout is SlotTimeout and OldReconciliation is NeedsReconciliation
-    assert OldUnknown is errors.EffectUnknown
-
-
-def test_the_reply_parser_keeps_its_old_names_for_a_release(store: LeaseStore) -> None:
-    with pytest.warns(DeprecationWarning, match="redis_lease.protocol.error_replies.from_reply"):
-        from redis_lease.errors import from_reply as old_from_reply
-    assert old_from_reply is from_reply
-    with pytest.warns(DeprecationWarning, match="error_replies.SCRIPT_CODES"):
-        assert errors.SCRIPT_CODES is SCRIPT_CODES
-    with pytest.warns(DeprecationWarning, match="translating_errors"):
-        from redis_lease.protocol.connection.translate import redis_errors
-    assert redis_errors is translating_errors
-    with pytest.warns(DeprecationWarning, match=r"translating_errors\(\)\.error\(\)"):
-        lost = store.translate(redis.ResponseError("NOT_FOUND item=a"), "r", "a")
-    assert isinstance(lost, NotFound) and lost.run_id == "r"
-    with pytest.raises(AttributeError):
-        errors.no_such_name  # noqa: B018
 
 
 def test_the_groups_and_their_exit_codes() -> None:

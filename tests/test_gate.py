@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 from redis_lease import LeaseStore
+from redis_lease.errors import SlotTimeout
 from redis_lease.fleet.effects import Throttled
-from redis_lease.fleet.gate import GateState, ProviderGate, SlotTimeout
+from redis_lease.fleet.gate import GateState, ProviderGate
 from tests.helpers import server_ms
 
 ROOT = Path(__file__).resolve().parent.parent

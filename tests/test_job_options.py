@@ -1,4 +1,4 @@
-"""A job's options: typed keywords, the two deadline forms, old spellings, their one table,
+"""A job's options: typed keywords, the two deadline forms, their one table,
 the README's first job under ``mypy --strict``, and ``start`` on a past date."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from dataclasses import MISSING, fields
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 import typer
@@ -22,22 +21,10 @@ from redis_lease import Job, LeaseStore
 from redis_lease.cli import app
 from redis_lease.cli.shared import TICK_FAILED_EXIT, exit_if_failed
 from redis_lease.errors import InvalidInput
-from redis_lease.fleet.job import OLD_KEYWORDS
-from redis_lease.fleet.job_options import RENAMED_OPTIONS, JobOptions, options_table
+from redis_lease.fleet.job_options import JobOptions, options_table
 from redis_lease.fleet.runs import Decision, Runs
 from redis_lease.fleet.tick.scheduler_tick import TickResult, tick
 from tests.fleet_helpers import NIGHTLY_PATH, REPO, Configure, configure_nightly
-
-#: A value each renamed option takes (none its default).
-OLD_VALUES: dict[str, Any] = {
-    "lease_ttl": 12.0,
-    "backoff_base": 0.5,
-    "backoff_cap": 9.0,
-    "catch_up_grace": 60.0,
-    "shard_budget": 30.0,
-    "commit_interval": 0.1,
-    "max_workers": 3,
-}
 
 
 @pytest.fixture
@@ -50,7 +37,7 @@ def test_job_takes_every_option_as_a_typed_keyword_with_its_default() -> None:
     keywords = {
         name: parameter
         for name, parameter in inspect.signature(Job).parameters.items()
-        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in OLD_KEYWORDS
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
     }
     options = {option.name: option for option in fields(JobOptions)}
     assert list(keywords) == list(options)
@@ -59,44 +46,6 @@ def test_job_takes_every_option_as_a_typed_keyword_with_its_default() -> None:
         assert option.default is not MISSING
         assert keywords[name].default == option.default, name
         assert getattr(Job("j").options, name) == option.default, name
-
-
-def test_the_old_keywords_are_the_renamed_options_and_the_one_string_deadline() -> None:
-    assert set(OLD_KEYWORDS) == {*RENAMED_OPTIONS, "deadline"} == {*OLD_VALUES, "deadline"}
-
-
-@pytest.mark.parametrize(("old", "new"), sorted(RENAMED_OPTIONS.items()))
-def test_an_old_option_name_works_with_a_warning_naming_the_new_one(old: str, new: str) -> None:
-    with pytest.warns(DeprecationWarning, match=rf"{old} is deprecated.*use {new}$"):
-        job = Job("j", **{old: OLD_VALUES[old]})
-    assert getattr(job.options, new) == OLD_VALUES[old]
-    assert old not in job.settings() and job.settings()[new] == str(OLD_VALUES[old])
-    with pytest.warns(DeprecationWarning, match=rf"JobOptions.{old} is deprecated"):
-        assert getattr(job.options, old) == OLD_VALUES[old]
-
-
-def test_an_old_and_a_new_name_of_one_option_are_refused() -> None:
-    with pytest.warns(DeprecationWarning), pytest.raises(InvalidInput, match="max_shard_jobs"):
-        Job("j", max_workers=3, max_shard_jobs=4)
-
-
-@pytest.mark.parametrize(
-    ("text", "form", "value", "spelled"),
-    [
-        ("06:00", "deadline_at", "06:00", 'deadline_at="06:00"'),
-        ("90m", "deadline_after", timedelta(minutes=90), "deadline_after=timedelta(minutes=90)"),
-        ("6h", "deadline_after", timedelta(hours=6), "deadline_after=timedelta(hours=6)"),
-    ],
-)
-def test_the_one_string_deadline_becomes_its_form_with_a_warning(
-    text: str, form: str, value: object, spelled: str
-) -> None:
-    with pytest.warns(DeprecationWarning, match=re.escape(f"use {spelled}")):
-        job = Job("j", deadline=text)
-    assert getattr(job.options, form) == value
-    assert "deadline" not in job.settings()
-    with pytest.warns(DeprecationWarning, match="JobOptions.deadline is deprecated"):
-        assert getattr(job.options, "deadline") == text  # noqa: B009 (an old name)
 
 
 def test_the_deadline_has_two_forms_and_only_one_is_taken() -> None:

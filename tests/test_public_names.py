@@ -3,7 +3,7 @@
 The names a user meets: every exception and warning class of the library; every class
 in a library module's ``__all__`` (what its functions return or take); and every class
 and function the README, docs/ and examples/ name under a module path
-(``from redis_lease.effects import not_sent``, ``redis_lease.dispatch.JsonJob``). The
+(``from redis_lease.fleet.effects import not_sent``, ``redis_lease.dispatch.JsonJob``). The
 command line (``redis_lease.cli``) and the demo (``redis_lease.demo``) are programs, not
 the library: their names stay where they are. A name that is also a module of the
 package (``redis_lease.tick``, the module, and its function ``tick``) cannot be both, and
@@ -24,7 +24,6 @@ from types import ModuleType
 import pytest
 
 import redis_lease
-from redis_lease.deprecation import KEPT_MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Subpackages that are programs, not the library.
@@ -45,12 +44,10 @@ def library_modules() -> dict[str, ModuleType]:
 
 
 def is_submodule(name: str) -> bool:
-    """``name`` is also a module or package of redis_lease (a file, or an old path kept)."""
-    return (
-        (Path(redis_lease.__file__).parent / name).with_suffix(".py").exists()
-        or (Path(redis_lease.__file__).parent / name / "__init__.py").exists()
-        or f"redis_lease.{name}" in KEPT_MODULES
-    )
+    """``name`` is also a module or package of redis_lease (a file or a folder)."""
+    return (Path(redis_lease.__file__).parent / name).with_suffix(".py").exists() or (
+        Path(redis_lease.__file__).parent / name / "__init__.py"
+    ).exists()
 
 
 def exceptions_and_warnings() -> dict[str, str]:

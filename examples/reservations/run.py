@@ -135,7 +135,7 @@ def main() -> int:
 
     from redis_lease import LeaseStore, Runs, purge_queue
     from redis_lease.fleet.runs import FINAL_STATES
-    from redis_lease.tick import tick
+    from redis_lease.fleet.tick.scheduler_tick import tick
 
     client = redis.Redis.from_url(args.url)
     store = LeaseStore(client, prefix=f"{prefix}-rl", url=args.url)

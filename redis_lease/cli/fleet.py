@@ -182,11 +182,17 @@ def worker(
     Plain RQ works too: rq worker -u URL --serializer rq.serializers.JSONSerializer
     --job-class redis_lease.dispatch.JsonJob redis-lease
     """
-    from ..fleet.tick.leader import TickLeader, check_jobs
-    from ..fleet.worker.rq_worker import DEFAULT_QUEUE, WorkerSettings, build_worker, run_worker
+    from ..fleet.tick.leader import check_jobs
+    from ..fleet.worker.rq_worker import (
+        DEFAULT_QUEUE,
+        LeaseWorker,
+        SimpleLeaseWorker,
+        WorkerSettings,
+    )
     from ..operate.output import error_line
     from ..protocol.connection.replica_wait import replica_wait
     from ..protocol.connection.urls import safe_url
+    from ..runner import serve
 
     check_jobs(jobs or [])  # before anything starts: a bad path is one line, exit 2
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
@@ -202,10 +208,9 @@ def worker(
     )
     store = open_store(ctx, needs_rq=True)
     store.replica_wait = waits
-    rq_worker = build_worker(store, wanted)  # a refusal: one line, exit 6
     handlers = f"concurrency {concurrency}" if concurrency is not None else "the jobs' concurrency"
 
-    def started() -> None:
+    def started(rq_worker: LeaseWorker | SimpleLeaseWorker) -> None:
         """Once RQ registered the worker and the watch beat first: the start line."""
         typer.echo(
             f"worker {rq_worker.name}: queues {', '.join(wanted.queues)}, {handlers}, "
@@ -220,8 +225,10 @@ def worker(
             + (f"; ticks {', '.join(jobs)} while the tick leader" if jobs else "")
         )
 
-    leader = [TickLeader(store, rq_worker.name, jobs, typer.echo, tick_every)] if jobs else []
-    run_worker(rq_worker, store, burst=burst, started=started, beside=leader)
+    # a refusal: one line, exit 6
+    rq_worker = serve(
+        store, wanted, jobs or [], burst=burst, tick_every=tick_every, started=started
+    )
     done, failed, bad = rq_worker.shard_jobs, rq_worker.failed_shard_jobs, rq_worker.bad_jobs
     lost = rq_worker.lost_leases
     typer.echo(

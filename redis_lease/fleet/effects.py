@@ -22,7 +22,7 @@ The original exception is always kept: raised as is, or chained (``raise ...
 from error``) with its type and message in the stored error text.
 
 In a run made again after a loss of data, or one that lived through it (its shards
-marked by :meth:`~redis_lease.store.LeaseStore.set_after_loss`), the ledger may have gone
+marked by :meth:`~redis_lease.LeaseStore.set_after_loss`), the ledger may have gone
 with the loss: an effect with no record is recorded ``unknown`` by the same script that
 reads the ledger, and reconciled like any other doubt before anything is sent.
 
@@ -128,11 +128,6 @@ def idempotency_key(run_id: str, item_id: str, effect: str) -> str:
     return _bounded(SEPARATOR.join((run_id, item_id, effect)))
 
 
-def _legacy_key(run_id: str, item_id: str, effect: str) -> str:
-    """The key earlier versions used (``:``-joined, ambiguous); read, never newly written."""
-    return _bounded(f"{run_id}:{item_id}:{effect}")
-
-
 def _bounded(key: str) -> str:
     if len(key) <= KEY_MAX_LENGTH:
         return key
@@ -192,7 +187,7 @@ def _how_to_reconcile(run_id: str, item_id: str, name: str) -> str:
         f"'redis-lease requeue {run_id} {item_id}', or record its answer with "
         f"'redis-lease resolve-effect {run_id} {item_id} {name} --applied RESULT' (or "
         "--not-applied), or "
-        f"redis_lease.effects.resolve_effect(store, {run_id!r}, {item_id!r}, {name!r}, "
+        f"redis_lease.resolve_effect(store, {run_id!r}, {item_id!r}, {name!r}, "
         "applied=...)"
     )
 
@@ -274,12 +269,8 @@ def apply_effect(
             settle it; :func:`resolve_effect` (``redis-lease resolve-effect``) can.
     """
     key = idempotency_key(lease.run_id, lease.item_id, name)
-    # One round trip records the intent, or returns the open record untouched. An upgrade
-    # mid-run must not send an effect again under a new key, so a record under the old key
-    # that belongs to this item and effect wins.
-    previous, record, key = store.begin_effect(
-        lease, key, name, _legacy_key(lease.run_id, lease.item_id, name), ttl=ttl
-    )
+    # One round trip records the intent, or returns the open record untouched.
+    previous, record, key = store.begin_effect(lease, key, name, ttl=ttl)
     if previous == "applied":
         return record.get("result")
     if previous in ("intended", "unknown"):
@@ -387,11 +378,6 @@ def resolve_effect(
     check_resolve(run_id, item_id, name, worker)
     key = idempotency_key(run_id, item_id, name)
     record = store.effect(run_id, item_id, key)
-    if record is None:
-        legacy = _legacy_key(run_id, item_id, name)
-        old = store.effect(run_id, item_id, legacy)
-        if old is not None and (old.get("item"), old.get("name")) == (item_id, name):
-            key, record = legacy, old
     context: dict[str, Any] = {"run_id": run_id, "item_id": item_id}
     if record is None:
         raise NotFound(f"effect {key!r} has no record: it was never sent", **context)

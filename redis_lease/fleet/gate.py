@@ -18,8 +18,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import SlotTimeout as SlotTimeout  # re-exported: its earlier home
-from ..errors import Throttled
+from ..errors import SlotTimeout, Throttled
 from ..limits import CAP_MAX
 from ..protocol.connection.clients import as_text, queue_time, time_ms
 from ..protocol.connection.translate import translating_errors

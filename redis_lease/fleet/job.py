@@ -16,7 +16,6 @@ its import path (``package.module:attr``)::
 from __future__ import annotations
 
 import importlib
-import inspect
 import os
 import sys
 import traceback
@@ -29,7 +28,6 @@ from zoneinfo import ZoneInfo
 from croniter import croniter
 
 from ..errors import InvalidInput
-from ..errors import PermanentError as PermanentError  # re-exported: its earlier home
 from ..limits import (
     DEFAULT_BACKOFF_BASE,
     DEFAULT_BACKOFF_CAP,
@@ -41,7 +39,7 @@ from ..messages import one_line
 from ..protocol.validation import check_id
 from ..protocol.values import Item
 from .job_options import CATCH_UP_POLICIES as CATCH_UP_POLICIES
-from .job_options import DEFAULT_DEADLINE_AFTER, RENAMED_OPTIONS, with_old_names
+from .job_options import DEFAULT_DEADLINE_AFTER
 from .job_options import JobOptions as JobOptions
 from .job_options import check_concurrency as check_concurrency
 from .job_options import parse_duration as parse_duration
@@ -58,8 +56,7 @@ class Job:
     """A named nightly job: a planner, a handler and their options.
 
     Every keyword is a field of :class:`~redis_lease.fleet.job_options.JobOptions`, with
-    the same default; ``docs/jobs.md`` tables what each changes. The keywords after
-    ``retention_days`` are old spellings, taken for one release with a DeprecationWarning.
+    the same default; ``docs/jobs.md`` tables what each changes.
 
     Args:
         name: the job's id; run ids are ``<name>:<YYYY-MM-DD>``.
@@ -98,27 +95,14 @@ class Job:
         spare_nodes: int = 0,
         workers_per_node: int = 1,
         retention_days: int = DEFAULT_RETENTION_DAYS,
-        lease_ttl: float | None = None,
-        backoff_base: float | None = None,
-        backoff_cap: float | None = None,
-        catch_up_grace: float | None = None,
-        shard_budget: float | None = None,
-        commit_interval: float | None = None,
-        max_workers: int | None = None,
-        deadline: str | None = None,
     ) -> None:
         self.name = check_id(name, "job name")
         if ":" in name:
             raise InvalidInput(f"job name {name!r} may not contain ':' (run ids are <job>:<date>)")
         given = dict(locals())
-        old = {key: given[key] for key in OLD_KEYWORDS if given[key] is not None}
-        new = {option.name: given[option.name] for option in fields(JobOptions)}
-        defaults = inspect.signature(Job).parameters
-        for key, value in with_old_names(old).items():
-            if new[key] != defaults[key].default:
-                raise InvalidInput(f"give {key} only (an old spelling of it was given too)")
-            new[key] = value
-        self.options = JobOptions(**new)
+        self.options = JobOptions(
+            **{option.name: given[option.name] for option in fields(JobOptions)}
+        )
         self.plan_items = None
         self.handle_item = None
         self.plan_retry_on = ()
@@ -204,10 +188,6 @@ class Job:
     def settings(self) -> dict[str, str]:
         """The options as text, for the job's record in Redis."""
         return self.options.settings()
-
-
-#: The old spellings of options :class:`Job` still takes (see ``with_old_names``).
-OLD_KEYWORDS = (*RENAMED_OPTIONS, "deadline")
 
 
 def with_cwd_on_path() -> str:

@@ -11,12 +11,10 @@ import math
 import re
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from ..deprecation import warn_renamed
 from ..errors import InvalidInput
 from ..limits import (
     ATTEMPTS_MAX,
@@ -40,21 +38,9 @@ from ..protocol.validation import check_id, check_positive, ttl_to_ms
 CATCH_UP_POLICIES = ("all", "latest", "none")
 #: The deadline when a job names none: this long after the run starts.
 DEFAULT_DEADLINE_AFTER = timedelta(hours=6)
-#: Options renamed so their names say their unit or what they bound: old name -> new.
-#: The old names are taken for one release with a DeprecationWarning.
-RENAMED_OPTIONS = {
-    "lease_ttl": "lease_ttl_seconds",
-    "backoff_base": "backoff_base_seconds",
-    "backoff_cap": "backoff_cap_seconds",
-    "catch_up_grace": "catch_up_grace_seconds",
-    "shard_budget": "shard_budget_seconds",
-    "commit_interval": "commit_interval_seconds",
-    "max_workers": "max_shard_jobs",
-}
 _CLOCK_TIME = re.compile(r"\d\d:\d\d")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_UNIT_NAMES = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 def check_concurrency(value: int) -> int:
@@ -277,21 +263,6 @@ class JobOptions:
             return None
         return self.deadline_after or DEFAULT_DEADLINE_AFTER
 
-    if not TYPE_CHECKING:  # so mypy still refuses an option name that does not exist
-
-        def __getattr__(self, name: str) -> Any:
-            """An option's old name reads its new one, with a DeprecationWarning; the old
-            one-string ``deadline`` reads as it was (``"06:00"`` or ``"6h"``)."""
-            if name == "deadline":
-                warn_renamed("JobOptions.deadline", "JobOptions.deadline_at or deadline_after")
-                window = self.deadline_window
-                return self.deadline_at if window is None else duration_text(window)
-            new = RENAMED_OPTIONS.get(name)
-            if new is None:
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            warn_renamed(f"JobOptions.{name}", f"JobOptions.{new}")
-            return getattr(self, new)
-
     def settings(self) -> dict[str, str]:
         """The options as text, for the job's record in Redis (no unset deadline form)."""
         texts: dict[str, str] = {}
@@ -304,33 +275,6 @@ class JobOptions:
                     duration_text(value) if isinstance(value, timedelta) else str(value)
                 )
         return texts
-
-
-def with_old_names(options: dict[str, Any]) -> dict[str, Any]:
-    """Keyword options with their old spellings turned into new ones, each with a warning.
-
-    An old one-string ``deadline`` becomes ``deadline_at`` (``"06:00"``) or
-    ``deadline_after`` (``"6h"``).
-    """
-    new_options = dict(options)
-    for old, new in RENAMED_OPTIONS.items():
-        if old in new_options:
-            if new in new_options:
-                raise InvalidInput(f"give {new} only ({old} is its old name)")
-            warn_renamed(f"Job option {old}", new, stacklevel=4)
-            new_options[new] = new_options.pop(old)
-    if "deadline" in new_options:
-        text = str(new_options.pop("deadline"))
-        if _CLOCK_TIME.fullmatch(text):
-            warn_renamed("Job option deadline", f'deadline_at="{text}"', stacklevel=4)
-            new_options["deadline_at"] = text
-        else:
-            after = parse_duration(text)
-            amount, unit = _in_largest_unit(after)
-            spelled = f"deadline_after=timedelta({_UNIT_NAMES[unit]}={amount})"
-            warn_renamed("Job option deadline", spelled, stacklevel=4)
-            new_options["deadline_after"] = after
-    return new_options
 
 
 def options_table() -> str:
@@ -347,11 +291,9 @@ def options_table() -> str:
 __all__ = [
     "CATCH_UP_POLICIES",
     "DEFAULT_DEADLINE_AFTER",
-    "RENAMED_OPTIONS",
     "JobOptions",
     "check_concurrency",
     "duration_text",
     "options_table",
     "parse_duration",
-    "with_old_names",
 ]

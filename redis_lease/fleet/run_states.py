@@ -1,7 +1,7 @@
 """A run's states, what each allows, and how long a finished run is kept: defined once,
 for the modules that change runs (:mod:`redis_lease.fleet.runs`), count them
 (:mod:`redis_lease.fleet.job_tallies`), show them (:mod:`redis_lease.operate`, the
-command line) and export them (:mod:`redis_lease.metrics`).
+command line) and export them (:mod:`redis_lease.operate.metrics.collector`).
 
 A run is planning, then running, then ends succeeded, partial, failed or canceled.
 An operator may resume a partial or failed run (some of its items are still to do). A

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
-from ..deprecation import warn_renamed
 from ..errors import InvalidInput, NotFound, PlanningDeferred
 from ..limits import RUN_LOG_CAP, TEXT_MAX_BYTES
 from ..messages import one_line
@@ -105,16 +104,6 @@ class Runs:
             event.setdefault("at", as_text(entry_id).split("-")[0])
             events.append(event)
         return events
-
-    def event(self, run_id: str, kind: str, reason: str, **fields: Any) -> Decision:
-        """Deprecated: :meth:`record_decision`."""
-        warn_renamed("Runs.event()", "Runs.record_decision()")
-        return self.record_decision(run_id, kind, reason, **fields)
-
-    def events(self, run_id: str, count: int = 20) -> list[dict[str, str]]:
-        """Deprecated: :meth:`decisions`."""
-        warn_renamed("Runs.events()", "Runs.decisions()")
-        return self.decisions(run_id, count)
 
     def transition(
         self, run_id: str, expected: tuple[str, ...] | str, to: str, reason: str, **fields: Any
@@ -212,7 +201,7 @@ class Runs:
         Safe to repeat after a crash midway: existing items are left alone. Returns
         the number of items planned, or None when another planner holds the run.
         A re-run after a loss (``after_loss`` in its record) has every shard marked
-        first (:meth:`~redis_lease.store.LeaseStore.set_after_loss`: an effect with no
+        first (:meth:`~redis_lease.LeaseStore.set_after_loss`: an effect with no
         ledger record may have been applied) and counts the items it added in
         ``replanned_items``. An error of the planner (or an item it yields
         that is not valid) fails the run with the error as its reason

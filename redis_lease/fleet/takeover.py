@@ -23,7 +23,7 @@ threads, keeps beating and is never taken over; no worker's own clock takes part
 Whoever sees a dead shard job first takes it over, once (``take_shard_jobs.lua`` decides
 who): every ``redis-lease worker`` looks every second
 (:class:`~redis_lease.fleet.worker.watch.FleetWatch`, one script call whatever the number of
-jobs), and the tick looks too (:func:`~redis_lease.dispatch.live_jobs`). A watcher never
+jobs), and the tick looks too (:func:`~redis_lease.fleet.shard_jobs.live_jobs`). A watcher never
 takes over a shard job of its own process or of its own worker (:func:`runs_here`).
 Taking over:
 

@@ -6,8 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..deprecation import warn_renamed
-
 #: The states an item is counted in; a run's items are the sum over them.
 COUNT_STATES = ("pending", "leased", "done", "dead")
 
@@ -69,12 +67,6 @@ class RunStatus:
     def late(self) -> int:
         """Commits accepted after the deadline (their lease was granted before it)."""
         return self.counters.get("late_commits", 0)
-
-    @property
-    def events(self) -> dict[str, int]:
-        """Deprecated: :attr:`counters`."""
-        warn_renamed("RunStatus.events", "RunStatus.counters")
-        return self.counters
 
     @property
     def complete(self) -> bool:

@@ -1,6 +1,6 @@
 """Each script's reply, decoded in exactly one place into a named type.
 
-:data:`DECODERS` maps every script to its decoder; :class:`~redis_lease.scripts.Scripts`
+:data:`DECODERS` maps every script to its decoder; :class:`~redis_lease.Scripts`
 applies it, so no other module reads a reply by position.
 """
 
@@ -12,17 +12,7 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import ResponseError
 
-from ..deprecation import renamed_attribute, warn_renamed
 from .values import CommitReply, FailReply
-
-#: Old names of the commit and fail replies, importable with a DeprecationWarning for one
-#: release: they are the public :class:`CommitReply` and :class:`FailReply` now.
-_RENAMED = {"Committed": "CommitReply", "Failed": "FailReply"}
-
-
-def __getattr__(name: str) -> Any:
-    """The commit and fail replies under their old names, with a DeprecationWarning."""
-    return renamed_attribute(__name__, name, _RENAMED, globals())
 
 
 def _text(value: Any) -> str:
@@ -119,31 +109,6 @@ class Snapshot(NamedTuple):
     now_ms: int
     meta: dict[str, str]
     first_unknown_ms: int | None
-
-    # The names of the plain read's former type (ShardSnapshot), for one release.
-    @property
-    def first_due(self) -> int | None:
-        """Deprecated: :attr:`first_due_ms`."""
-        warn_renamed("ShardSnapshot.first_due", "Snapshot.first_due_ms")
-        return self.first_due_ms
-
-    @property
-    def first_held(self) -> int | None:
-        """Deprecated: :attr:`first_held_ms`."""
-        warn_renamed("ShardSnapshot.first_held", "Snapshot.first_held_ms")
-        return self.first_held_ms
-
-    @property
-    def first_unknown(self) -> int | None:
-        """Deprecated: :attr:`first_unknown_ms`."""
-        warn_renamed("ShardSnapshot.first_unknown", "Snapshot.first_unknown_ms")
-        return self.first_unknown_ms
-
-    @property
-    def now(self) -> int:
-        """Deprecated: :attr:`now_ms`."""
-        warn_renamed("ShardSnapshot.now", "Snapshot.now_ms")
-        return self.now_ms
 
 
 class RunCreated(NamedTuple):

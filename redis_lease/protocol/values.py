@@ -7,11 +7,10 @@ stored (:mod:`.records`), the attempt log's entries (:mod:`.attempts`), a run's 
 
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..deprecation import renamed_attribute, warn_renamed
 from .accounting import COUNT_STATES, RunStatus
 from .attempts import ATTEMPT_EVENTS, Attempt
 from .guards import Condition, Write
@@ -53,15 +52,6 @@ __all__ = [
     "read_items",
 ]
 
-#: Old class names, importable with a DeprecationWarning for one release.
-_RENAMED = {"CommitOutcome": "CommitReply", "FailOutcome": "FailReply"}
-
-
-def __getattr__(name: str) -> Any:
-    """The classes under their old names (``CommitOutcome``, ``FailOutcome``), with a
-    DeprecationWarning."""
-    return renamed_attribute(__name__, name, _RENAMED, globals())
-
 
 @dataclass(frozen=True)
 class Lease:
@@ -92,12 +82,6 @@ class Lease:
         no expiry, attempt, payload or trace id. Enough to renew, commit, fail or
         release it; the server checks the token (and the lease id, when given)."""
         return cls(run_id, item_id, shard, token, lease_id)
-
-    @classmethod
-    def ref(cls, run_id: str, item_id: str, shard: int, token: int, lease_id: str = "") -> Lease:
-        """Deprecated: :meth:`from_token`."""
-        warn_renamed("Lease.ref()", "Lease.from_token()")
-        return cls.from_token(run_id, item_id, shard, token, lease_id)
 
     @property
     def expires_at(self) -> datetime:
@@ -156,7 +140,7 @@ class Item:
 
 @dataclass(frozen=True)
 class CommitRequest:
-    """One commit of :meth:`~redis_lease.store.LeaseStore.commit_many`."""
+    """One commit of :meth:`~redis_lease.LeaseStore.commit_many`."""
 
     lease: Lease
     result: Any = None
@@ -164,18 +148,11 @@ class CommitRequest:
     writes: tuple[Write, ...] = ()
     #: The commit's label, counted as ``outcome_<label>`` (what the metrics call its outcome).
     label: str = ""
-    #: Deprecated: ``label``.
-    outcome: InitVar[str | None] = None
-
-    def __post_init__(self, outcome: str | None) -> None:
-        if outcome is not None:
-            warn_renamed("CommitRequest(outcome=...)", "CommitRequest(label=...)", stacklevel=4)
-            object.__setattr__(self, "label", outcome)
 
 
 @dataclass(frozen=True)
 class FailRequest:
-    """One failed attempt of :meth:`~redis_lease.store.LeaseStore.settle_many`."""
+    """One failed attempt of :meth:`~redis_lease.LeaseStore.settle_many`."""
 
     lease: Lease
     error: str
@@ -184,11 +161,11 @@ class FailRequest:
 
 @dataclass(frozen=True)
 class ReleaseRequest:
-    """One release of :meth:`~redis_lease.store.LeaseStore.settle_many` (``delay`` seconds)."""
+    """One release of :meth:`~redis_lease.LeaseStore.settle_many` (``delay`` seconds)."""
 
     lease: Lease
     delay: float = 0.0
 
 
-#: What :meth:`~redis_lease.store.LeaseStore.settle_many` takes.
+#: What :meth:`~redis_lease.LeaseStore.settle_many` takes.
 SettleRequest = CommitRequest | FailRequest | ReleaseRequest

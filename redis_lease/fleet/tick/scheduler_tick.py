@@ -32,10 +32,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from rq import get_current_job
-
 from ...errors import RedisLeaseError, RedisUnavailable
-from ...limits import DEFAULT_PREFIX
 from ...protocol.store.base import lock
 from ...protocol.store.leader import (
     BUSY,
@@ -50,9 +47,7 @@ from ...protocol.store.leader import (
 from ...protocol.store.lease_store import LeaseStore
 from .. import data_set
 from ..job import Job, load_job
-from ..job_options import RENAMED_OPTIONS
 from ..runs import Decision, Runs, to_ms
-from ..shard_jobs import close_job_store, job_store
 from . import lost_runs
 from .due_runs import NO_RECORD as NO_RECORD
 from .due_runs import create_due_runs
@@ -292,9 +287,14 @@ def _failure(runs: Runs, subject: str, error: Exception, logged: bool) -> Decisi
     return Decision("error", subject, reason)
 
 
-#: Settings an earlier version recorded under names the options no longer have; a
-#: deadline_at or deadline_after not set is dropped too, so only the one given shows.
-STALE_SETTINGS = (*RENAMED_OPTIONS, "deadline", "deadline_at", "deadline_after")
+#: Settings a job's record may hold under names the options no longer have (release 0.9.0's
+#: tick records them so: a fleet upgraded from it has them), dropped when the job is
+#: recorded; a deadline_at or deadline_after not set is dropped too, so only the one given
+#: shows.
+STALE_SETTINGS = (
+    *("lease_ttl", "backoff_base", "backoff_cap", "catch_up_grace", "shard_budget"),
+    *("commit_interval", "max_workers", "deadline", "deadline_at", "deadline_after"),
+)
 
 
 def _register(store: LeaseStore, path: str, job: Job, now: datetime, data_set_id: str) -> bool:
@@ -311,31 +311,19 @@ def _register(store: LeaseStore, path: str, job: Job, now: datetime, data_set_id
         return bool(pipe.execute()[2])
 
 
-def tick_entry(job_paths: list[str], prefix: str = DEFAULT_PREFIX, arm: bool = False) -> list[str]:
-    """The RQ job that rq-scheduler (or ``rq cron``) runs: one tick on the job's connection.
-
-    With ``arm`` (the entries ``schedule install`` makes) it then makes sure a
-    one-off tick waits at each job's next scheduled time, in the job's timezone
+def tick_and_arm(store: LeaseStore, job_paths: list[str], arm: bool = False) -> list[str]:
+    """What the tick's RQ job (:func:`redis_lease.tick.tick_entry`) does: one tick of
+    ``job_paths``, and with ``arm`` (the entries ``schedule install`` makes) a one-off tick
+    made to wait at each job's next scheduled time, in the job's timezone
     (:func:`redis_lease.fleet.tick.schedule.arm_next`), while the job's schedule is installed.
-    Raises RedisLeaseError after the whole tick when some work failed, so the RQ
-    job is marked failed; each failure is in its run's event log.
+
+    Returns:
+        The tick's decisions, as text.
+
+    Raises:
+        RedisLeaseError: after the whole tick, when some work failed (so the RQ job is
+            marked failed); each failure is in its run's event log.
     """
-    rq_job = get_current_job()
-    if rq_job is None:
-        raise RedisLeaseError("tick_entry runs inside an RQ worker; call tick() directly")
-    store = job_store(rq_job.connection, prefix)
-    try:
-        return _tick_job(store, job_paths, arm)
-    finally:
-        close_job_store(store, rq_job.connection)
-
-
-# RQ stores a job's function as ``<__module__>.<name>``: a tick job, whoever enqueues the
-# function (``rq cron`` too), names it where every release finds it (docs/architecture.md).
-tick_entry.__module__ = "redis_lease.tick"
-
-
-def _tick_job(store: LeaseStore, job_paths: list[str], arm: bool) -> list[str]:
     result = tick(store, job_paths)
     if arm:
         from . import schedule

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...deprecation import renamed_attribute
 from ...errors import (
     ConditionFailed,
     InvalidInput,
@@ -55,13 +54,6 @@ FULL_RETRY_DELAY = 2.0
 RETRY_DELAY = 1.0
 #: A settlement to send and the report's counter its success adds to; None: nothing to send.
 Settlement = tuple[SettleRequest, str] | None
-#: Old names, importable with a DeprecationWarning for one release.
-_RENAMED = {"Outcome": "HandlerResult"}
-
-
-def __getattr__(name: str) -> Any:
-    """``Outcome``, the old name of :class:`HandlerResult`, with a DeprecationWarning."""
-    return renamed_attribute(__name__, name, _RENAMED, globals())
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from typing import Any
 
 from rq import get_current_job
 
-from ...deprecation import renamed_attribute
 from ...errors import InvalidInput, LeaseError, RedisFull, RedisLeaseError
 from ...limits import DEFAULT_PREFIX
 from ...protocol.connection.server_checks import eviction_danger
@@ -50,15 +49,6 @@ __all__ = [
     "process_shard",
     "work_shard",
 ]
-#: Old names, importable with a DeprecationWarning for one release.
-RENAMED = {"Outcome": "HandlerResult"}
-
-
-def __getattr__(name: str) -> Any:
-    """``Outcome``, the old name of :class:`HandlerResult`, with a DeprecationWarning."""
-    return renamed_attribute(__name__, name, RENAMED, globals())
-
-
 #: The environment variable through which ``redis-lease worker --concurrency N`` reaches
 #: its job processes; it overrides the jobs' ``concurrency`` option.
 CONCURRENCY_ENV = "REDIS_LEASE_CONCURRENCY"
@@ -108,11 +98,6 @@ def process_shard(
         # the run's jobs would be counted failed a second time by the tick.
         _forget_job(store, run_id, rq_job.id, ended)
         close_job_store(store, rq_job.connection)
-
-
-# RQ stores a job's function as ``<__module__>.<name>``: every shard job, whoever enqueues the
-# function, names it where every release finds it (docs/architecture.md).
-process_shard.__module__ = "redis_lease.worker"
 
 
 def _process(

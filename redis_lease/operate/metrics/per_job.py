@@ -2,8 +2,8 @@
 missed runs, lost runs, declared jobs no tick leader ticks), the tick leader, the data set's
 losses, the server's eviction policy and the provider gates.
 
-See :mod:`redis_lease.metrics` for the whole list; :class:`~redis_lease.metrics.LeaseCollector`
-yields these beside the run series.
+See :mod:`redis_lease.operate.metrics.collector` for the whole list;
+:class:`~redis_lease.LeaseCollector` yields these beside the run series.
 """
 
 from __future__ import annotations

@@ -37,7 +37,6 @@ from .cluster import (
     sentinel_client,
 )
 from .replica_wait import without_wait
-from .tls import TLS_FILE_PARAMS as TLS_FILE_PARAMS  # re-exported: TLS lives in .tls
 from .tls import VERIFIED, check_tls_params
 from .tls import InsecureTLSWarning as InsecureTLSWarning
 from .tls import TLSConnection as TLSConnection

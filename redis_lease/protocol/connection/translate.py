@@ -34,7 +34,6 @@ from redis.exceptions import (
 )
 from redis.sentinel import MasterNotFoundError
 
-from ...deprecation import renamed_attribute
 from ...errors import (
     ClusterBusy,
     InvalidInput,
@@ -326,12 +325,3 @@ def translating_errors(
     """The door for calls to the Redis at ``url`` ('' when unknown) about a run, an item
     and a token (each when known): every call path of the library goes through it."""
     return ErrorDoor(url, run_id, item_id, token)
-
-
-#: Old names of this module -> the new (one release, with a warning).
-_RENAMED = {"redis_errors": "translating_errors"}
-
-
-def __getattr__(name: str) -> Any:
-    """An old name of this module, with a warning."""
-    return renamed_attribute(__name__, name, _RENAMED, globals())

@@ -1,8 +1,8 @@
 """Adding items to a run: checked (item id, payload JSON text) pairs sent to the
 ``add_items`` script per shard, many calls per round trip, while the next are prepared.
 
-:meth:`LeaseStore.add <redis_lease.store.LeaseStore.add>` checks its items and comes
-here; :meth:`LeaseStore.add_checked <redis_lease.store.LeaseStore.add_checked>` comes
+:meth:`LeaseStore.add <redis_lease.LeaseStore.add>` checks its items and comes
+here; :meth:`LeaseStore.add_checked <redis_lease.LeaseStore.add_checked>` comes
 here with pairs checked already (``add --from-file`` checks a whole file first).
 
 The pairs are taken a window at a time (:func:`window_size`). A window's pairs of one

@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from typing import Any, Self
 
 import redis
 
-from ...deprecation import warn_renamed
 from ...errors import InvalidInput, NotFound, NotReplicated
 from ...limits import DEFAULT_PREFIX
 from ..connection.clients import client_from_url
@@ -156,24 +155,6 @@ class StoreBase:
         errors (RedisUnavailable, LeaseLost, NotFound, ...); its ``error()`` translates an
         error reply taken from a pipeline."""
         return translating_errors(self.url, run_id=run_id, item_id=item_id, token=token)
-
-    def errors(
-        self, run_id: str | None = None, item_id: str | None = None, token: int | None = None
-    ) -> AbstractContextManager[None]:
-        """Deprecated: :meth:`translating_errors`."""
-        warn_renamed("LeaseStore.errors()", "LeaseStore.translating_errors()")
-        return self.translating_errors(run_id, item_id, token)
-
-    def translate(
-        self,
-        error: BaseException,
-        run_id: str | None = None,
-        item_id: str | None = None,
-        token: int | None = None,
-    ) -> Exception:
-        """Deprecated: ``translating_errors(run_id, item_id, token).error(error)``."""
-        warn_renamed("LeaseStore.translate()", "LeaseStore.translating_errors().error()")
-        return self.translating_errors(run_id, item_id, token).error(error)
 
     def _run_script(
         self,

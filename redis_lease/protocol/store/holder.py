@@ -10,7 +10,6 @@ from typing import Any
 
 import redis
 
-from ...deprecation import warn_renamed
 from ...errors import LeaseError, RedisUnavailable
 from ...limits import DEFAULT_TTL
 from .. import guards
@@ -56,21 +55,17 @@ class StoreHolder(StoreBase):
         conditions: Iterable[guards.Condition] = (),
         writes: Iterable[guards.Write] = (),
         label: str = "",
-        outcome: str | None = None,
     ) -> CommitReply:
         """Marks the item done with ``result``, applying guarded writes atomically.
 
         A repeated commit with the same token and lease id returns what the first stored.
         ``label`` names the commit (e.g. ``released``); the run counts it as
-        ``outcome_<label>``. ``outcome`` is the deprecated name of ``label``.
+        ``outcome_<label>``.
 
         Raises:
             LeaseLost: the caller is not the holder; nothing was written.
             ConditionFailed: a condition did not hold; nothing was written and the lease is kept.
         """
-        if outcome is not None:
-            warn_renamed("LeaseStore.commit(outcome=...)", "LeaseStore.commit(label=...)")
-            label = outcome
         request = CommitRequest(lease, result, tuple(conditions), tuple(writes), label)
         extra, args = settle.commit_args(request)
         reply: CommitReply = self._holder_script("commit", lease, args, extra_keys=extra)

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ...deprecation import renamed_attribute
 from ...errors import NotFound, RedisFull
 from ...limits import FINAL_RUN_STATES, RUNNING
 from ..connection.clients import as_text, queue_time, time_ms
@@ -26,16 +25,6 @@ from ..values import COUNT_STATES, RunStatus
 
 if TYPE_CHECKING:
     from .base import StoreBase
-
-#: The shard snapshot's old name: one type, :class:`~redis_lease.protocol.replies.Snapshot`,
-#: for the script's reply and these plain reads.
-_RENAMED = {"ShardSnapshot": "Snapshot"}
-
-
-def __getattr__(name: str) -> Any:
-    """ShardSnapshot, the old name of :class:`Snapshot`, with a DeprecationWarning."""
-    return renamed_attribute(__name__, name, _RENAMED, globals())
-
 
 #: The reads of one shard, in order, after its counters.
 _PER_SHARD = 7

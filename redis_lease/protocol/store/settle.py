@@ -3,7 +3,7 @@
 A settle group is seven arguments of the ``settle`` script (operation, item id, token,
 lease id, detail, option, the lease's trace id); the groups of one shard go in one call, at most
 limits.BATCH_MAX each. A commit with guarded writes goes in a ``commit`` call of its
-own. Nothing here talks to Redis: :class:`~redis_lease.store.LeaseStore` sends what
+own. Nothing here talks to Redis: :class:`~redis_lease.LeaseStore` sends what
 this module builds and hands back what the server replied.
 """
 
