@@ -24,7 +24,6 @@ import typer
 
 from ..limits import DEFAULT_PREFIX, INSECURE_ENV
 from .help_text import GROUP_OF, PLACE, ReadableGroup, ReadableTyper
-from .plain_values import read_plainly
 from .shared import DEFAULT_URL, Settings
 
 #: Set to 1 to let unexpected exceptions show their traceback.
@@ -58,15 +57,6 @@ COMMAND_HOMES = {
     "schedule": "schedules",
     **dict.fromkeys(("status", "workers", "wait"), "status"),
 }
-#: The commands that run no code but this package's (no job module, handler or web app):
-#: they start with redis-py's asyncio client deferred (:mod:`.deferred`).
-QUICK_COMMANDS = frozenset(
-    (
-        *("status", "workers", "wait", "runs", "items", "dead", "inspect", "resolve-effect"),
-        *("add", "claim", "renew", "commit", "fail", "release", "reap", "requeue"),
-        *("resume", "cancel", "finalize", "protocol"),
-    )
-)
 
 
 def report(error: Exception) -> int:
@@ -199,10 +189,6 @@ class LeaseGroup(ReadableGroup):
                 raise
             except Exception:  # a usage error: reported as usual, after the global options
                 pass
-        if name in QUICK_COMMANDS:
-            from .deferred import REDIS_ASYNCIO, defer
-
-            defer(REDIS_ASYNCIO)  # before redis-py is imported (a no-op after)
         return name, command, rest
 
     def main(
@@ -215,7 +201,6 @@ class LeaseGroup(ReadableGroup):
         **extra: Any,
     ) -> Any:
         """Runs the command line; with ``standalone_mode=False`` errors propagate."""
-        read_plainly()  # values of plain types without pydantic's import
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         try:
