@@ -222,38 +222,12 @@ def test_an_item_keeps_its_last_errors(store: LeaseStore) -> None:
     ]
 
 
-def test_records_and_errors_of_the_earlier_form_are_read_and_carried_on(store: LeaseStore) -> None:
-    store.add(RUN, [Item("x"), Item("y"), Item("z")], shards=1, backoff_base=0.001)
-    items = store.keys.shard(RUN, 0)[2]
-    # 11-field records (no eligible_at); a payload with '|' in it, a number, none
-    old = {"x": 'pending||||||||||{"s":"a|b"}', "y": "pending||||||||||5", "z": "pending||||||||||"}
-    store.client.hset(items, mapping={**old, "x#e": "[Errno 111] refused"})  # type: ignore[dict-item]
-    assert parse_record(old["x"])["payload"] == '{"s":"a|b"}'
-    assert [e.error for e in store.item(RUN, "x").errors] == ["[Errno 111] refused"]
-    leases = {lease.item_id: lease for lease in store.claim_next(RUN, "w", shard=0, limit=3)}
-    assert leases["x"].payload == {"s": "a|b"} and leases["y"].payload == 5
-    assert leases["z"].payload is None
-    store.fail(leases["x"], "boom")
-    errors = store.item(RUN, "x").errors
-    assert [(e.error, e.attempt) for e in errors] == [("[Errno 111] refused", 0), ("boom", 1)]
-    raw = text(store.client.hget(items, "y"))
-    assert raw.count("|") == 11 and raw.endswith("|5"), "rewritten in the 12-field form"
-    entry = store.attempts(RUN, "x")[0]
-    assert entry.queue_age_seconds is None, "an 11-field record did not know when it was due"
-
-
-def test_the_error_of_an_earlier_json_record_is_kept_with_the_next(store: LeaseStore) -> None:
-    store.add(RUN, [Item("j")], shards=1)
-    items = store.keys.shard(RUN, 0)[2]
-    old = {"state": "pending", "token": 1, "attempts": 1, "error": "timeout at the bank"}
-    store.client.hset(items, "j", json.dumps(old))
-    assert [e.error for e in store.item(RUN, "j").errors] == ["timeout at the bank"]
-    store.fail(store.claim(RUN, "j", "w"), "timeout again")
-    errors = store.item(RUN, "j").errors
-    assert [(e.error, e.attempt) for e in errors] == [
-        ("timeout at the bank", 0),
-        ("timeout again", 2),
-    ]
+def test_a_record_of_a_form_only_releases_before_0_9_0_wrote_is_refused() -> None:
+    """0.9.0 and later write the 12-field packed form: the 11-field form and the JSON
+    object of earlier releases are no longer read."""
+    for old in ('pending||||||||||{"s":"a|b"}', json.dumps({"state": "pending", "token": 1})):
+        with pytest.raises(ValueError, match="not an item record"):
+            parse_record(old)
 
 
 @pytest.mark.real_redis_only("approximate stream trimming works as on a real server")

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from redis_lease import InvalidInput, Item, Lease, LeaseStore, RedisUnavailable, Write
-from redis_lease.protocol.validation import PAYLOAD_MAX_BYTES
+from redis_lease.limits import JSON_MAX_BYTES as PAYLOAD_MAX_BYTES
 from tests.helpers import keys_under, snapshot
 from tests.redis_server import RedisServer, free_port
 

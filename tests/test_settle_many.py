@@ -131,21 +131,6 @@ def test_renew_many_sends_one_script_call_per_shard(
         store.client.close()
 
 
-def test_an_earlier_versions_json_record_is_read_and_rewritten(store: LeaseStore) -> None:
-    """A run in flight across an upgrade: its records are JSON objects holding their texts."""
-    store.add("r", [Item("a"), Item("b")])
-    items = store.keys.shard("r", 0)[2]
-    old = {"state": "pending", "payload": '{"acct":7}', "added_at": 1, "attempts": 1, "token": 3}
-    store.client.hset(items, mapping={"a": json.dumps(old)})
-    assert store.item("r", "a").payload == {"acct": 7}
-    lease = store.claim("r", "a", "w")
-    assert (lease.payload, lease.token, lease.attempt) == ({"acct": 7}, 4, 2)
-    store.commit(lease, {"ref": "x"})
-    record = store.item("r", "a")
-    assert (record.state, record.payload, record.result) == ("done", {"acct": 7}, {"ref": "x"})
-    assert not store.client.hget(items, "a").startswith(b"{"), "rewritten in the packed form"
-
-
 def test_status_reads_no_script(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> None:
     store.add("r", [Item(f"i{n}") for n in range(6)], shards=3)
     store.commit(store.claim("r", "i0", "w"))

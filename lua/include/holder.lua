@@ -15,7 +15,7 @@
 local function repeated_commit(id, token, lease_id)
   local rec = load(id)
   if rec and rec.state == 'done' and rec.token == token and (lease_id == '' or rec.lease_id == lease_id) then
-    local result = rec.result or text_of(id, RESULT) or ''
+    local result = text_of(id, RESULT) or ''
     return {'repeated', rec.token, result, rec.done_at}
   end
   return nil

@@ -7,37 +7,22 @@
 --   given, last, copied and never decoded here), and beside it <item id>#r -> result JSON,
 --   <item id>#e -> its last errors. '#' is in no id. <item id>#e holds a JSON array of the
 --   last error_history (limits.json) errors, oldest first, each {"error": text, "attempt": n,
---   "at": ms, "trace": id}; a plain text there (an earlier version's one error) is read as
---   one error (item_errors.lua). Records of earlier versions are read too and rewritten in
---   this form when they change: the 11-field form (no eligible_at) and a JSON object holding
---   payload, result and error.
+--   "at": ms, "trace": id}. Release 0.9.0 writes the same form.
 -- @include "numbers.lua"
 
 local RESULT, ERROR = '#r', '#e'  -- the suffixes of an item's result and errors fields
 -- The packed form's twelve fields.
 local RECORD = '^(%l+)|(%d*)|(%d*)|([^|]*)|([^|]*)|(%d*)|(%d*)|(%d*)|([^|]*)|(%d*)|(%d*)|(.*)$'
--- The 11-field form of earlier versions (no eligible_at). A JSON payload never begins with
--- digits and a '|', so no such record matches RECORD.
-local RECORD_11 = '^(%l+)|(%d*)|(%d*)|([^|]*)|([^|]*)|(%d*)|(%d*)|(%d*)|([^|]*)|(%d*)|(.*)$'
 
--- A packed record as a table, nil when it is none of the forms above.
+-- A packed record as a table, nil when it is not of the form above.
 local function decode(raw)
-  if raw:sub(1, 1) == '{' then  -- an earlier version's JSON record: its texts move out on put
-    local ok, rec = pcall(cjson.decode, raw)
-    if not ok or type(rec) ~= 'table' or type(rec.state) ~= 'string' then return nil end
-    rec.set_result, rec.set_error = rec.result or false, rec.error or false
-    return rec
-  end
   local s, tok, att, lid, own, lat, exp, don, out, late, elig, payload = raw:match(RECORD)
-  if not s then
-    s, tok, att, lid, own, lat, exp, don, out, late, payload = raw:match(RECORD_11)
-    if not s then return nil end
-  end
+  if not s then return nil end
   return {state = s, token = tonumber(tok), attempts = tonumber(att),
     lease_id = lid ~= '' and lid or nil, owner = own ~= '' and own or nil,
     leased_at = number_of(lat), expires_at = number_of(exp), done_at = number_of(don),
     outcome = out ~= '' and out or nil, late = late == '1' or nil,
-    eligible_at = elig and number_of(elig), payload = payload ~= '' and payload or nil}
+    eligible_at = number_of(elig), payload = payload ~= '' and payload or nil}
 end
 
 -- One concatenation (Lua joins the whole chain at once; no table to build).

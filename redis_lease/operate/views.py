@@ -173,20 +173,18 @@ def unknown_items(store: LeaseStore, run_id: str, item_ids: Sequence[str]) -> li
 def item_effects(store: LeaseStore, run_id: str, item_id: str) -> list[tuple[str, dict[str, Any]]]:
     """The item's effect records (idempotency key, record), by key.
 
-    Scans its shard's ledger for keys of this item (``<run>|<item>|<effect>``, and the
-    ``<run>:<item>:<effect>`` keys of earlier versions); a record that names its item
-    is kept only when it names this one.
+    Scans its shard's ledger for keys of this item (``<run>|<item>|<effect>``); a record
+    that names its item is kept only when it names this one.
     """
     shard = store.shard_for(run_id, item_id)
     ledger = store.keys.effects(run_id, shard)[0]
     found: dict[str, dict[str, Any]] = {}
-    for separator in (SEPARATOR, ":"):
-        pattern = _glob_escape(f"{run_id}{separator}{item_id}{separator}") + "*"
-        with store.translating_errors(run_id, item_id):
-            for key, raw in store.client.hscan_iter(ledger, match=pattern, count=500):
-                record = effect_record(raw)
-                if record.get("item", item_id) == item_id:
-                    found[as_text(key)] = record
+    pattern = _glob_escape(f"{run_id}{SEPARATOR}{item_id}{SEPARATOR}") + "*"
+    with store.translating_errors(run_id, item_id):
+        for key, raw in store.client.hscan_iter(ledger, match=pattern, count=500):
+            record = effect_record(raw)
+            if record.get("item", item_id) == item_id:
+                found[as_text(key)] = record
     return sorted(found.items())
 
 

@@ -29,7 +29,7 @@ def _loads(text: str | bytes | None) -> Any:
 @dataclass(frozen=True)
 class ItemError:
     """One of an item's last errors: its text, and the attempt, time and trace id it came
-    from (0, None and '' for an error an earlier version stored)."""
+    from (0, None and '' when the entry does not say)."""
 
     error: str
     attempt: int = 0
@@ -48,28 +48,25 @@ class ItemError:
 
 def parse_errors(text: str | bytes | None) -> tuple[ItemError, ...]:
     """The errors kept in ``<item id>#e``, oldest first: a JSON array of
-    ``{"error", "attempt", "at", "trace"}`` objects, or an earlier version's one text."""
+    ``{"error", "attempt", "at", "trace"}`` objects (no errors for a text of another form)."""
     if text is None:
         return ()
-    raw = decode_text(text)
-    if raw.startswith("[{"):
-        try:
-            entries = json.loads(raw)
-        except ValueError:
-            entries = None
-        if isinstance(entries, list) and all(
-            isinstance(e, dict) and isinstance(e.get("error"), str) for e in entries
-        ):
-            return tuple(
-                ItemError(
-                    error=e["error"],
-                    attempt=int(e.get("attempt") or 0),
-                    at=from_ms(int(e["at"])) if e.get("at") else None,
-                    trace_id=str(e.get("trace") or ""),
-                )
-                for e in entries
-            )
-    return (ItemError(raw),)
+    try:
+        entries = json.loads(decode_text(text))
+    except ValueError:
+        return ()
+    if not isinstance(entries, list):
+        return ()
+    return tuple(
+        ItemError(
+            error=e["error"],
+            attempt=int(e.get("attempt") or 0),
+            at=from_ms(int(e["at"])) if e.get("at") else None,
+            trace_id=str(e.get("trace") or ""),
+        )
+        for e in entries
+        if isinstance(e, dict) and isinstance(e.get("error"), str)
+    )
 
 
 @dataclass(frozen=True)
@@ -104,8 +101,7 @@ class ItemRecord:
         """Decodes a stored record (which holds the payload) and its texts (result, errors)."""
         rec = parse_record(raw)
         payload = rec.get("payload")
-        result = rec.get("result", result)
-        errors = parse_errors(rec.get("error", error))
+        errors = parse_errors(error)
         return cls(
             run_id=run_id,
             item_id=item_id,
@@ -128,38 +124,27 @@ RECORD_FIELDS = (
     "state", "token", "attempts", "lease_id", "owner", "leased_at", "expires_at", "done_at",
     "outcome", "late", "eligible_at", "payload",
 )  # fmt: skip
-#: The fields of the packed records of earlier versions (no eligible_at).
-RECORD_FIELDS_11 = tuple(name for name in RECORD_FIELDS if name != "eligible_at")
 _NUMBERS = frozenset(("token", "attempts", "leased_at", "expires_at", "done_at", "eligible_at"))
 #: The suffixes of an item's texts beside its record in the items hash: result, error.
 TEXT_SUFFIXES = {"result": "#r", "error": "#e"}
 
 
 def parse_record(raw: bytes | str) -> dict[str, Any]:
-    """An item record as a dict: the packed form, or an earlier version's JSON object
-    (which holds its payload, result and error itself). Absent fields are left out.
+    """An item record as a dict, from its packed form. Absent fields are left out.
 
     Raises:
-        ValueError: the text is neither form.
+        ValueError: the text is not a packed record.
     """
     text = decode_text(raw)
-    if text.startswith("{"):
-        rec: dict[str, Any] = json.loads(text)
-        if not isinstance(rec, dict) or not isinstance(rec.get("state"), str):
-            raise ValueError(f"not an item record: {text[:80]!r}")
-        return rec
     parts = text.split("|", len(RECORD_FIELDS) - 1)
-    names: tuple[str, ...] = RECORD_FIELDS
-    # An 11-field record's payload is JSON text, which never begins with digits and a '|'.
-    if len(parts) != len(RECORD_FIELDS) or (parts[10] != "" and not parts[10].isdigit()):
-        names = RECORD_FIELDS_11
-        parts = text.split("|", len(names) - 1)
-    if len(parts) != len(names) or not parts[0].isalpha():
+    if len(parts) != len(RECORD_FIELDS) or not parts[0].isalpha():
         raise ValueError(f"not an item record: {text[:80]!r}")
     packed: dict[str, Any] = {}
-    for name, value in zip(names, parts, strict=True):
+    for name, value in zip(RECORD_FIELDS, parts, strict=True):
         if value == "":
             continue
+        if name in _NUMBERS and not value.isdigit():
+            raise ValueError(f"not an item record: {text[:80]!r}")
         packed[name] = int(value) if name in _NUMBERS else value
     if "late" in packed:
         packed["late"] = packed["late"] == "1"
@@ -177,11 +162,11 @@ def read_items(fields: Mapping[Any, Any]) -> dict[str, dict[str, Any]]:
             continue
         rec = parse_record(raw)
         for name, suffix in TEXT_SUFFIXES.items():
-            if name not in rec and field_name + suffix in texts:
+            if field_name + suffix in texts:
                 rec[name] = texts[field_name + suffix]
         if "error" in rec:
             rec["errors"] = parse_errors(rec["error"])
-            rec["error"] = rec["errors"][-1].error
+            rec["error"] = rec["errors"][-1].error if rec["errors"] else None
         records[field_name] = rec
     return records
 

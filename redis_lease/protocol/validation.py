@@ -28,14 +28,11 @@ from ..limits import (
 from .values import Lease
 
 ID_PATTERN = re.compile(rf"[A-Za-z0-9_.:@/+=-]{{1,{ID_MAX_LENGTH}}}")
-#: Kept for callers of earlier versions: the largest JSON payload in bytes.
-PAYLOAD_MAX_BYTES = JSON_MAX_BYTES
 
 __all__ = [
     "ID_MAX_LENGTH",
     "ID_PATTERN",
     "JSON_MAX_DEPTH",
-    "PAYLOAD_MAX_BYTES",
     "TTL_MAX_MS",
     "TTL_MIN_MS",
     "check_id",

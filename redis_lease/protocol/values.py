@@ -16,7 +16,6 @@ from .attempts import ATTEMPT_EVENTS, Attempt
 from .guards import Condition, Write
 from .records import (
     RECORD_FIELDS,
-    RECORD_FIELDS_11,
     TEXT_SUFFIXES,
     ItemError,
     ItemRecord,
@@ -31,7 +30,6 @@ __all__ = [
     "ATTEMPT_EVENTS",
     "COUNT_STATES",
     "RECORD_FIELDS",
-    "RECORD_FIELDS_11",
     "TEXT_SUFFIXES",
     "Attempt",
     "CommitReply",
