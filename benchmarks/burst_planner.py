@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from benchmarks.burst_model import Scenario, Trial
-from redis_lease.fleet import capacity
+from redis_lease.fleet.capacity import model as capacity
 
 
 @dataclass(frozen=True)

@@ -104,8 +104,11 @@ KEPT_MODULES: dict[str, tuple[str, ...]] = {
         "redis_lease.fleet.tick.scheduler_tick",
         "redis_lease.fleet.tick.open_runs",
     ),
-    "redis_lease.dispatch": ("redis_lease.fleet.shard_jobs", "redis_lease.fleet.worker.rq_worker"),
-    "redis_lease.effects": ("redis_lease.fleet.effects",),
+    "redis_lease.dispatch": (
+        "redis_lease.fleet.transport.shard_jobs",
+        "redis_lease.fleet.worker.rq_worker",
+    ),
+    "redis_lease.effects": ("redis_lease.fleet.effects.ledger",),
     "redis_lease.metrics": ("redis_lease.operate.metrics.collector",),
     "redis_lease.scripts": ("redis_lease.protocol.scripts",),
     "redis_lease.store": ("redis_lease.protocol.store.lease_store",),

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .errors import InvalidInput
-from .fleet.job import Job, load_job
+from .fleet.jobs.job import Job, load_job
 from .fleet.tick.leader import TickLeader, check_jobs
 from .fleet.worker.rq_worker import DEFAULT_QUEUE, WorkerSettings, build_worker
 from .fleet.worker.rq_worker import run_worker as work_queues

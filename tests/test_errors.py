@@ -43,8 +43,8 @@ from redis_lease import (
     errors,
 )
 from redis_lease.cli import report
-from redis_lease.fleet.effects import apply_effect
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.effects.ledger import apply_effect
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.limits import DELAY_MAX_MS
 from redis_lease.protocol.connection.translate import translate, translating_errors
 from redis_lease.protocol.error_replies import SCRIPT_CODES, from_reply
@@ -89,11 +89,11 @@ def test_every_error_is_exported_from_the_package() -> None:
 
 
 def test_old_import_paths_still_work() -> None:
-    from redis_lease.fleet.effects import EffectUnknown as OldUnknown
-    from redis_lease.fleet.effects import NeedsReconciliation as OldReconciliation
-    from redis_lease.fleet.effects import Throttled as OldThrottled
-    from redis_lease.fleet.gate import SlotTimeout as OldSlotTimeout
-    from redis_lease.fleet.job import PermanentError as OldPermanent
+    from redis_lease.fleet.effects.ledger import EffectUnknown as OldUnknown
+    from redis_lease.fleet.effects.ledger import NeedsReconciliation as OldReconciliation
+    from redis_lease.fleet.effects.ledger import Throttled as OldThrottled
+    from redis_lease.fleet.effects.provider_gate import SlotTimeout as OldSlotTimeout
+    from redis_lease.fleet.jobs.job import PermanentError as OldPermanent
 
     assert OldThrottled is Throttled and OldPermanent is PermanentError
     assert OldSlotTimeout is SlotTimeout and OldReconciliation is NeedsReconciliation

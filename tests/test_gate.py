@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.effects import Throttled
-from redis_lease.fleet.gate import GateState, ProviderGate, SlotTimeout
+from redis_lease.fleet.effects.ledger import Throttled
+from redis_lease.fleet.effects.provider_gate import GateState, ProviderGate, SlotTimeout
 from tests.helpers import server_ms
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,7 +171,7 @@ CALLER = textwrap.dedent(
     """
     import sys, time
     from redis_lease import LeaseStore
-    from redis_lease.fleet.gate import ProviderGate
+    from redis_lease.fleet.effects.provider_gate import ProviderGate
 
     url, prefix, calls = sys.argv[1], sys.argv[2], int(sys.argv[3])
     store = LeaseStore.from_url(url, prefix=prefix)

@@ -3,7 +3,7 @@ lost run is made again once or named lost, never neither, whatever call of the p
 
 The runs are the nightly job's (tests/fleet_jobs.py), ticked in-process at explicit times of
 the coming days. Tick sides are stores of their own on one server and prefix: each has the
-process memory of a worker that ticks (:mod:`redis_lease.fleet.remembered`). Faults are one
+process memory of a worker that ticks (:mod:`redis_lease.fleet.loss.tick_memory`). Faults are one
 Redis call of the path failed, before it is sent or after it ran (its reply lost), by
 :mod:`tests.redis_faults`.
 """
@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from redis_lease import LeaseStore, RedisLeaseError, RedisUnavailable
-from redis_lease.fleet import remembered
-from redis_lease.fleet.job_tallies import counted_runs_key
-from redis_lease.fleet.lost_records import read as read_lost
-from redis_lease.fleet.runs import Decision, Runs
-from redis_lease.fleet.tick import lost_runs
-from redis_lease.fleet.tick.lost_runs import MADE_AGAIN
+from redis_lease.fleet.loss import lost_runs
+from redis_lease.fleet.loss import tick_memory as remembered
+from redis_lease.fleet.loss.lost_records import read as read_lost
+from redis_lease.fleet.loss.lost_runs import MADE_AGAIN
+from redis_lease.fleet.runs.job_tallies import counted_runs_key
+from redis_lease.fleet.runs.lifecycle import Decision, Runs
 from redis_lease.fleet.tick.scheduler_tick import tick
 from redis_lease.protocol.store.leader import Leadership, hold_leadership
 from tests.fleet_helpers import NIGHTLY_PATH

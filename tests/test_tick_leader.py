@@ -16,8 +16,8 @@ import pytest
 
 from redis_lease import LeaseStore, run_worker
 from redis_lease.errors import InvalidInput
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.remembered import DOUBTFUL, OPEN, Remembered, keep, recall
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.loss.tick_memory import DOUBTFUL, OPEN, Remembered, keep, recall
 from redis_lease.fleet.tick.leader import TickLeader, check_jobs
 from redis_lease.fleet.tick.scheduler_tick import NOT_LEADER, tick
 from redis_lease.limits import TICK_LEADER_RENEW_MS, TICK_LEADER_TTL_MS
@@ -266,7 +266,7 @@ def test_a_lost_lease_hash_does_not_stop_the_ticks(
 
 def leader_jobs_name(path: str) -> str:
     """The name of the job at ``path``."""
-    from redis_lease.fleet.job import load_job
+    from redis_lease.fleet.jobs.job import load_job
 
     return load_job(path).name
 

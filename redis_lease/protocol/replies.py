@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from redis.exceptions import ResponseError
 
 from ..deprecation import renamed_attribute, warn_renamed
-from .values import CommitReply, FailReply
+from .leases import CommitReply, FailReply
 
 #: Old names of the commit and fail replies, importable with a DeprecationWarning for one
 #: release: they are the public :class:`CommitReply` and :class:`FailReply` now.

@@ -12,8 +12,8 @@ from datetime import date, datetime, time, timedelta
 from ...errors import InvalidInput
 from ...limits import BACKFILL_DAYS_MAX
 from ...protocol.store.lease_store import LeaseStore
-from ..job import Job
-from ..runs import Decision, Runs
+from ..jobs.job import Job
+from ..runs.lifecycle import Decision, Runs
 from .scheduler_tick import business_date
 
 BACKFILL_POLICIES = ("all", "latest")

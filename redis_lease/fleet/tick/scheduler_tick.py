@@ -8,9 +8,9 @@ in one run or one job is recorded as an ``error`` decision and every other run
 and job is still ticked; :attr:`TickResult.failures` lists what failed.
 
 Each tick of a job first looks for a loss: the data set's mark against what the tick
-side remembers (:mod:`redis_lease.fleet.data_set`), then the job's lost runs, made again where
-the schedule and catch-up policy cover them (:mod:`redis_lease.fleet.tick.lost_runs`); once a tick,
-the run index is looked through for lost ad-hoc runs. A loss found is not a failure of
+side remembers (:mod:`redis_lease.fleet.loss.data_set_mark`), then the job's lost runs, made again
+where the schedule and catch-up policy cover them (:mod:`redis_lease.fleet.loss.lost_runs`); once a
+tick, the run index is looked through for lost ad-hoc runs. A loss found is not a failure of
 the tick: it is counted, named and acted on.
 
 A tick of the tick leader (``redis-lease worker --job``, :mod:`.leader`) is fenced by its
@@ -36,7 +36,6 @@ from rq import get_current_job
 
 from ...errors import RedisLeaseError, RedisUnavailable
 from ...limits import DEFAULT_PREFIX
-from ...protocol.store.base import lock
 from ...protocol.store.leader import (
     BUSY,
     LEADING,
@@ -48,15 +47,16 @@ from ...protocol.store.leader import (
     still_leading,
 )
 from ...protocol.store.lease_store import LeaseStore
-from .. import data_set
-from ..job import Job, load_job
-from ..job_options import RENAMED_OPTIONS
-from ..runs import Decision, Runs, to_ms
-from ..shard_jobs import close_job_store, job_store
-from . import lost_runs
+from ...protocol.store.store_client import lock
+from ..jobs.job import Job, load_job
+from ..jobs.job import business_date as business_date
+from ..jobs.job_options import RENAMED_OPTIONS
+from ..loss import data_set_mark as data_set
+from ..loss import lost_runs
+from ..runs.lifecycle import Decision, Runs, to_ms
+from ..transport.shard_jobs import close_job_store, job_store
 from .due_runs import NO_RECORD as NO_RECORD
 from .due_runs import create_due_runs
-from .missed_runs import business_date as business_date
 from .open_runs import tick_run
 
 log = logging.getLogger("redis_lease.tick")
@@ -197,7 +197,7 @@ def tick_job(
     again where covered); then due runs are created. Each open run is ticked on its
     own: an error in one is recorded in its event log as an ``error`` decision, and
     the job's other runs are still ticked. Last, the tick side remembers the job's
-    open runs (:mod:`redis_lease.fleet.remembered`).
+    open runs (:mod:`redis_lease.fleet.loss.tick_memory`).
     """
     with lock(store, store.keys.job_tick_lock(job.name), TICK_LOCK_SECONDS * 1000) as taken:
         if not taken:

@@ -25,8 +25,8 @@ from typing import Any, TypeGuard
 from ...limits import ID_MAX_LENGTH, TICK_DECLARED_MS
 from ..connection.clients import queue_time, time_ms
 from ..validation import ID_PATTERN, clip
-from .base import StoreBase
 from .leader import shown_holder
+from .store_client import StoreBase
 
 #: The most jobs one declaration holds, and declared jobs the leader names unticked, that
 #: are read (more are skipped).

@@ -14,12 +14,12 @@ from ...deprecation import warn_renamed
 from ...errors import LeaseError, RedisUnavailable
 from ...limits import DEFAULT_TTL
 from .. import guards
+from ..leases import CommitReply, CommitRequest, FailReply, Lease, SettleRequest, effect_record
 from ..scripts import Call, Command
 from ..validation import delay_to_ms, encode_json, ttl_to_ms
-from ..values import CommitReply, CommitRequest, FailReply, Lease, SettleRequest, effect_record
-from . import settle
-from .base import StoreBase
+from . import settle_encoding as settle
 from .call_checks import check_ref
+from .store_client import StoreBase
 
 
 class StoreHolder(StoreBase):

@@ -22,14 +22,14 @@ from dataclasses import dataclass
 
 import redis
 
-from ...limits import bound
+from ...limits import WORKER_NAME_MAX, bound
 from ..connection.clients import as_text
 from ..replies import LeaderLease
 from ..validation import clip
-from .base import StoreBase
+from .store_client import StoreBase
 
-#: The longest holder the lease keeps, in UTF-8 bytes (longer names are cut).
-NAME_MAX = bound("key_length")[1]
+#: The longest holder the lease keeps, in UTF-8 bytes (the script's bound on it).
+HOLDER_MAX = bound("key_length")[1]
 #: What ``tick_lock.lua`` answers: taken, held by another tick, refused for good.
 TAKEN, BUSY, STALE = 1, 0, -1
 #: What a leader's tick finds before each step (:func:`lead_state`): it leads and holds the
@@ -56,9 +56,10 @@ class Leadership:
 
 
 def process_holder(name: str) -> str:
-    """A worker process's id in the tick leader's lease: its name (cut to fit) and an id of
-    its own, new for each call, so that two processes of one name hold apart."""
-    return f"{clip(name, NAME_MAX - 33) or '?'}{_ID_MARK}{uuid.uuid4().hex}"
+    """A worker process's id in the tick leader's lease: its name (cut to
+    :data:`~redis_lease.limits.WORKER_NAME_MAX`) and an id of its own, new for each call, so
+    that two processes of one name hold apart."""
+    return f"{clip(name, WORKER_NAME_MAX) or '?'}{_ID_MARK}{uuid.uuid4().hex}"
 
 
 def shown_holder(holder: str) -> str:
@@ -157,5 +158,5 @@ def still_leading(
 
 
 def leader_name(holder: str) -> str:
-    """A holder as the lease keeps it (cut to :data:`NAME_MAX` bytes)."""
-    return clip(holder, NAME_MAX) or "?"
+    """A holder as the lease keeps it (cut to :data:`HOLDER_MAX` bytes)."""
+    return clip(holder, HOLDER_MAX) or "?"

@@ -21,11 +21,11 @@ from ...deprecation import renamed_attribute
 from ...errors import NotFound, RedisFull
 from ...limits import FINAL_RUN_STATES, RUNNING
 from ..connection.clients import as_text, queue_time, time_ms
+from ..leases import COUNT_STATES, RunStatus
 from ..replies import Snapshot
-from ..values import COUNT_STATES, RunStatus
 
 if TYPE_CHECKING:
-    from .base import StoreBase
+    from .store_client import StoreBase
 
 #: The shard snapshot's old name: one type, :class:`~redis_lease.protocol.replies.Snapshot`,
 #: for the script's reply and these plain reads.

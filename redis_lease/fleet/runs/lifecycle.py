@@ -9,17 +9,19 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
-from ..deprecation import warn_renamed
-from ..errors import InvalidInput, NotFound, PlanningDeferred
-from ..limits import RUN_LOG_CAP, TEXT_MAX_BYTES
-from ..messages import one_line
-from ..protocol.connection.clients import as_text, server_ms
-from ..protocol.replies import Transition
-from ..protocol.store.base import lock
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.validation import check_id, clip, encode_json
-from ..protocol.values import Item, from_ms
-from . import job_tallies, lost_records, remembered
+from ...deprecation import warn_renamed
+from ...errors import InvalidInput, NotFound, PlanningDeferred
+from ...limits import RUN_LOG_CAP, TEXT_MAX_BYTES
+from ...messages import one_line
+from ...protocol.connection.clients import as_text, server_ms
+from ...protocol.leases import Item, from_ms
+from ...protocol.replies import Transition
+from ...protocol.store.lease_store import LeaseStore
+from ...protocol.store.store_client import lock
+from ...protocol.validation import check_id, clip, encode_json
+from ..loss import lost_records
+from ..loss import tick_memory as remembered
+from . import job_tallies
 from .run_states import (
     CANCELABLE_STATES,
     CANCELED,
@@ -38,7 +40,7 @@ from .run_states import (
 )
 
 if TYPE_CHECKING:  # views of runs need neither a job nor croniter
-    from .job import Job, Planner
+    from ..jobs.job import Job, Planner
 
 PLAN_BATCH = 500
 PLANNER_LOCK_MS = 120_000
@@ -151,7 +153,7 @@ class Runs:
         with a run created now (a re-run's ``after_loss``; a run recorded lost gets one
         whoever makes it again). Repeating the call after a crash midway completes the
         bookkeeping of an open run. A run recorded lost and created again is noted so
-        (:func:`redis_lease.fleet.lost_records.mark_rerun`).
+        (:func:`redis_lease.fleet.loss.lost_records.mark_rerun`).
         """
         run_id = job.run_id(business_date)
         deadline = deadline or job.deadline_for(business_date, started)
@@ -348,7 +350,7 @@ class Runs:
         succeeded: exactly the planned items, each done by a commit before the
         deadline (a run planned with no items too); partial: some done; failed:
         none done. The reason names the trigger and the counts. The end is counted
-        once in its job's ``runs_finished`` tally (:mod:`redis_lease.fleet.job_tallies`): a run
+        once in its job's ``runs_finished`` tally (:mod:`redis_lease.fleet.runs.job_tallies`): a run
         resumed and finalized again is counted again.
         """
         self.store.set_closed(run_id, True)
@@ -391,7 +393,7 @@ class Runs:
 
     def gone(self, run_id: str) -> NotFound | None:
         """The error for a run with no record when something shows it existed, else None
-        (:func:`redis_lease.fleet.lost_records.gone`)."""
+        (:func:`redis_lease.fleet.loss.lost_records.gone`)."""
         return lost_records.gone(self.store, run_id)
 
     def _retire(self, job_name: str, run_id: str, retention_days: int) -> None:
@@ -400,7 +402,7 @@ class Runs:
 
     def resume(self, run_id: str, deadline: datetime | None = None) -> Decision:
         """Reopens a partial or failed run (optionally with a new deadline); a canceled
-        run is final (:data:`~redis_lease.fleet.run_states.RESUMABLE_STATES`).
+        run is final (:data:`~redis_lease.fleet.runs.run_states.RESUMABLE_STATES`).
 
         An operator's explicit act: it lifts the deadline bar on every shard, so
         claims are granted again until the (new) deadline, and records that it did.

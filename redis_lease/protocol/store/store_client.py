@@ -40,7 +40,7 @@ def waits_for_replicas(name: str, args: Sequence[Any]) -> bool:
 
 
 class StoreBase:
-    """A store's clients, keys and scripts (see :class:`~.store.LeaseStore`)."""
+    """A store's clients, keys and scripts (see :class:`~.lease_store.LeaseStore`)."""
 
     def __init__(
         self,

@@ -28,18 +28,18 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
-from ..errors import InvalidInput
-from ..errors import PermanentError as PermanentError  # re-exported: its earlier home
-from ..limits import (
+from ...errors import InvalidInput
+from ...errors import PermanentError as PermanentError  # re-exported: its earlier home
+from ...limits import (
     DEFAULT_BACKOFF_BASE,
     DEFAULT_BACKOFF_CAP,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RETENTION_DAYS,
     DEFAULT_TTL,
 )
-from ..messages import one_line
-from ..protocol.validation import check_id
-from ..protocol.values import Item
+from ...messages import one_line
+from ...protocol.leases import Item
+from ...protocol.validation import check_id
 from .job_options import CATCH_UP_POLICIES as CATCH_UP_POLICIES
 from .job_options import DEFAULT_DEADLINE_AFTER, RENAMED_OPTIONS, with_old_names
 from .job_options import JobOptions as JobOptions
@@ -57,7 +57,7 @@ Handler = Callable[[Item, "ActiveLease"], Any]
 class Job:
     """A named nightly job: a planner, a handler and their options.
 
-    Every keyword is a field of :class:`~redis_lease.fleet.job_options.JobOptions`, with
+    Every keyword is a field of :class:`~redis_lease.fleet.jobs.job_options.JobOptions`, with
     the same default; ``docs/jobs.md`` tables what each changes. The keywords after
     ``retention_days`` are old spellings, taken for one release with a DeprecationWarning.
 
@@ -208,6 +208,11 @@ class Job:
 
 #: The old spellings of options :class:`Job` still takes (see ``with_old_names``).
 OLD_KEYWORDS = (*RENAMED_OPTIONS, "deadline")
+
+
+def business_date(job: Job, fire: datetime) -> date:
+    """The business date of a scheduled time: its date in the job's timezone."""
+    return fire.astimezone(job.zone).date()
 
 
 def with_cwd_on_path() -> str:
