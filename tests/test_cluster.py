@@ -44,8 +44,8 @@ from redis_lease.protocol.store.declared_jobs import declare_jobs, declared_jobs
 from redis_lease.protocol.store.leader import (
     TAKEN,
     Leadership,
-    fenced_lock,
     hold_leadership,
+    job_tick_lock,
     release_leadership,
 )
 from redis_lease.protocol.store.store_client import lock
@@ -133,7 +133,7 @@ def test_every_script_touches_one_hash_slot(
     # The tick leader's lease and a job's tick lock fenced by its token.
     lease = hold_leadership(store, "worker-1", 5000)
     assert lease.held
-    with fenced_lock(store, "nightly", Leadership("worker-1", lease.token), 5000) as (taken, _):
+    with job_tick_lock(store, "nightly", 5000, Leadership("worker-1", lease.token)) as (taken, _):
         assert taken == TAKEN
     assert not release_leadership(store, "worker-1").held
     # The jobs a worker declares, and the fleet's view of them (reads of one slot each).

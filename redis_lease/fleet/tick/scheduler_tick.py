@@ -41,13 +41,13 @@ from ...protocol.store.leader import (
     LEADING,
     NOT_LEADING,
     STALE,
+    TAKEN,
     Leadership,
-    fenced_lock,
+    job_tick_lock,
     lead_state,
     still_leading,
 )
 from ...protocol.store.lease_store import LeaseStore
-from ...protocol.store.store_client import lock
 from ..jobs.job import Job, load_job
 from ..jobs.job import business_date as business_date
 from ..jobs.job_options import RENAMED_OPTIONS
@@ -162,7 +162,7 @@ def _tick_path(
     if leader is None:
         return tick_job(store, runs, path, job, now, progress)
     ttl_ms = TICK_LOCK_SECONDS * 1000
-    with fenced_lock(store, job.name, leader, ttl_ms) as (taken, owner):
+    with job_tick_lock(store, job.name, ttl_ms, leader) as (taken, owner):
         if taken == BUSY:
             return []  # another tick of this job is at work, as with the plain lock
         if taken == STALE:
@@ -199,8 +199,8 @@ def tick_job(
     the job's other runs are still ticked. Last, the tick side remembers the job's
     open runs (:mod:`redis_lease.fleet.loss.tick_memory`).
     """
-    with lock(store, store.keys.job_tick_lock(job.name), TICK_LOCK_SECONDS * 1000) as taken:
-        if not taken:
+    with job_tick_lock(store, job.name, TICK_LOCK_SECONDS * 1000) as (taken, _):
+        if taken != TAKEN:
             return []
         return _tick_locked(store, runs, path, job, now, progress, lambda: LEADING)
 
