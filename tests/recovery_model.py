@@ -44,7 +44,7 @@ from hypothesis.stateful import (
 from redis_lease import LeaseStore, RedisLeaseError
 from redis_lease.errors import HandlerError, LeaseLost
 from redis_lease.fleet.effects.ledger import apply_effect
-from redis_lease.fleet.loss import tick_memory as remembered
+from redis_lease.fleet.loss import tick_memory
 from redis_lease.fleet.loss.lost_records import read as read_lost
 from redis_lease.fleet.loss.lost_runs import MADE_AGAIN
 from redis_lease.fleet.runs.job_tallies import counted_runs_key
@@ -172,10 +172,10 @@ class RecoveryModel(RuleBasedStateMachine):
         if self.leader is not None:
             old = self.sides[self.leader]
             release_leadership(old, str(self.leader))
-            remembered.distrust(old)  # what a leader does when its leadership ends
+            tick_memory.distrust(old)  # what a leader does when its leadership ends
         lease = hold_leadership(store, str(side), LEADER_TTL_MS)
         assert lease.held
-        remembered.distrust(store)  # a leadership that begins after a break
+        tick_memory.distrust(store)  # a leadership that begins after a break
         self.at_least = 1
         self.leader = side
         self.leaderships[side] = Leadership(str(side), lease.token)
@@ -206,7 +206,7 @@ class RecoveryModel(RuleBasedStateMachine):
             # what the tick leader does: its next hold asks for a token past the job's fence
             # (a stale leader's tick raised it after the lease's hash was lost)
             self.at_least = fence_floor(store, ["nightly"])
-            remembered.distrust(store)
+            tick_memory.distrust(store)
         TALLY["ticks"] += 1
         TALLY["ticks with a failed call"] += self.calls[side].failed
         shown = "; ".join(f"{d.kind} {d.run_id}" for d in decisions if d.kind != "dispatch")
@@ -443,7 +443,7 @@ def _state(runs: Runs, run_id: str) -> str:
 
 def _memory(store: LeaseStore) -> str:
     """What the tick side remembers, in short: its runs' dates and states, its last fire."""
-    memory = remembered.recall(store)
+    memory = tick_memory.recall(store)
     if memory is None:
         return "[no memory]"
     runs = ",".join(f"{r[-5:]}:{memory.state_of(r)[:2]}" for r in sorted(memory.runs))

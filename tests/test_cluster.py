@@ -21,8 +21,7 @@ import redis
 from redis.crc import key_slot
 
 from redis_lease import InvalidInput, Item, LeaseStore, PermissionDenied, ProviderGate
-from redis_lease.fleet.loss import data_set_mark as data_set
-from redis_lease.fleet.loss import lost_records
+from redis_lease.fleet.loss import data_set_mark, lost_records
 from redis_lease.fleet.loss.lost_records import LostRun
 from redis_lease.fleet.runs import job_tallies, run_ages
 from redis_lease.fleet.runs.lifecycle import Runs
@@ -129,7 +128,7 @@ def test_every_script_touches_one_hash_slot(
         lost = LostRun(f"{job}:gone", job, "2024-01-01", 1, 2, "open", "why", "todo")
         assert lost_records.record(store, lost)
     assert job_tallies.count_missed(store, "nightly", ["2024-01-01"]) == ["2024-01-01"]
-    assert data_set.observe(store, "nightly").loss is None
+    assert data_set_mark.observe(store, "nightly").loss is None
     # The tick leader's lease and a job's tick lock fenced by its token.
     lease = hold_leadership(store, "worker-1", 5000)
     assert lease.held

@@ -27,9 +27,9 @@ RENAMED_CLASSES = [
     ("redis_lease", "CommitOutcome", CommitReply),
     ("redis_lease", "FailOutcome", FailReply),
     ("redis_lease", "Outcome", HandlerResult),
-    ("redis_lease.protocol.leases", "CommitOutcome", CommitReply),
-    ("redis_lease.protocol.leases", "FailOutcome", FailReply),
-    ("redis_lease.fleet.worker.handler_outcomes", "Outcome", HandlerResult),
+    ("redis_lease.protocol.values", "CommitOutcome", CommitReply),
+    ("redis_lease.protocol.values", "FailOutcome", FailReply),
+    ("redis_lease.fleet.worker.settlements", "Outcome", HandlerResult),
     ("redis_lease.worker", "Outcome", HandlerResult),
     ("redis_lease.protocol.replies", "Committed", CommitReply),
     ("redis_lease.protocol.replies", "Failed", FailReply),
@@ -55,12 +55,12 @@ def test_an_old_name_in_an_import_statement_warns() -> None:
 
 def test_names_never_defined_are_still_attribute_errors() -> None:
     import redis_lease
-    import redis_lease.protocol.leases
+    import redis_lease.protocol.values
 
     with pytest.raises(AttributeError, match="has no attribute 'CommitOutcomes'"):
         redis_lease.CommitOutcomes  # noqa: B018
     with pytest.raises(AttributeError, match="has no attribute 'Reply'"):
-        redis_lease.protocol.leases.Reply  # noqa: B018
+        redis_lease.protocol.values.Reply  # noqa: B018
 
 
 def test_the_old_names_are_not_exported_by_star() -> None:

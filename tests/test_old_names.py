@@ -23,11 +23,10 @@ from rq.utils import import_attribute
 
 from redis_lease import LeaseStore
 from redis_lease.deprecation import KEPT_MODULES, MOVED_MODULES, SPLIT_MODULES
-from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet import shard_jobs
+from redis_lease.fleet.runs import Runs
 from redis_lease.fleet.tick import schedule, scheduler_tick
-from redis_lease.fleet.transport import shard_jobs
-from redis_lease.fleet.worker import handler_outcomes as settlements
-from redis_lease.fleet.worker import rq_worker, shard_job
+from redis_lease.fleet.worker import rq_worker, settlements, shard_job
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, assert_json_job, fleet_env, purge_queue
 from tests.rq_helpers import burst
@@ -42,7 +41,7 @@ MOVED = {
         "redis_lease.fleet.tick.scheduler_tick",
         "redis_lease.fleet.tick.open_runs",
     ),
-    "redis_lease.effects": "redis_lease.fleet.effects.ledger",
+    "redis_lease.effects": "redis_lease.fleet.effects",
     "redis_lease.metrics": "redis_lease.operate.metrics.collector",
     "redis_lease.scripts": "redis_lease.protocol.scripts",
     "redis_lease.store": "redis_lease.protocol.store.lease_store",
@@ -69,7 +68,7 @@ def test_the_readme_imports_and_the_stored_names_resolve() -> None:
     assert import_attribute("redis_lease.dispatch.LeaseWorker") is rq_worker.LeaseWorker
     assert import_attribute("redis_lease.dispatch.json_cron_jobs") is shard_jobs.json_cron_jobs
     not_sent = import_attribute("redis_lease.effects.not_sent")
-    assert not_sent.__module__ == "redis_lease.fleet.effects.ledger"
+    assert not_sent.__module__ == "redis_lease.fleet.effects"
     assert import_attribute("redis_lease.limits.DEFAULT_TTL") > 0
     assert import_attribute("redis_lease.errors.NotFound").exit_code > 0
     # what this layout stores is still the old names, which every release reads

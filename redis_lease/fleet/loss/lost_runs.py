@@ -47,8 +47,7 @@ from ...protocol.store.lease_store import LeaseStore
 from ..jobs.job import Job, business_date
 from ..runs.job_tallies import counted_runs_key
 from ..runs.lifecycle import Decision, Runs, to_ms
-from . import data_set_mark as data_set
-from . import lost_records
+from . import data_set_mark, lost_records
 from .data_set_mark import Observation
 from .lost_records import LostRun
 from .tick_memory import CREATING, DOUBTFUL, ENDING, OPEN, recall
@@ -108,7 +107,7 @@ def remember_open(store: LeaseStore, runs: Runs, job: Job) -> None:
         pipe.hget(store.keys.job(job.name), "last_fire_at")
         *scores, fired = pipe.execute()
     made = {run: int(score or 0) for run, score in zip(open_runs, scores, strict=True)}
-    data_set.remember_runs(store, job.name, made, int(fired) if fired else None)
+    data_set_mark.remember_runs(store, job.name, made, int(fired) if fired else None)
 
 
 def rerun_deadline(job: Job, day: date, now: datetime) -> datetime | None:
@@ -167,7 +166,7 @@ def scan_index(store: LeaseStore, runs: Runs, now: datetime) -> list[Decision]:
             decisions.append(_name(store, runs, found, DEFAULT_RETENTION_DAYS))
     existing = {run: made for run, made in listed.items() if run not in missing}
     if memory is not None:
-        data_set.remember_runs(store, "", existing)
+        data_set_mark.remember_runs(store, "", existing)
     return decisions
 
 

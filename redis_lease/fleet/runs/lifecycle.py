@@ -19,8 +19,7 @@ from ...protocol.replies import Transition
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.store.store_client import lock
 from ...protocol.validation import check_id, clip, encode_json
-from ..loss import lost_records
-from ..loss import tick_memory as remembered
+from ..loss import lost_records, tick_memory
 from . import job_tallies
 from .run_states import (
     CANCELABLE_STATES,
@@ -159,7 +158,7 @@ class Runs:
         deadline = deadline or job.deadline_for(business_date, started)
         fields = fields if fields and "after_loss" in fields else self._doubt(run_id, fields)
         # Remembered before it exists: a loss right after is still told by the tick side.
-        remembered.note(self.store, job.name, run_id, remembered.CREATING, to_ms(started))
+        tick_memory.note(self.store, job.name, run_id, tick_memory.CREATING, to_ms(started))
         created, _ = self.store.create_run(
             run_id,
             job.options.shards,
@@ -335,7 +334,7 @@ class Runs:
         raise PlanningDeferred(said, run_id=run_id) from error
 
     def _fail_planning(self, job: Job, run_id: str, error: BaseException, reason: str = "") -> None:
-        remembered.note(self.store, job.name, run_id, remembered.ENDING)
+        tick_memory.note(self.store, job.name, run_id, tick_memory.ENDING)
         reason = reason or planning_reason(error)
         ended = self._transition(run_id, OPEN_STATES, FAILED, reason)
         if ended.changed:
@@ -361,7 +360,7 @@ class Runs:
             {**status.counts, "planned": status.planned, "lost": status.lost, "late": status.late}
         )
         # Remembered before it ends: after a loss, a run that may have ended is not run again.
-        remembered.note(self.store, status.info.get("job", ""), run_id, remembered.ENDING)
+        tick_memory.note(self.store, status.info.get("job", ""), run_id, tick_memory.ENDING)
         ended = self._transition(run_id, OPEN_STATES, state, reason, final_counts=final)
         if not ended.changed:
             return None
@@ -438,7 +437,7 @@ class Runs:
         """Closes an open run as canceled."""
         self.store.set_closed(run_id, True)
         info = self.info(run_id)
-        remembered.note(self.store, info.get("job", ""), run_id, remembered.ENDING)
+        tick_memory.note(self.store, info.get("job", ""), run_id, tick_memory.ENDING)
         ended = self._transition(run_id, CANCELABLE_STATES, CANCELED, reason)
         if ended.changed:
             job, days = info.get("job", ""), retention_days(info)

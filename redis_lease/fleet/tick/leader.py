@@ -48,8 +48,7 @@ from ...protocol.store.leader import (
 from ...protocol.store.lease_store import LeaseStore
 from ..full_redis import notice_full
 from ..jobs.job import Job, load_job, loaded_job
-from ..loss import data_set_mark as data_set
-from ..loss import tick_memory as remembered
+from ..loss import data_set_mark, tick_memory
 from .scheduler_tick import NOT_LEADER, tick
 
 log = logging.getLogger("redis_lease.tick")
@@ -178,7 +177,7 @@ class TickLeader(threading.Thread):
                 holder = shown_holder(lease.holder) or "no one"
                 self._end(f"{holder} holds it now (token {lease.token})")
             # a doubtful copy of what the server holds, should this worker lead after a wipe
-            data_set.mirror(self.store, list(self._own))
+            data_set_mark.mirror(self.store, list(self._own))
             return
         # held since its last hold without a break: nobody else held it (no other holder
         # answered, nothing released), its lease was live when this hold arrived (sent within
@@ -215,7 +214,7 @@ class TickLeader(threading.Thread):
         set is in doubt (:func:`redis_lease.fleet.loss.tick_memory.distrust`).
         """
         if not continuous:  # another leader may have ticked since this process last did
-            remembered.distrust(self.store)
+            tick_memory.distrust(self.store)
         self.leadership = leadership
         self._next_tick = 0.0
         self._unticked, self._told_adopted, self._told_unticked = "", {}, {}

@@ -51,8 +51,7 @@ from ...protocol.store.lease_store import LeaseStore
 from ..jobs.job import Job, load_job
 from ..jobs.job import business_date as business_date
 from ..jobs.job_options import RENAMED_OPTIONS
-from ..loss import data_set_mark as data_set
-from ..loss import lost_runs
+from ..loss import data_set_mark, lost_runs
 from ..runs.lifecycle import Decision, Runs, to_ms
 from ..transport.shard_jobs import close_job_store, job_store
 from .due_runs import NO_RECORD as NO_RECORD
@@ -216,7 +215,7 @@ def _tick_locked(
 ) -> list[Decision]:
     """One tick of one job under its lock; ``go_on`` is asked before each step."""
     _check(go_on)
-    seen = data_set.observe(store, job.name)
+    seen = data_set_mark.observe(store, job.name)
     work = partial(_tick_job_runs, store, runs, path, job, now, seen, progress, go_on)
     if seen.loss is None:
         return work()
@@ -238,7 +237,7 @@ def _tick_job_runs(
     path: str,
     job: Job,
     now: datetime,
-    seen: data_set.Observation,
+    seen: data_set_mark.Observation,
     progress: TickProgress | None,
     go_on: GoOn,
 ) -> list[Decision]:
