@@ -55,9 +55,9 @@ from rq import Queue
 from rq.job import Job as RQJob
 from rq.serializers import JSONSerializer
 
-from redis_lease.fleet.job import JobOptions
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_jobs import enqueue_shard
+from redis_lease.fleet.jobs.job import JobOptions
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.transport.shard_jobs import enqueue_shard
 from redis_lease.protocol.connection.urls import safe_url
 from redis_lease.protocol.store.lease_store import LeaseStore
 

@@ -45,8 +45,8 @@ from redis.utils import HIREDIS_AVAILABLE
 from redis_lease.errors import RedisUnavailable
 from redis_lease.protocol.connection.urls import safe_url
 from redis_lease.protocol.keys import Keys
+from redis_lease.protocol.leases import Item
 from redis_lease.protocol.store.lease_store import LeaseStore
-from redis_lease.protocol.values import Item
 
 PAYLOAD_BYTES = 100
 BATCH = 100

@@ -33,7 +33,7 @@ then: a retry shows as a new eligible item, not as the first attempt's wait.
 The search runs K = 1, 2, ... until a trial's peak age holds the SLO. Then the
 drained repeat: K and K + 1 consumers, one of them sent SIGTERM at W/2 (a drain:
 it finishes its item, releases the rest and leaves), continued upward until one
-holds. The capacity planner (``redis_lease.fleet.capacity.plan``) is asked the same
+holds. The capacity planner (``redis_lease.fleet.capacity.model.plan``) is asked the same
 questions (its ``workers_for_slo``, and ``workers`` with one spare node); the
 measured counts must agree with it within one worker (exit status 1 otherwise).
 
@@ -73,7 +73,7 @@ from rich.progress import (
 )
 
 from redis_lease.errors import InvalidInput
-from redis_lease.fleet.job import parse_duration
+from redis_lease.fleet.jobs.job import parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: the job module is imported as benchmarks.*

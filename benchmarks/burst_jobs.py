@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass
 from datetime import date, timedelta
 from typing import TYPE_CHECKING
 
-from redis_lease.fleet.job import Job
-from redis_lease.protocol.values import Item
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.protocol.leases import Item
 
 if TYPE_CHECKING:
-    from redis_lease.fleet.live_lease import ActiveLease
+    from redis_lease.fleet.jobs.live_lease import ActiveLease
 
 SETTINGS_ENV = "BURST_SETTINGS"
 JOB_PATH = "benchmarks.burst_jobs:burst_job"

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from benchmarks.burst_model import Scenario, Trial
-from redis_lease.fleet import capacity
+from redis_lease.fleet.capacity import model
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,8 @@ def planner_at_rate(scenario: Scenario, rate: float) -> dict[str, Any]:
     args = (scenario.eligible, scenario.window, rate, scenario.slo)
     return {
         "per_worker": round(rate, 3),
-        "plan": capacity.plan(*args, retry_rate=scenario.retry_rate).to_dict(),
-        "plan_one_spare": capacity.plan(
+        "plan": model.plan(*args, retry_rate=scenario.retry_rate).to_dict(),
+        "plan_one_spare": model.plan(
             *args, retry_rate=scenario.retry_rate, spare_nodes=1
         ).to_dict(),
     }
@@ -54,9 +54,9 @@ def planner_at_rate(scenario: Scenario, rate: float) -> dict[str, Any]:
 def planner_view(scenario: Scenario) -> dict[str, Any]:
     """The planner's answers for the scaled scenario: plain, with one spare, predicted peaks."""
     args = (scenario.eligible, scenario.window, scenario.per_worker, scenario.slo)
-    plain = capacity.plan(*args, retry_rate=scenario.retry_rate)
-    spare = capacity.plan(*args, retry_rate=scenario.retry_rate, spare_nodes=1)
-    full = capacity.plan(
+    plain = model.plan(*args, retry_rate=scenario.retry_rate)
+    spare = model.plan(*args, retry_rate=scenario.retry_rate, spare_nodes=1)
+    full = model.plan(
         scenario.eligible_full,
         scenario.window_full,
         scenario.per_worker,
@@ -66,7 +66,7 @@ def planner_view(scenario: Scenario) -> dict[str, Any]:
     )
     peaks = {
         str(k): round(
-            capacity.peak_age(
+            model.peak_age(
                 scenario.eligible,
                 scenario.window,
                 k,

@@ -29,14 +29,14 @@ from benchmarks.burst_jobs import (
     make_job,
 )
 from benchmarks.burst_model import Scenario, Trial, arrivals
-from redis_lease.fleet import shard_jobs
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.transport import shard_jobs
 from redis_lease.protocol.connection.clients import as_text
+from redis_lease.protocol.leases import Item
 from redis_lease.protocol.replies import Snapshot
 from redis_lease.protocol.store import run_status
 from redis_lease.protocol.store.lease_store import LeaseStore
-from redis_lease.protocol.values import Item
 
 #: Seconds between two rounds of feeding and dispatching.
 LOOP_SECONDS = 0.1

@@ -69,8 +69,8 @@ import peer_lease_jobs  # type: ignore[import-not-found]  # noqa: E402
 from benchmarks.bench_fleet import Fleet, log, machine, worker_env  # noqa: E402
 from benchmarks.peers import Snapshot, snapshot  # noqa: E402
 from benchmarks.peers_report import median, ratio  # noqa: E402
-from redis_lease.fleet.runs import Runs  # noqa: E402
-from redis_lease.fleet.shard_jobs import enqueue_shard  # noqa: E402
+from redis_lease.fleet.runs.lifecycle import Runs  # noqa: E402
+from redis_lease.fleet.transport.shard_jobs import enqueue_shard  # noqa: E402
 from redis_lease.protocol.connection.clients import client_from_url  # noqa: E402
 from redis_lease.protocol.store.lease_store import LeaseStore  # noqa: E402
 from tests.redis_cluster import ClusterServers  # noqa: E402

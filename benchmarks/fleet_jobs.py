@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from datetime import date
 from typing import TYPE_CHECKING
 
-from redis_lease.fleet.job import Job, JobOptions
-from redis_lease.protocol.values import Item
+from redis_lease.fleet.jobs.job import Job, JobOptions
+from redis_lease.protocol.leases import Item
 
 if TYPE_CHECKING:
     from redis_lease.fleet.worker.shard_job import ActiveLease

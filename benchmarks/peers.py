@@ -98,11 +98,11 @@ from benchmarks.peers_report import (  # noqa: E402
     summarize,
     table,
 )
-from redis_lease.fleet.job import JobOptions  # noqa: E402
-from redis_lease.fleet.runs import Runs  # noqa: E402
-from redis_lease.fleet.shard_jobs import enqueue_shard  # noqa: E402
+from redis_lease.fleet.jobs.job import JobOptions  # noqa: E402
+from redis_lease.fleet.runs.lifecycle import Runs  # noqa: E402
+from redis_lease.fleet.transport.shard_jobs import enqueue_shard  # noqa: E402
+from redis_lease.protocol.leases import Item  # noqa: E402
 from redis_lease.protocol.store.lease_store import LeaseStore  # noqa: E402
-from redis_lease.protocol.values import Item  # noqa: E402
 
 BULLMQ_DIR = PEERS_DIR / "bullmq"
 NODE_DIR = ROOT / "benchmarks" / ".peers" / "node"

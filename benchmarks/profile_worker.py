@@ -42,13 +42,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_fleet import redis_for  # noqa: E402
-from redis_lease.fleet.job import Job  # noqa: E402
-from redis_lease.fleet.live_lease import ActiveLease  # noqa: E402
-from redis_lease.fleet.shard_jobs import enqueue_shard, purge_queue  # noqa: E402
+from redis_lease.fleet.jobs.job import Job  # noqa: E402
+from redis_lease.fleet.jobs.live_lease import ActiveLease  # noqa: E402
+from redis_lease.fleet.transport.shard_jobs import enqueue_shard, purge_queue  # noqa: E402
 from redis_lease.fleet.worker.lease_keeper import LeaseKeeper  # noqa: E402
 from redis_lease.fleet.worker.shard_job import work_shard  # noqa: E402
+from redis_lease.protocol.leases import Item  # noqa: E402
 from redis_lease.protocol.store.lease_store import LeaseStore  # noqa: E402
-from redis_lease.protocol.values import Item  # noqa: E402
 
 
 def make_job(delay: float, concurrency: int, use_async: bool) -> Job:

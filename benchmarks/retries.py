@@ -68,7 +68,7 @@ if str(ROOT) not in sys.path:
 from benchmarks import retry_jobs  # noqa: E402
 from benchmarks.bench_fleet import log, machine  # noqa: E402
 from redis_lease import LeaseStore  # noqa: E402
-from redis_lease.protocol.values import read_items  # noqa: E402
+from redis_lease.protocol.leases import read_items  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 WORKERS = 3

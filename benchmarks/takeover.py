@@ -51,11 +51,11 @@ import takeover_jobs  # type: ignore[import-not-found]  # noqa: E402
 
 from benchmarks.bench_fleet import Fleet, log, machine, redis_for, worker_env  # noqa: E402
 from benchmarks.peers import NODE_DIR, setup_bullmq  # noqa: E402
-from redis_lease.fleet.runs import Runs  # noqa: E402
-from redis_lease.fleet.shard_jobs import enqueue_shard, purge_queue  # noqa: E402
-from redis_lease.fleet.takeover import registered  # noqa: E402
+from redis_lease.fleet.runs.lifecycle import Runs  # noqa: E402
+from redis_lease.fleet.transport.shard_jobs import enqueue_shard, purge_queue  # noqa: E402
+from redis_lease.fleet.transport.takeover import registered  # noqa: E402
+from redis_lease.protocol.leases import read_items  # noqa: E402
 from redis_lease.protocol.store.lease_store import LeaseStore  # noqa: E402
-from redis_lease.protocol.values import read_items  # noqa: E402
 
 WORKERS = 2
 SHARDS = 8

@@ -39,26 +39,26 @@ if TYPE_CHECKING:
         Throttled,
         TLSFailed,
     )
-    from .fleet.capacity import CapacityPlan
-    from .fleet.capacity_ask import CapacityAsk
-    from .fleet.data_set import Loss, MarkState, Observation
-    from .fleet.effects import not_sent, resolve_effect
-    from .fleet.gate import ProviderGate
-    from .fleet.job import Job
-    from .fleet.job_options import JobOptions
-    from .fleet.job_tallies import Tallies
-    from .fleet.live_lease import ActiveLease
-    from .fleet.lost_records import LostRun
-    from .fleet.remembered import Remembered
-    from .fleet.run_capacity import Measured, RunNeed
-    from .fleet.runs import Decision, Runs
-    from .fleet.shard_job_failures import JobFailures
-    from .fleet.shard_jobs import JsonJob, JsonQueue, json_cron_jobs, purge_queue
+    from .fleet.capacity.capacity_ask import CapacityAsk
+    from .fleet.capacity.model import CapacityPlan
+    from .fleet.capacity.run_capacity import Measured, RunNeed
+    from .fleet.effects.ledger import not_sent, resolve_effect
+    from .fleet.effects.provider_gate import ProviderGate
+    from .fleet.jobs.job import Job
+    from .fleet.jobs.job_options import JobOptions
+    from .fleet.jobs.live_lease import ActiveLease
+    from .fleet.loss.data_set_mark import Loss, MarkState, Observation
+    from .fleet.loss.lost_records import LostRun
+    from .fleet.loss.tick_memory import Remembered
+    from .fleet.runs.job_tallies import Tallies
+    from .fleet.runs.lifecycle import Decision, Runs
     from .fleet.tick.scheduler_tick import TickResult
+    from .fleet.transport.shard_job_failures import JobFailures
+    from .fleet.transport.shard_jobs import JsonJob, JsonQueue, json_cron_jobs, purge_queue
     from .fleet.worker.bad_jobs import BadJob, BadJobGuard
+    from .fleet.worker.handler_outcomes import HandlerResult, ShardReport
     from .fleet.worker.lease_keeper import LeaseKeeper
     from .fleet.worker.rq_worker import LeaseWorker, SimpleLeaseWorker
-    from .fleet.worker.settlements import HandlerResult, ShardReport
     from .fleet.worker.shard_job import process_shard
     from .fleet.worker.watch import FleetWatch
     from .limits import lua_dir
@@ -68,10 +68,7 @@ if TYPE_CHECKING:
     from .protocol.connection.server_checks import EvictionPolicyWarning
     from .protocol.connection.tls import InsecureTLSWarning
     from .protocol.guards import FieldEquals, KeyExists, KeyMissing, Write
-    from .protocol.scripts import Call, Command, Observer, Scripts, observe, source
-    from .protocol.store.lease_store import LeaseStore
-    from .protocol.store.stamp import check_protocol
-    from .protocol.values import (
+    from .protocol.leases import (
         Attempt,
         CommitReply,
         CommitRequest,
@@ -84,6 +81,9 @@ if TYPE_CHECKING:
         ReleaseRequest,
         RunStatus,
     )
+    from .protocol.scripts import Call, Command, Observer, Scripts, observe, source
+    from .protocol.store.lease_store import LeaseStore
+    from .protocol.store.stamp import check_protocol
     from .runner import run_worker
     from .tick import tick_entry
 
@@ -182,42 +182,42 @@ __all__ = [
 
 #: Every public name and the module it is imported from, on first use.
 _LAZY = {
-    "ActiveLease": "fleet.live_lease",
-    "Attempt": "protocol.values",
+    "ActiveLease": "fleet.jobs.live_lease",
+    "Attempt": "protocol.leases",
     "Call": "protocol.scripts",
-    "CapacityAsk": "fleet.capacity_ask",
-    "CapacityPlan": "fleet.capacity",
+    "CapacityAsk": "fleet.capacity.capacity_ask",
+    "CapacityPlan": "fleet.capacity.model",
     "ClusterBusy": "errors",
     "Command": "protocol.scripts",
-    "CommitReply": "protocol.values",
-    "CommitRequest": "protocol.values",
+    "CommitReply": "protocol.leases",
+    "CommitRequest": "protocol.leases",
     "ConditionFailed": "errors",
-    "Decision": "fleet.runs",
+    "Decision": "fleet.runs.lifecycle",
     "EffectFailed": "errors",
     "EffectUnknown": "errors",
     "EvictionPolicyWarning": "protocol.connection.server_checks",
-    "FailReply": "protocol.values",
-    "FailRequest": "protocol.values",
+    "FailReply": "protocol.leases",
+    "FailRequest": "protocol.leases",
     "FieldEquals": "protocol.guards",
     "FollowingPool": "protocol.connection.cluster",
     "HandlerError": "errors",
-    "HandlerResult": "fleet.worker.settlements",
+    "HandlerResult": "fleet.worker.handler_outcomes",
     "InsecureTLSWarning": "protocol.connection.tls",
     "InvalidInput": "errors",
-    "Item": "protocol.values",
-    "ItemError": "protocol.values",
-    "ItemRecord": "protocol.values",
-    "Job": "fleet.job",
-    "JobOptions": "fleet.job_options",
-    "JobFailures": "fleet.shard_job_failures",
+    "Item": "protocol.leases",
+    "ItemError": "protocol.leases",
+    "ItemRecord": "protocol.leases",
+    "Job": "fleet.jobs.job",
+    "JobOptions": "fleet.jobs.job_options",
+    "JobFailures": "fleet.transport.shard_job_failures",
     "KeyExists": "protocol.guards",
     "KeyMissing": "protocol.guards",
-    "Lease": "protocol.values",
+    "Lease": "protocol.leases",
     "LeaseError": "errors",
     "LeaseKeeper": "fleet.worker.lease_keeper",
     "LeaseLost": "errors",
     "LeaseStore": "protocol.store.lease_store",
-    "Measured": "fleet.run_capacity",
+    "Measured": "fleet.capacity.run_capacity",
     "MissingExtra": "errors",
     "NeedsReconciliation": "errors",
     "NotClaimable": "errors",
@@ -229,46 +229,46 @@ _LAZY = {
     "PlanningDeferred": "errors",
     "ProtocolMismatch": "errors",
     "ProviderError": "errors",
-    "ProviderGate": "fleet.gate",
+    "ProviderGate": "fleet.effects.provider_gate",
     "RedisLeaseError": "errors",
     "RedisFull": "errors",
     "RedisUnavailable": "errors",
-    "ReleaseRequest": "protocol.values",
+    "ReleaseRequest": "protocol.leases",
     "RunClosed": "errors",
-    "RunNeed": "fleet.run_capacity",
-    "RunStatus": "protocol.values",
-    "Runs": "fleet.runs",
+    "RunNeed": "fleet.capacity.run_capacity",
+    "RunStatus": "protocol.leases",
+    "Runs": "fleet.runs.lifecycle",
     "Scripts": "protocol.scripts",
-    "ShardReport": "fleet.worker.settlements",
+    "ShardReport": "fleet.worker.handler_outcomes",
     "SlotTimeout": "errors",
     "TLSFailed": "errors",
-    "Tallies": "fleet.job_tallies",
+    "Tallies": "fleet.runs.job_tallies",
     "Throttled": "errors",
     "Write": "protocol.guards",
     "check_protocol": "protocol.store.stamp",
     "lua_dir": "limits",
-    "not_sent": "fleet.effects",
+    "not_sent": "fleet.effects.ledger",
     "observe": "protocol.scripts",
-    "resolve_effect": "fleet.effects",
+    "resolve_effect": "fleet.effects.ledger",
     "source": "protocol.scripts",
     "AttemptHistograms": "operate.metrics.history",
     "BadJob": "fleet.worker.bad_jobs",
     "BadJobGuard": "fleet.worker.bad_jobs",
     "FleetWatch": "fleet.worker.watch",
-    "JsonJob": "fleet.shard_jobs",
-    "JsonQueue": "fleet.shard_jobs",
+    "JsonJob": "fleet.transport.shard_jobs",
+    "JsonQueue": "fleet.transport.shard_jobs",
     "LeaseWorker": "fleet.worker.rq_worker",
-    "Loss": "fleet.data_set",
-    "LostRun": "fleet.lost_records",
-    "MarkState": "fleet.data_set",
-    "Observation": "fleet.data_set",
-    "Remembered": "fleet.remembered",
+    "Loss": "fleet.loss.data_set_mark",
+    "LostRun": "fleet.loss.lost_records",
+    "MarkState": "fleet.loss.data_set_mark",
+    "Observation": "fleet.loss.data_set_mark",
+    "Remembered": "fleet.loss.tick_memory",
     "SimpleLeaseWorker": "fleet.worker.rq_worker",
-    "json_cron_jobs": "fleet.shard_jobs",
+    "json_cron_jobs": "fleet.transport.shard_jobs",
     "LeaseCollector": "operate.metrics.collector",
     "LogStream": "operate.metrics.history",
     "process_shard": "fleet.worker.shard_job",
-    "purge_queue": "fleet.shard_jobs",
+    "purge_queue": "fleet.transport.shard_jobs",
     "TickResult": "fleet.tick.scheduler_tick",
     "tick_entry": "tick",
     "run_worker": "runner",

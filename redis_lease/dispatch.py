@@ -2,10 +2,10 @@
 
 ``rqscheduler -j redis_lease.dispatch.JsonJob`` and ``rq worker --job-class
 redis_lease.dispatch.JsonJob`` name this path, as release 0.9.0's docs told. The class
-itself is :class:`redis_lease.fleet.shard_jobs.JsonJob`. docs/upgrading.md says which
+itself is :class:`redis_lease.fleet.transport.shard_jobs.JsonJob`. docs/upgrading.md says which
 release drops this module.
 """
 
-from .fleet.shard_jobs import JsonJob
+from .fleet.transport.shard_jobs import JsonJob
 
 __all__ = ["JsonJob"]

@@ -59,7 +59,7 @@ TEXT_MAX_BYTES = bound("text_bytes")[1]
 GUARD_SPECS_MAX = bound("guard_specs")[1]
 JSON_MAX_DEPTH = bound("json_depth")[1]
 CONCURRENCY_MAX = bound("concurrency")[1]
-#: The bounds of a job's options (:class:`redis_lease.fleet.job.JobOptions`).
+#: The bounds of a job's options (:class:`redis_lease.fleet.jobs.job.JobOptions`).
 CATCH_UP_DAYS_MAX = bound("catch_up_days")[1]
 WORKERS_PER_SHARD_MAX = bound("workers_per_shard")[1]
 #: The most shard jobs working one run at once (the job option ``max_shard_jobs``).
@@ -67,6 +67,11 @@ MAX_SHARD_JOBS_MAX = bound("max_shard_jobs")[1]
 RETENTION_DAYS_MAX = bound("retention_days")[1]
 SPARE_NODES_MAX = bound("spare_nodes")[1]
 WORKERS_PER_NODE_MAX = bound("workers_per_node")[1]
+#: The longest worker or host name kept (the shard job registry, the takeover log, the tick
+#: leader's lease), in UTF-8 bytes: longer names are cut.
+WORKER_NAME_MAX = 200
+#: Milliseconds in a day.
+DAY_MS = 86_400_000
 #: The longest last shard job error kept in a run's record, in UTF-8 bytes.
 JOB_ERROR_MAX_BYTES = bound("job_error_bytes")[1]
 #: The most business dates one backfill covers.
@@ -85,7 +90,7 @@ DEFAULT_TTL: float = default("lease_ttl_ms") / 1000
 #: Seconds between a shard job's heartbeats (and a worker's).
 HEARTBEAT: float = default("heartbeat_ms") / 1000
 #: Milliseconds a heartbeat lives: a shard job silent this long is taken for dead, and
-#: its leases are taken over (:mod:`redis_lease.fleet.takeover`).
+#: its leases are taken over (:mod:`redis_lease.fleet.transport.takeover`).
 DEAD_AFTER_MS: int = default("dead_after_ms")
 DEAD_AFTER: float = DEAD_AFTER_MS / 1000
 #: Milliseconds between two calls of the shard job registry's scripts, by the server's
@@ -142,12 +147,12 @@ RESUME_HOURS_MAX: int = default("resume_hours_max")
 DEFAULT_WAIT_TIMEOUT_MS: int = default("wait_timeout_ms")
 
 #: The highest retry rate a capacity plan accepts: above it an item costs 100+ attempts
-#: (:mod:`redis_lease.fleet.capacity` checks it; ``plan-capacity --retry-rate`` states it).
+#: (:mod:`redis_lease.fleet.capacity.model` checks it; ``plan-capacity --retry-rate`` states it).
 MAX_RETRY_RATE = 0.99
 
 #: The states a run is stored in (its record's ``state``, the scripts' words): the open
 #: ones, still worked, then the final ones. The rules over them are in
-#: :mod:`redis_lease.fleet.run_states`.
+#: :mod:`redis_lease.fleet.runs.run_states`.
 OPEN_RUN_STATES: tuple[str, ...] = tuple(table()["run_states"]["open"])
 FINAL_RUN_STATES: tuple[str, ...] = tuple(table()["run_states"]["final"])
 PLANNING, RUNNING = OPEN_RUN_STATES

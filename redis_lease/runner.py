@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from importlib import import_module
 
 from .errors import InvalidInput
-from .fleet.job import Job, load_job
+from .fleet.jobs.job import Job, load_job
 from .fleet.tick.leader import TickLeader, check_jobs
 from .fleet.worker.rq_worker import (
     DEFAULT_QUEUE,

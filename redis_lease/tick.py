@@ -13,8 +13,8 @@ from __future__ import annotations
 from rq import get_current_job
 
 from .errors import RedisLeaseError
-from .fleet.shard_jobs import close_job_store, job_store
 from .fleet.tick.scheduler_tick import tick_and_arm
+from .fleet.transport.shard_jobs import close_job_store, job_store
 from .limits import DEFAULT_PREFIX
 
 __all__ = ["tick_entry"]

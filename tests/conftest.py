@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.shard_jobs import purge_queue
+from redis_lease.fleet.transport.shard_jobs import purge_queue
 from tests.fleet_helpers import Processes
 from tests.redis_cluster import ClusterServers
 from tests.redis_server import RedisServer

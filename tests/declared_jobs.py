@@ -4,7 +4,7 @@ worker names, cannot tick it and names it (log, ``workers``, metric)."""
 
 from __future__ import annotations
 
-from redis_lease.fleet.job import Job
+from redis_lease.fleet.jobs.job import Job
 from tests.leader_jobs import handle, plan
 
 weekly = Job("weekly", shards=1, schedule="0 0 29 2 *", timezone="UTC")

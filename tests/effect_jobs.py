@@ -53,14 +53,14 @@ import redis
 
 from redis_lease.demo.provider import ProviderClient
 from redis_lease.errors import LeaseLost
-from redis_lease.fleet.gate import ProviderGate
-from redis_lease.fleet.job import Job, parse_duration
-from redis_lease.fleet.runs import FINAL_STATES, Runs
+from redis_lease.fleet.effects.provider_gate import ProviderGate
+from redis_lease.fleet.jobs.job import Job, parse_duration
+from redis_lease.fleet.runs.lifecycle import FINAL_STATES, Runs
 from redis_lease.fleet.tick.scheduler_tick import tick_job
 from redis_lease.fleet.worker.shard_job import ActiveLease, HandlerResult
 from redis_lease.protocol.guards import Write
+from redis_lease.protocol.leases import Item
 from redis_lease.protocol.store.lease_store import LeaseStore
-from redis_lease.protocol.values import Item
 from tests.faults import recorder
 from tests.faults.evidence import marks_key
 

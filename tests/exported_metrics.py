@@ -18,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from redis_lease import LeaseStore
 from redis_lease.errors import LeaseLost
-from redis_lease.fleet.run_capacity import record_pass
-from redis_lease.fleet.shard_job_failures import record_job_failure
+from redis_lease.fleet.capacity.run_capacity import record_pass
 from redis_lease.fleet.tick.scheduler_tick import tick
+from redis_lease.fleet.transport.shard_job_failures import record_job_failure
 from redis_lease.operate.metrics.collector import LeaseCollector
 from redis_lease.protocol.store.declared_jobs import declare_jobs
 from tests.fleet_helpers import NIGHTLY_PATH

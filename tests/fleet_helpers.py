@@ -19,10 +19,10 @@ import pytest
 import redis
 
 from redis_lease import LeaseStore
-from redis_lease.fleet import shard_jobs
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.runs import FINAL_STATES, Runs
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs.lifecycle import FINAL_STATES, Runs
 from redis_lease.fleet.tick.scheduler_tick import tick
+from redis_lease.fleet.transport import shard_jobs
 
 REPO = Path(__file__).resolve().parent.parent
 FLEET_PATH = "tests.fleet_jobs:fleet"

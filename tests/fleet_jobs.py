@@ -29,9 +29,9 @@ from collections.abc import Iterator
 from datetime import date, timedelta
 from typing import Any
 
-from redis_lease.fleet.job import Job
+from redis_lease.fleet.jobs.job import Job
 from redis_lease.fleet.worker.shard_job import ActiveLease
-from redis_lease.protocol.values import Item
+from redis_lease.protocol.leases import Item
 
 ITEMS = int(os.environ.get("FLEET_ITEMS", "20"))
 DELAY = float(os.environ.get("FLEET_DELAY", "0"))

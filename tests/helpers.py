@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from redis_lease import LeaseStore
 from redis_lease.operate.metrics.collector import LeaseCollector
-from redis_lease.protocol.values import read_items
+from redis_lease.protocol.leases import read_items
 
 
 def text(value: Any) -> Any:

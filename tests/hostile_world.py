@@ -23,11 +23,11 @@ from urllib.parse import quote, urljoin, urlsplit
 import redis
 
 from redis_lease import LeaseStore
-from redis_lease.fleet import shard_jobs
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_job_failures import record_job_failure
-from redis_lease.fleet.takeover import ShardJob
-from redis_lease.protocol.values import Item
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.transport import shard_jobs
+from redis_lease.fleet.transport.shard_job_failures import record_job_failure
+from redis_lease.fleet.transport.takeover import ShardJob
+from redis_lease.protocol.leases import Item
 from tests.rq_helpers import burst, pickled_call
 
 #: The valid runs the world makes.

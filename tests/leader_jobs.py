@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from datetime import date, timedelta
 from typing import Any
 
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.live_lease import ActiveLease
-from redis_lease.protocol.values import Item
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.jobs.live_lease import ActiveLease
+from redis_lease.protocol.leases import Item
 
 #: Items of each run.
 ITEMS = 6

@@ -17,7 +17,7 @@ runs it in the suite at a small size and ``make chaos`` much longer (``MODEL_EXA
 - no run is ``succeeded`` with an item not done.
 
 The nightly job of ``tests/fleet_jobs.py`` is ticked; the model's workers run its items
-in-process through :func:`redis_lease.fleet.effects.apply_effect` against
+in-process through :func:`redis_lease.fleet.effects.ledger.apply_effect` against
 :class:`Provider`, which counts every call it applied by idempotency key. Tick sides share
 the memory file (``REDIS_LEASE_MARK_FILE``), as ticks on one machine do.
 """
@@ -43,21 +43,21 @@ from hypothesis.stateful import (
 
 from redis_lease import LeaseStore, RedisLeaseError
 from redis_lease.errors import HandlerError, LeaseLost
-from redis_lease.fleet import remembered
-from redis_lease.fleet.effects import apply_effect
-from redis_lease.fleet.job_tallies import counted_runs_key
-from redis_lease.fleet.lost_records import read as read_lost
-from redis_lease.fleet.run_states import FINAL_STATES, OPEN_STATES
-from redis_lease.fleet.runs import Decision, Runs
-from redis_lease.fleet.tick.lost_runs import MADE_AGAIN
+from redis_lease.fleet.effects.ledger import apply_effect
+from redis_lease.fleet.loss import tick_memory
+from redis_lease.fleet.loss.lost_records import read as read_lost
+from redis_lease.fleet.loss.lost_runs import MADE_AGAIN
+from redis_lease.fleet.runs.job_tallies import counted_runs_key
+from redis_lease.fleet.runs.lifecycle import Decision, Runs
+from redis_lease.fleet.runs.run_states import FINAL_STATES, OPEN_STATES
 from redis_lease.fleet.tick.scheduler_tick import tick
+from redis_lease.protocol.leases import Lease
 from redis_lease.protocol.store.leader import (
     Leadership,
     fence_floor,
     hold_leadership,
     release_leadership,
 )
-from redis_lease.protocol.values import Lease
 from tests.fleet_helpers import NIGHTLY_PATH
 from tests.helpers import keys_under
 from tests.redis_faults import FailingCalls, client_calls
@@ -172,10 +172,10 @@ class RecoveryModel(RuleBasedStateMachine):
         if self.leader is not None:
             old = self.sides[self.leader]
             release_leadership(old, str(self.leader))
-            remembered.distrust(old)  # what a leader does when its leadership ends
+            tick_memory.distrust(old)  # what a leader does when its leadership ends
         lease = hold_leadership(store, str(side), LEADER_TTL_MS)
         assert lease.held
-        remembered.distrust(store)  # a leadership that begins after a break
+        tick_memory.distrust(store)  # a leadership that begins after a break
         self.at_least = 1
         self.leader = side
         self.leaderships[side] = Leadership(str(side), lease.token)
@@ -206,7 +206,7 @@ class RecoveryModel(RuleBasedStateMachine):
             # what the tick leader does: its next hold asks for a token past the job's fence
             # (a stale leader's tick raised it after the lease's hash was lost)
             self.at_least = fence_floor(store, ["nightly"])
-            remembered.distrust(store)
+            tick_memory.distrust(store)
         TALLY["ticks"] += 1
         TALLY["ticks with a failed call"] += self.calls[side].failed
         shown = "; ".join(f"{d.kind} {d.run_id}" for d in decisions if d.kind != "dispatch")
@@ -443,7 +443,7 @@ def _state(runs: Runs, run_id: str) -> str:
 
 def _memory(store: LeaseStore) -> str:
     """What the tick side remembers, in short: its runs' dates and states, its last fire."""
-    memory = remembered.recall(store)
+    memory = tick_memory.recall(store)
     if memory is None:
         return "[no memory]"
     runs = ",".join(f"{r[-5:]}:{memory.state_of(r)[:2]}" for r in sorted(memory.runs))

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 import redis
 from rq.serializers import JSONSerializer
 
-from redis_lease.fleet import shard_jobs
-from redis_lease.fleet.shard_jobs import JsonJob
+from redis_lease.fleet.transport import shard_jobs
+from redis_lease.fleet.transport.shard_jobs import JsonJob
 from redis_lease.fleet.worker.rq_worker import SimpleLeaseWorker
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from redis_lease import Item, LeaseStore
-from redis_lease.fleet import run_ages
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.runs import run_ages
+from redis_lease.fleet.runs.lifecycle import Runs
 
 
 def _run(store: LeaseStore, run_id: str = "aged") -> str:

@@ -16,12 +16,11 @@ from typing import Any
 import pytest
 
 from redis_lease import InvalidInput, Item, LeaseLost, LeaseStore, NotFound
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.live_lease import ActiveLease
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.jobs.live_lease import ActiveLease
 from redis_lease.fleet.worker.shard_job import LeaseKeeper, work_shard
 from redis_lease.limits import ATTEMPT_LOG_CAP, ERROR_HISTORY
-from redis_lease.protocol.tracing import current_trace_id, new_trace_id
-from redis_lease.protocol.values import (
+from redis_lease.protocol.leases import (
     Attempt,
     FailReply,
     FailRequest,
@@ -29,6 +28,7 @@ from redis_lease.protocol.values import (
     ReleaseRequest,
     parse_record,
 )
+from redis_lease.protocol.tracing import current_trace_id, new_trace_id
 from tests.helpers import records, server_ms, snapshot, text, wait_past
 
 RUN = "log"

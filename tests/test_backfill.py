@@ -20,7 +20,7 @@ import pytest
 
 from redis_lease import LeaseStore
 from redis_lease.errors import InvalidInput
-from redis_lease.fleet.runs import Runs, to_ms
+from redis_lease.fleet.runs.lifecycle import Runs, to_ms
 from redis_lease.fleet.tick.backfill import backfill, backfill_dates
 from redis_lease.fleet.tick.schedule import pause, pause_state, pause_states, resume
 from redis_lease.fleet.tick.scheduler_tick import tick

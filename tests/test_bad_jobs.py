@@ -21,10 +21,10 @@ import redis
 from rq import Queue
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_jobs import JsonJob, JsonQueue
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.tick.schedule import TICK_FUNC
+from redis_lease.fleet.transport.shard_jobs import JsonJob, JsonQueue
 from redis_lease.fleet.worker.bad_jobs import UNIMPORTABLE, UNREADABLE
 from redis_lease.operate.dashboard import create_app
 from tests import fleet_jobs

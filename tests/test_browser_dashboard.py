@@ -24,9 +24,9 @@ from urllib.parse import quote
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from redis_lease.fleet import run_ages
-from redis_lease.fleet.runs import Runs
-from redis_lease.protocol.values import Item
+from redis_lease.fleet.runs import run_ages
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.protocol.leases import Item
 from tests.browser import jobs
 from tests.browser.harness import (
     DOC_IMAGES,

@@ -18,7 +18,7 @@ from benchmarks.burst_jobs import PlannedFailure, Settings, fails, make_job
 from benchmarks.burst_model import Scenario, Trial, arrivals
 from benchmarks.burst_planner import Answer, measured_rate, planner_at_rate, planner_view
 from benchmarks.burst_report import plot, report, summary, table
-from redis_lease.protocol.values import Item
+from redis_lease.protocol.leases import Item
 
 SCENARIO = Scenario(
     eligible_full=12_000,

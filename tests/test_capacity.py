@@ -18,16 +18,16 @@ from typer.testing import CliRunner, Result
 from redis_lease import Item, LeaseStore
 from redis_lease.cli import app
 from redis_lease.errors import InvalidInput, NotFound
-from redis_lease.fleet.capacity import parse_rate, peak_age, plan, workers_needed
-from redis_lease.fleet.job import JobOptions
-from redis_lease.fleet.run_capacity import (
+from redis_lease.fleet.capacity.model import parse_rate, peak_age, plan, workers_needed
+from redis_lease.fleet.capacity.run_capacity import (
     capacity_key,
     measured,
     record_pass,
     retry_rate,
     run_need,
 )
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.jobs.job import JobOptions
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.limits import DEFAULT_RETENTION_DAYS
 
 runner = CliRunner()

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.effects import idempotency_key
+from redis_lease.fleet.effects.ledger import idempotency_key
 from tests.faults import recorder
 from tests.faults.checker import KINDS, Summary, Violation, check
 from tests.faults.evidence import Evidence, Record, collect, marks_key
@@ -372,7 +372,7 @@ def test_a_recorded_history_of_a_real_run_passes_and_a_forged_mark_fails(
     real_store: LeaseStore, tmp_path: Path
 ) -> None:
     from redis_lease import Item
-    from redis_lease.fleet.runs import Runs
+    from redis_lease.fleet.runs.lifecycle import Runs
     from redis_lease.protocol.guards import Write
 
     run = "checked:2026-12-01"

@@ -21,10 +21,10 @@ import pytest
 import redis
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.gate import ProviderGate
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.effects.provider_gate import ProviderGate
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.tick.schedule import pause
-from redis_lease.protocol.values import Item
+from redis_lease.protocol.leases import Item
 from tests import test_cli as base
 from tests.test_cli import ENV_NAMES, Cli, assert_error, command, shell
 

@@ -21,31 +21,33 @@ import redis
 from redis.crc import key_slot
 
 from redis_lease import InvalidInput, Item, LeaseStore, PermissionDenied, ProviderGate
-from redis_lease.fleet import data_set, job_tallies, lost_records, run_ages, takeover
-from redis_lease.fleet.lost_records import LostRun
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_job_failures import (
+from redis_lease.fleet.loss import data_set_mark, lost_records
+from redis_lease.fleet.loss.lost_records import LostRun
+from redis_lease.fleet.runs import job_tallies, run_ages
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.transport import takeover
+from redis_lease.fleet.transport.shard_job_failures import (
     end_failure_streak,
     record_job_failure,
     start_backoff,
 )
-from redis_lease.fleet.shard_jobs import purge_queue, queue
-from redis_lease.fleet.takeover import ShardJob
+from redis_lease.fleet.transport.shard_jobs import purge_queue, queue
+from redis_lease.fleet.transport.takeover import ShardJob
 from redis_lease.fleet.worker.watch import beat_worker
 from redis_lease.operate.dashboard.app import create_app
 from redis_lease.protocol.connection.clients import client_from_url
 from redis_lease.protocol.connection.server_checks import eviction_danger
+from redis_lease.protocol.leases import CommitRequest
 from redis_lease.protocol.scripts import KEY_COUNTS, observe
-from redis_lease.protocol.store.base import lock
 from redis_lease.protocol.store.declared_jobs import declare_jobs, declared_jobs, withdraw_jobs
 from redis_lease.protocol.store.leader import (
     TAKEN,
     Leadership,
-    fenced_lock,
     hold_leadership,
+    job_tick_lock,
     release_leadership,
 )
-from redis_lease.protocol.values import CommitRequest
+from redis_lease.protocol.store.store_client import lock
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, REPO, Processes, all_records, drive, fleet_env
 from tests.redis_cluster import ClusterServers
@@ -126,11 +128,11 @@ def test_every_script_touches_one_hash_slot(
         lost = LostRun(f"{job}:gone", job, "2024-01-01", 1, 2, "open", "why", "todo")
         assert lost_records.record(store, lost)
     assert job_tallies.count_missed(store, "nightly", ["2024-01-01"]) == ["2024-01-01"]
-    assert data_set.observe(store, "nightly").loss is None
+    assert data_set_mark.observe(store, "nightly").loss is None
     # The tick leader's lease and a job's tick lock fenced by its token.
     lease = hold_leadership(store, "worker-1", 5000)
     assert lease.held
-    with fenced_lock(store, "nightly", Leadership("worker-1", lease.token), 5000) as (taken, _):
+    with job_tick_lock(store, "nightly", 5000, Leadership("worker-1", lease.token)) as (taken, _):
         assert taken == TAKEN
     assert not release_leadership(store, "worker-1").held
     # The jobs a worker declares, and the fleet's view of them (reads of one slot each).

@@ -23,7 +23,7 @@ from redis.exceptions import TryAgainError
 from redis_lease import LeaseStore
 from redis_lease.demo.provider import ProviderState
 from redis_lease.errors import ClusterBusy
-from redis_lease.protocol.values import Item
+from redis_lease.protocol.leases import Item
 from tests.faults.chaos import Chaos, chaos_cluster, cluster_refused
 from tests.faults.cluster import Cluster, faketime_library
 from tests.redis_cluster import HOST, ClusterServers

@@ -23,8 +23,8 @@ import pytest
 
 from redis_lease import LeaseStore
 from redis_lease.errors import LeaseLost
-from redis_lease.fleet.runs import Runs
-from redis_lease.protocol.values import COUNT_STATES, Item
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.protocol.leases import COUNT_STATES, Item
 from tests.faults import recorder
 from tests.faults.checker import check
 from tests.faults.evidence import collect

@@ -23,11 +23,12 @@ from redis.retry import Retry
 
 from redis_lease import LeaseStore
 from redis_lease.errors import NotClaimable
-from redis_lease.fleet import run_ages, shard_jobs
-from redis_lease.fleet.gate import ProviderGate
-from redis_lease.fleet.run_states import FINAL_STATES, OPEN_STATES, RESUMABLE_STATES
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_job_failures import record_job_failure
+from redis_lease.fleet.effects.provider_gate import ProviderGate
+from redis_lease.fleet.runs import run_ages
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.runs.run_states import FINAL_STATES, OPEN_STATES, RESUMABLE_STATES
+from redis_lease.fleet.transport import shard_jobs
+from redis_lease.fleet.transport.shard_job_failures import record_job_failure
 from redis_lease.operate.dashboard import create_app
 from redis_lease.operate.dashboard import pages as pages_module
 from redis_lease.operate.dashboard.security import loopback_hosts
@@ -35,7 +36,7 @@ from redis_lease.operate.dashboard.server import wsgi_app
 from redis_lease.operate.dashboard.times import short_time
 from redis_lease.operate.run_views import deadline_text, projected_finish_text
 from redis_lease.operate.views import run_ids_since
-from redis_lease.protocol.values import Item, Lease
+from redis_lease.protocol.leases import Item, Lease
 from tests.dashboard_pages import csrf_of, link, page, parse, rows_with
 from tests.fleet_helpers import wait_for
 

@@ -20,7 +20,7 @@ import pytest
 from redis_lease import LeaseStore
 from redis_lease.errors import InvalidInput
 from redis_lease.operate.dashboard.server import allowed_hosts, check_exposure, is_loopback
-from redis_lease.protocol.values import Item
+from redis_lease.protocol.leases import Item
 from tests.fleet_helpers import REPO, Processes, wait_for
 
 LISTENING = re.compile(r"serving the dashboard on (http://127\.0\.0\.1:(\d+)/)")

@@ -15,8 +15,8 @@ import redis
 from flask.testing import FlaskClient
 
 from redis_lease import Item, LeaseStore
-from redis_lease.fleet import shard_jobs
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.transport import shard_jobs
 from redis_lease.operate.dashboard import create_app
 from tests.browser.harness import chromium, screenshot, start_dashboard
 from tests.dashboard_pages import Node, csrf_of, page, parse

@@ -20,8 +20,8 @@ from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 
 from redis_lease import LeaseStore
-from redis_lease.fleet import shard_jobs
-from redis_lease.fleet.shard_jobs import JsonJob
+from redis_lease.fleet.transport import shard_jobs
+from redis_lease.fleet.transport.shard_jobs import JsonJob
 from redis_lease.operate.dashboard import create_app
 from redis_lease.operate.dashboard.rq_jobs import INFLATED_MAX
 from tests.dashboard_pages import link, page, parse, rows_with

@@ -12,8 +12,8 @@ import pytest
 from flask.testing import FlaskClient
 
 from redis_lease import LeaseStore
-from redis_lease.fleet import shard_jobs
-from redis_lease.fleet.shard_jobs import JsonJob
+from redis_lease.fleet.transport import shard_jobs
+from redis_lease.fleet.transport.shard_jobs import JsonJob
 from redis_lease.operate.dashboard import create_app
 from tests.dashboard_pages import Node, csrf_of, page
 from tests.rq_helpers import failed_job, pickled_call, plant_job, planted

@@ -22,12 +22,12 @@ from typer.testing import CliRunner, Result
 
 from redis_lease import Item, LeaseStore
 from redis_lease.cli import app
-from redis_lease.fleet.data_set import observe, read_mark
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.lost_records import read as read_lost
-from redis_lease.fleet.remembered import MARK_FILE_ENV, recall
-from redis_lease.fleet.runs import Decision, Runs
-from redis_lease.fleet.tick.lost_runs import rerun_deadline
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.loss.data_set_mark import observe, read_mark
+from redis_lease.fleet.loss.lost_records import read as read_lost
+from redis_lease.fleet.loss.lost_runs import rerun_deadline
+from redis_lease.fleet.loss.tick_memory import MARK_FILE_ENV, recall
+from redis_lease.fleet.runs.lifecycle import Decision, Runs
 from redis_lease.fleet.tick.scheduler_tick import tick
 from redis_lease.operate.dashboard import create_app
 from tests import fleet_jobs

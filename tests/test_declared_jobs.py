@@ -17,12 +17,14 @@ from typer.testing import CliRunner
 
 from redis_lease import LeaseStore
 from redis_lease.cli import app
+from redis_lease.limits import WORKER_NAME_MAX
+from redis_lease.operate.cli_printing import iso_time
 from redis_lease.operate.dashboard import create_app
 from redis_lease.operate.metrics.collector import LeaseCollector
-from redis_lease.operate.output import iso_time
 from redis_lease.operate.worker_views import worker_rows
 from redis_lease.protocol.store.declared_jobs import (
     Unticked,
+    declaration_text,
     declarations,
     declare_jobs,
     declared_jobs,
@@ -54,7 +56,18 @@ def test_a_process_holder_shows_its_name_and_two_of_one_name_differ() -> None:
     assert shown_holder(first) == shown_holder(second) == "w1"
     assert shown_holder("w1") == "w1", "a holder an earlier release wrote: its name alone"
     long = process_holder("x" * 400)
-    assert len(long.encode()) <= 255 and shown_holder(long) == "x" * (255 - 33)
+    assert len(long.encode()) <= 255 and shown_holder(long) == "x" * WORKER_NAME_MAX
+
+
+def test_a_worker_name_has_one_bound_wherever_it_is_kept() -> None:
+    """The tick leader's lease, a declaration and a leader's list cut a name alike."""
+    name = "é" * 400
+    cut = shown_holder(process_holder(name))
+    assert len(cut.encode()) <= WORKER_NAME_MAX and name.startswith(cut)
+    assert json.loads(declaration_text(name, {"nightly": "app.jobs:nightly"}))["worker"] == cut
+    said = [Unticked("nightly", "app.jobs:nightly", (name,), "why")]
+    kept = json.loads(unticked_text("h", 1, said))["jobs"][0]["workers"]
+    assert kept == [cut]
 
 
 def test_declarations_are_kept_renewed_and_withdrawn(store: LeaseStore) -> None:

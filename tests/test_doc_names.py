@@ -53,7 +53,7 @@ def library_classes() -> set[str]:
         value = getattr(redis_lease, name)
         if isinstance(value, type):
             found.add(name)
-    for module_name in ("errors", "fleet.job", "protocol.values", "fleet.runs"):
+    for module_name in ("errors", "fleet.jobs.job", "protocol.leases", "fleet.runs.lifecycle"):
         module = importlib.import_module(f"redis_lease.{module_name}")
         for attr, value in vars(module).items():
             if isinstance(value, type) and value.__module__ == module.__name__:

@@ -26,13 +26,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redis_lease import LeaseStore
-from redis_lease.fleet import shard_jobs
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.transport import shard_jobs
 from redis_lease.fleet.worker.shard_job import ActiveLease
 from redis_lease.operate.metrics.collector import LeaseCollector
+from redis_lease.protocol.leases import Item
 from redis_lease.protocol.store import run_status
-from redis_lease.protocol.values import Item
 from tests.fleet_helpers import Processes, all_records, leased_by, wait_for
 
 pytestmark = pytest.mark.slow

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.tick.backfill import backfill
 from redis_lease.fleet.tick.schedule import (
     arm_next,
@@ -31,7 +31,7 @@ from redis_lease.fleet.tick.schedule import (
 )
 from redis_lease.fleet.tick.scheduler_tick import tick
 from redis_lease.fleet.worker.shard_job import ActiveLease
-from redis_lease.protocol.values import Item
+from redis_lease.protocol.leases import Item
 from tests.fleet_helpers import purge_queue, text
 
 #: What each job's planner was given, in order.

@@ -21,7 +21,7 @@ from redis.retry import Retry
 
 from redis_lease import LeaseStore
 from redis_lease.errors import LeaseLost, NotFound, RedisUnavailable
-from redis_lease.protocol.values import COUNT_STATES, Item
+from redis_lease.protocol.leases import COUNT_STATES, Item
 from tests.faults import recorder
 from tests.faults.checker import check_grants
 from tests.faults.recorder import OK, Op

@@ -21,8 +21,8 @@ import pytest
 
 from redis_lease import Item, LeaseLost, LeaseStore, NotClaimable
 from redis_lease.demo.provider import ProviderClient, ProviderServer, ProviderState
-from redis_lease.fleet.effects import NeedsReconciliation, idempotency_key
-from redis_lease.fleet.live_lease import ActiveLease
+from redis_lease.fleet.effects.ledger import NeedsReconciliation, idempotency_key
+from redis_lease.fleet.jobs.live_lease import ActiveLease
 from tests.helpers import server_ms, wait_past
 
 RUN = "payouts:2026-12-02"

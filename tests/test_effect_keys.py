@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from redis_lease import InvalidInput, Item, LeaseStore
-from redis_lease.fleet.effects import KEY_MAX_LENGTH, apply_effect, idempotency_key
+from redis_lease.fleet.effects.ledger import KEY_MAX_LENGTH, apply_effect, idempotency_key
 from redis_lease.limits import ID_MAX_LENGTH
-from redis_lease.protocol.values import Lease
+from redis_lease.protocol.leases import Lease
 
 ID_ALPHABET = string.ascii_letters + string.digits + "_-.:@/+="
 #: Short ids, and ids long enough that a key needs the digest form.

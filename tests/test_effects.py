@@ -29,7 +29,7 @@ from redis_lease import (
     RunClosed,
     SlotTimeout,
 )
-from redis_lease.fleet.effects import (
+from redis_lease.fleet.effects.ledger import (
     KEY_MAX_LENGTH,
     EffectFailed,
     EffectUnknown,
@@ -40,12 +40,12 @@ from redis_lease.fleet.effects import (
     not_sent,
     resolve_effect,
 )
-from redis_lease.fleet.job import Job
+from redis_lease.fleet.jobs.job import Job
 from redis_lease.fleet.worker.shard_job import ActiveLease, LeaseKeeper, ShardReport, work_shard
 from redis_lease.protocol.keys import shard_of
+from redis_lease.protocol.leases import COUNT_STATES, Lease
 from redis_lease.protocol.replies import Snapshot
 from redis_lease.protocol.store import run_status
-from redis_lease.protocol.values import COUNT_STATES, Lease
 from tests.helpers import server_ms, snapshot, wait_past
 
 RUN = "payouts:2026-12-02"

@@ -24,14 +24,14 @@ import pytest
 
 from redis_lease import Item, LeaseStore
 from redis_lease.demo.provider import ProviderClient, ProviderServer, ProviderState
-from redis_lease.fleet.effects import (
+from redis_lease.fleet.effects.ledger import (
     NeedsReconciliation,
     apply_effect,
     idempotency_key,
     resolve_effect,
 )
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.tick.scheduler_tick import tick
 from redis_lease.protocol.connection.clients import as_text
 from tests.faults.cluster import Cluster

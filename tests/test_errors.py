@@ -42,8 +42,8 @@ from redis_lease import (
     TLSFailed,
 )
 from redis_lease.cli import report
-from redis_lease.fleet.effects import apply_effect
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.effects.ledger import apply_effect
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.limits import DELAY_MAX_MS
 from redis_lease.protocol.connection.translate import translate, translating_errors
 from redis_lease.protocol.error_replies import from_reply

@@ -34,7 +34,7 @@ from redis.crc import key_slot
 
 from redis_lease import Item, LeaseLost, LeaseStore, NotReplicated
 from redis_lease.demo.provider import ProviderState
-from redis_lease.protocol.values import Lease
+from redis_lease.protocol.leases import Lease
 from tests.faults.checker import Breach, Violation, check_grants
 from tests.faults.recorder import Op, install, read_lines, read_ops
 from tests.helpers import server_ms

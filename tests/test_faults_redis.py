@@ -22,7 +22,7 @@ import pytest
 from redis_lease import Item, LeaseStore
 from redis_lease.demo.provider import ProviderState
 from redis_lease.errors import RedisLeaseError
-from redis_lease.fleet.runs import FINAL_STATES, Runs
+from redis_lease.fleet.runs.lifecycle import FINAL_STATES, Runs
 from redis_lease.fleet.tick.scheduler_tick import NO_RECORD
 from redis_lease.protocol.keys import shard_of
 from tests.faults.checker import Violation, check

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from redis_lease.demo.provider import ProviderState
-from redis_lease.fleet.effects import idempotency_key
+from redis_lease.fleet.effects.ledger import idempotency_key
 from tests.faults.checker import Violation
 from tests.faults.cluster import Cluster, require_faketime
 from tests.faults.recorder import Op

@@ -13,7 +13,7 @@ from datetime import date
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.runs.lifecycle import Runs
 from tests import fleet_jobs
 from tests.fleet_helpers import (
     FLEET_PATH,

@@ -32,16 +32,16 @@ from pathlib import Path
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_job_failures import (
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.tick.open_runs import RATE_WINDOW
+from redis_lease.fleet.tick.scheduler_tick import tick
+from redis_lease.fleet.transport.shard_job_failures import (
     BACKOFF_BASE,
     FAILURE_STREAK_LIMIT,
     job_failures,
 )
-from redis_lease.fleet.shard_jobs import live_jobs
-from redis_lease.fleet.tick.open_runs import RATE_WINDOW
-from redis_lease.fleet.tick.scheduler_tick import tick
-from redis_lease.protocol.values import Item
+from redis_lease.fleet.transport.shard_jobs import live_jobs
+from redis_lease.protocol.leases import Item
 from tests import fleet_jobs
 from tests.fleet_helpers import FLEET_PATH, Processes, fleet_env, wait_for
 from tests.redis_server import RedisServer
@@ -54,8 +54,8 @@ CLI = str(Path(sys.executable).parent / "redis-lease")
 MODULE = """
 import time
 from datetime import timedelta
-from redis_lease.fleet.job import Job
-from redis_lease.protocol.values import Item
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.protocol.leases import Item
 
 job = Job("{name}", shards=2, queue="{queue}", schedule="0 0 29 2 *",
           deadline_after=timedelta(minutes=10), lease_ttl_seconds=5, max_shard_jobs=8,

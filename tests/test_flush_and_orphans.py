@@ -17,10 +17,10 @@ import pytest
 import redis
 
 from redis_lease import Item, LeaseStore
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_jobs import MISSING_GRACE_MS, purge_queue
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.tick.scheduler_tick import tick_job
-from redis_lease.protocol.store.base import lock
+from redis_lease.fleet.transport.shard_jobs import MISSING_GRACE_MS, purge_queue
+from redis_lease.protocol.store.store_client import lock
 from tests.effect_jobs import EFFECTS_PATH, EffectConfig, delete_rq_queue, make_effects_job
 from tests.effect_jobs import start_run as create_run
 from tests.redis_server import RedisServer

@@ -20,8 +20,8 @@ import redis
 from typer.testing import CliRunner
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.runs import FINAL_STATES, Runs
-from redis_lease.fleet.shard_jobs import purge_queue
+from redis_lease.fleet.runs.lifecycle import FINAL_STATES, Runs
+from redis_lease.fleet.transport.shard_jobs import purge_queue
 from tests.fleet_helpers import FLEET_PATH, Processes, fleet_env, wait_for
 from tests.fleet_jobs import effects_key
 from tests.redis_server import RedisServer
@@ -234,7 +234,7 @@ def test_a_handler_whose_write_a_full_redis_refuses_gives_its_item_back(
     each is worked and committed once."""
     from redis_lease import Item
     from redis_lease.fleet import full_redis
-    from redis_lease.fleet.job import Job
+    from redis_lease.fleet.jobs.job import Job
     from redis_lease.fleet.worker.shard_job import LeaseKeeper, work_shard
 
     monkeypatch.setattr(full_redis, "_said", mmap.mmap(-1, 16))  # nothing said yet

@@ -67,7 +67,8 @@ DATES = [
 #: Job paths that cannot import (relative, empty parts, missing modules, not a Job).
 BAD_JOBS = [
     "", ":", "x", ".x:y", "..:a", ":fleet", "tests.fleet_jobs:", "a..b:c", "nosuch_fz_mod:job",
-    "tests.fleet_jobs:nope", "redis_lease.fleet.job:Job", "tests.fleet_jobs:fleet:x", "x\x00:y",
+    "tests.fleet_jobs:nope", "redis_lease.fleet.jobs.job:Job", "tests.fleet_jobs:fleet:x",
+    "x\x00:y",
 ]  # fmt: skip
 REAL_JOB = "tests.fleet_jobs:fleet"
 

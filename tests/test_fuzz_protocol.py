@@ -36,9 +36,9 @@ import redis
 from hypothesis import event, given
 
 from redis_lease import Item, LeaseStore, limits
+from redis_lease.protocol.leases import TEXT_SUFFIXES, ItemRecord, effect_record
 from redis_lease.protocol.replies import DECODERS
 from redis_lease.protocol.scripts import KEY_COUNTS
-from redis_lease.protocol.values import TEXT_SUFFIXES, ItemRecord, effect_record
 from tests.fuzz_values import (
     NAMES,
     Kind,

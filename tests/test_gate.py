@@ -22,8 +22,8 @@ import pytest
 
 from redis_lease import LeaseStore
 from redis_lease.errors import SlotTimeout
-from redis_lease.fleet.effects import Throttled
-from redis_lease.fleet.gate import GateState, ProviderGate
+from redis_lease.fleet.effects.ledger import Throttled
+from redis_lease.fleet.effects.provider_gate import GateState, ProviderGate
 from tests.helpers import server_ms
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,7 +172,7 @@ CALLER = textwrap.dedent(
     """
     import sys, time
     from redis_lease import LeaseStore
-    from redis_lease.fleet.gate import ProviderGate
+    from redis_lease.fleet.effects.provider_gate import ProviderGate
 
     url, prefix, calls = sys.argv[1], sys.argv[2], int(sys.argv[3])
     store = LeaseStore.from_url(url, prefix=prefix)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.job import Job
+from redis_lease.fleet.jobs.job import Job
 from tests.exported_metrics import exercise, metric_names, sample_names
 from tests.fleet_helpers import configure_nightly
 from tests.helpers import scrape

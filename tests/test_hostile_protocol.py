@@ -22,8 +22,8 @@ import pytest
 import redis
 
 from redis_lease import Item, LeaseStore
+from redis_lease.protocol.leases import read_items
 from redis_lease.protocol.scripts import KEY_COUNTS
-from redis_lease.protocol.values import read_items
 from tests.helpers import stable_dump, text
 from tests.test_registry import documented_errors
 

@@ -19,7 +19,7 @@ import pytest
 
 from redis_lease import Item, Job, LeaseStore
 from redis_lease.errors import InvalidInput
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.runs.lifecycle import Runs
 
 BROKEN = """\
 import redis_lease

@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 
 from redis_lease import Job, LeaseStore
 from redis_lease.cli import app
-from redis_lease.cli.shared import TICK_FAILED_EXIT, exit_if_failed
+from redis_lease.cli.options import TICK_FAILED_EXIT, exit_if_failed
 from redis_lease.errors import InvalidInput
-from redis_lease.fleet.job_options import JobOptions, options_table
-from redis_lease.fleet.runs import Decision, Runs
+from redis_lease.fleet.jobs.job_options import JobOptions, options_table
+from redis_lease.fleet.runs.lifecycle import Decision, Runs
 from redis_lease.fleet.tick.scheduler_tick import TickResult, tick
 from tests.fleet_helpers import NIGHTLY_PATH, REPO, Configure, configure_nightly
 
@@ -69,7 +69,7 @@ def test_the_deadline_has_two_forms_and_only_one_is_taken() -> None:
 def test_the_docs_table_is_every_option_as_the_dataclass_describes_it() -> None:
     page = (REPO / "docs" / "jobs.md").read_text()
     assert options_table() in page, (
-        "regenerate the table in docs/jobs.md: python -c 'from redis_lease.fleet.job_options "
+        "regenerate the table in docs/jobs.md: python -c 'from redis_lease.fleet.jobs.job_options "
         "import options_table; print(options_table())'"
     )
     rows = re.findall(r"^\| `(\w+)` \| `", page, flags=re.MULTILINE)
@@ -154,7 +154,7 @@ def test_a_command_whose_new_run_failed_at_once_exits_7(capsys: pytest.CaptureFi
 
 
 def test_a_job_path_names_what_the_module_lacks() -> None:
-    from redis_lease.fleet.job import load_job
+    from redis_lease.fleet.jobs.job import load_job
 
     with pytest.raises(InvalidInput) as missing:
         load_job("tests.fleet_jobs:nope")

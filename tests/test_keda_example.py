@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from redis_lease import Item, LeaseStore
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.run_capacity import record_pass
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.capacity.run_capacity import record_pass
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.tick.scheduler_tick import tick_job
 from redis_lease.fleet.worker.shard_job import ActiveLease
 from redis_lease.operate.metrics.collector import WORKERS_NEEDED

@@ -11,10 +11,10 @@ from datetime import date
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.fleet import shard_jobs
-from redis_lease.fleet.run_states import DAY_MS
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.tick.scheduler_tick import tick
+from redis_lease.fleet.transport import shard_jobs
+from redis_lease.limits import DAY_MS
 from redis_lease.protocol.connection.clients import as_text
 from redis_lease.protocol.keys import OUTLIVE_RUNS
 from tests import fleet_jobs

@@ -95,7 +95,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 #: The layers, lowest first: a module imports modules of its own room or of a lower layer,
-#: never of a higher one nor of another room of its own layer (docs/architecture.md).
+#: never of a higher one nor of another room of its own layer (docs/architecture.md). The
+#: fleet's concept folders (jobs, runs, effects, capacity, transport, loss) are one room:
+#: they import each other (no circle, checked below), and worker and tick stand above them.
 LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"floor": ("errors", "limits", "messages", "version", "extras")},
     {"protocol": ("protocol",)},
@@ -159,7 +161,9 @@ def test_the_graph_sees_the_package() -> None:
     shard_job = "redis_lease.fleet.worker.shard_job"
     assert "redis_lease.errors" in graph[shard_job]
     assert "redis_lease.protocol.store.lease_store" in graph["redis_lease.demo.runner"]
-    assert "redis_lease.fleet.live_lease" in graph["redis_lease.fleet.job"], "under TYPE_CHECKING"
+    assert "redis_lease.fleet.jobs.live_lease" in graph["redis_lease.fleet.jobs.job"], (
+        "under TYPE_CHECKING"
+    )
     assert "redis_lease.fleet.worker.rq_worker" in graph["redis_lease.cli.fleet"], "in a function"
 
 
@@ -170,11 +174,11 @@ def test_the_checker_finds_a_circle() -> None:
 
 
 def test_the_checker_finds_a_wrong_way_import() -> None:
-    up = {"redis_lease.protocol.keys": {"redis_lease.fleet.runs"}}
+    up = {"redis_lease.protocol.keys": {"redis_lease.fleet.runs.lifecycle"}}
     across = {"redis_lease.fleet.tick.due_runs": {"redis_lease.fleet.worker.pool"}}
-    down = {"redis_lease.cli.app": {"redis_lease.errors", "redis_lease.fleet.runs"}}
+    down = {"redis_lease.cli.app": {"redis_lease.errors", "redis_lease.fleet.runs.lifecycle"}}
     assert wrong_way(up) == [
-        "redis_lease.protocol.keys (protocol) -> redis_lease.fleet.runs (fleet)"
+        "redis_lease.protocol.keys (protocol) -> redis_lease.fleet.runs.lifecycle (fleet)"
     ]
     assert len(wrong_way(across)) == 1
     assert wrong_way(down) == []
@@ -186,6 +190,21 @@ def test_no_import_circles() -> None:
 
 def test_every_import_points_down() -> None:
     assert wrong_way(import_graph()) == []
+
+
+#: The fleet's concept folders, one concept each; its top keeps at most FLEET_TOP modules.
+FLEET_CONCEPTS = ("jobs", "runs", "effects", "capacity", "transport", "loss", "worker", "tick")
+FLEET_TOP = 8
+
+
+def test_the_fleet_keeps_its_concepts_in_folders() -> None:
+    fleet = PACKAGE / "fleet"
+    folders = {path.parent.name for path in fleet.glob("*/__init__.py")}
+    assert folders == set(FLEET_CONCEPTS)
+    assert len(list(fleet.glob("*.py"))) <= FLEET_TOP
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    for folder in FLEET_CONCEPTS:
+        assert f"fleet/{folder}/" in page, f"docs/architecture.md names fleet/{folder}/"
 
 
 def test_the_architecture_page_shows_these_layers() -> None:

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 from redis_lease import LeaseStore, limits
 from redis_lease.cli import app
 from redis_lease.errors import InvalidInput
-from redis_lease.fleet.job import JobOptions
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.jobs.job import JobOptions
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.tick.backfill import backfill_dates
-from redis_lease.protocol.values import Item
+from redis_lease.protocol.leases import Item
 
 PACKAGE = Path(limits.__file__).resolve().parent
 
@@ -90,6 +90,6 @@ def test_the_run_states_are_spelled_only_in_limits_json() -> None:
         text = path.read_text()
         if path.name == "record_effect.lua":  # an effect's states: 'failed' is its own word
             text = text.replace("'applied', 'failed'", "")
-        if path.name == "base.py":  # the effect state a held-back intent is marked with
+        if path.name == "store_client.py":  # the effect state a held-back intent is marked with
             text = text.replace('INTENT_NOT_SENT = "failed"', "")
         assert not literal.search(text), f"{path.name} spells a run state: {literal.search(text)}"

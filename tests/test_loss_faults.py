@@ -4,8 +4,8 @@ item of the date is done in the end with no effect applied twice.
 Each test runs the effects job of :mod:`tests.effect_jobs` on ``redis-lease worker``
 processes (:mod:`tests.faults.cluster`), with a provider that honours idempotency keys,
 and ticks from the test's process, whose store remembers the data set it ticked
-(:mod:`redis_lease.fleet.remembered`). The job fires every minute, so its date is covered by its
-schedule and catch-up policy. The losses:
+(:mod:`redis_lease.fleet.loss.tick_memory`). The job fires every minute, so its date is covered by
+its schedule and catch-up policy. The losses:
 
 - (a) everything: ``redis-server`` restarts with no data;
 - (b) one run's record: every key of the run deleted (what eviction or a careless
@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 
 from redis_lease.demo.provider import ProviderState
-from redis_lease.fleet.data_set import observe, read_mark
-from redis_lease.fleet.job_tallies import read as read_tallies
-from redis_lease.fleet.runs import Decision, Runs
+from redis_lease.fleet.loss.data_set_mark import observe, read_mark
+from redis_lease.fleet.runs.job_tallies import read as read_tallies
+from redis_lease.fleet.runs.lifecycle import Decision, Runs
 from tests.faults.cluster import Cluster
 from tests.helpers import server_ms
 from tests.redis_cluster import _admin

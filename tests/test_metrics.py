@@ -15,15 +15,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redis_lease import Item, LeaseStore
-from redis_lease.fleet import job_tallies, run_ages
-from redis_lease.fleet.effects import Throttled
-from redis_lease.fleet.gate import ProviderGate
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.run_states import DAY_MS
-from redis_lease.fleet.runs import FINAL_STATES, Runs, to_ms
-from redis_lease.fleet.shard_job_failures import end_failure_streak
+from redis_lease.fleet.effects.ledger import Throttled
+from redis_lease.fleet.effects.provider_gate import ProviderGate
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs import job_tallies, run_ages
+from redis_lease.fleet.runs.lifecycle import FINAL_STATES, Runs, to_ms
 from redis_lease.fleet.tick.scheduler_tick import tick
-from redis_lease.limits import BATCH_MAX
+from redis_lease.fleet.transport.shard_job_failures import end_failure_streak
+from redis_lease.limits import BATCH_MAX, DAY_MS
 from redis_lease.operate.metrics.collector import (
     WORKERS_NEEDED,
     WORKERS_NEEDED_UNKNOWN,

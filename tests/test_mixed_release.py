@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 
 from redis_lease.demo.provider import ProviderState
-from redis_lease.fleet.effects import idempotency_key
-from redis_lease.fleet.takeover import takeovers
+from redis_lease.fleet.effects.ledger import idempotency_key
+from redis_lease.fleet.transport.takeover import takeovers
 from tests import effect_jobs
 from tests.faults.cluster import Cluster
 from tests.faults.recorder import OK, Op

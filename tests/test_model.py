@@ -35,7 +35,7 @@ from hypothesis.stateful import (
 
 from redis_lease import LeaseStore
 from redis_lease.errors import LeaseLost, NotClaimable, NotFound, RunClosed
-from redis_lease.protocol.values import COUNT_STATES, Item, Lease
+from redis_lease.protocol.leases import COUNT_STATES, Item, Lease
 
 RUN = "model:2026-01-01"
 SHARDS = 2

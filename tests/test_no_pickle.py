@@ -15,10 +15,10 @@ from datetime import date
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_jobs import SHARD_FUNC, enqueue_shard
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.tick.schedule import TICK_FUNC, entries, install, remove
 from redis_lease.fleet.tick.scheduler_tick import tick
+from redis_lease.fleet.transport.shard_jobs import SHARD_FUNC, enqueue_shard
 from tests import fleet_jobs
 from tests.fleet_helpers import (
     FLEET_PATH,

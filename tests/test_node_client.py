@@ -29,13 +29,13 @@ from typing import Any
 import pytest
 
 from redis_lease import Item, LeaseLost, LeaseStore
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.worker.lease_keeper import LeaseKeeper
 from redis_lease.fleet.worker.shard_loop import work_shard
 from redis_lease.limits import lua_dir
+from redis_lease.protocol.leases import ItemRecord
 from redis_lease.protocol.scripts import source
-from redis_lease.protocol.values import ItemRecord
 from tests.faults import recorder
 from tests.faults.checker import check
 from tests.faults.evidence import collect

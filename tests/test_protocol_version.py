@@ -21,8 +21,8 @@ import pytest
 
 import redis_lease
 from redis_lease import LeaseStore, ProtocolMismatch, check_protocol
+from redis_lease.protocol.leases import Item
 from redis_lease.protocol.store.stamp import PROTOCOL, SPOKEN, read_stamp
-from redis_lease.protocol.values import Item
 from tests.effect_jobs import delete_rq_queue
 from tests.helpers import snapshot
 from tests.releases import ROOT, Heading, headings, previous

@@ -20,9 +20,9 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.tick.scheduler_tick import tick
-from redis_lease.protocol.values import from_ms
+from redis_lease.protocol.leases import from_ms
 from tests.redis_server import RedisServer
 from tests.snippets.parse import read_page
 

@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from redis_lease import InvalidInput, Item, LeaseStore, RedisUnavailable
-from redis_lease.fleet.effects import apply_effect, idempotency_key
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.runs import PLAN_BATCH, PLANNER_LOCK_MS, Runs
+from redis_lease.fleet.effects.ledger import apply_effect, idempotency_key
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs.lifecycle import PLAN_BATCH, PLANNER_LOCK_MS, Runs
 from redis_lease.fleet.worker.shard_job import LeaseKeeper, work_shard
 from redis_lease.limits import ID_MAX_LENGTH
 from tests.faults.proxy import CuttingProxy

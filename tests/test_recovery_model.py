@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from redis_lease.fleet.remembered import MARK_FILE_ENV
+from redis_lease.fleet.loss.tick_memory import MARK_FILE_ENV
 from tests.recovery_model import TALLY, RecoveryModel
 from tests.test_run_accounting import Configure
 from tests.test_run_accounting import nightly as nightly  # the fixture

@@ -3,7 +3,7 @@ lost run is made again once or named lost, never neither, whatever call of the p
 
 The runs are the nightly job's (tests/fleet_jobs.py), ticked in-process at explicit times of
 the coming days. Tick sides are stores of their own on one server and prefix: each has the
-process memory of a worker that ticks (:mod:`redis_lease.fleet.remembered`). Faults are one
+process memory of a worker that ticks (:mod:`redis_lease.fleet.loss.tick_memory`). Faults are one
 Redis call of the path failed, before it is sent or after it ran (its reply lost), by
 :mod:`tests.redis_faults`.
 """
@@ -19,12 +19,11 @@ from pathlib import Path
 import pytest
 
 from redis_lease import LeaseStore, RedisLeaseError, RedisUnavailable
-from redis_lease.fleet import remembered
-from redis_lease.fleet.job_tallies import counted_runs_key
-from redis_lease.fleet.lost_records import read as read_lost
-from redis_lease.fleet.runs import Decision, Runs
-from redis_lease.fleet.tick import lost_runs
-from redis_lease.fleet.tick.lost_runs import MADE_AGAIN
+from redis_lease.fleet.loss import lost_runs, tick_memory
+from redis_lease.fleet.loss.lost_records import read as read_lost
+from redis_lease.fleet.loss.lost_runs import MADE_AGAIN
+from redis_lease.fleet.runs.job_tallies import counted_runs_key
+from redis_lease.fleet.runs.lifecycle import Decision, Runs
 from redis_lease.fleet.tick.scheduler_tick import tick
 from redis_lease.protocol.store.leader import Leadership, hold_leadership
 from tests.fleet_helpers import NIGHTLY_PATH
@@ -112,12 +111,12 @@ def test_a_memory_another_side_superseded_is_dropped_not_gone_by(
     nightly(schedule="0 2 * * *", deadline_after=timedelta(hours=6), catch_up="all")
     a, b, _ = sides
     tick(a, [NIGHTLY_PATH], now=at(D0, 2))
-    mine = remembered.recall(a)
+    mine = tick_memory.recall(a)
     assert mine is not None and RUN0 in mine.runs
     tick(b, [NIGHTLY_PATH], now=at(D0, 3))
     tick(a, [NIGHTLY_PATH], now=at(D0, 4))  # sees B's ticks in the mark's seq
-    again = remembered.recall(a)
-    assert again is not None and again.state_of(RUN0) == remembered.OPEN
+    again = tick_memory.recall(a)
+    assert again is not None and again.state_of(RUN0) == tick_memory.OPEN
     assert again.seq > mine.seq + 1  # relearned from the server, not carried over
 
 
@@ -130,7 +129,7 @@ def test_after_a_wipe_a_memory_in_doubt_names_the_run_and_does_not_make_it_again
     nightly(schedule="0 2 * * *", deadline_after=timedelta(hours=6), catch_up="all")
     a, b, _ = sides
     tick(a, [NIGHTLY_PATH], now=at(D0, 2))
-    remembered.distrust(a)
+    tick_memory.distrust(a)
     assert "finalize" in kinds(tick(b, [NIGHTLY_PATH], now=at(D0, 9)), RUN0)
     wipe(real_store)
 
@@ -279,22 +278,22 @@ def test_a_memory_reads_back_whole_and_an_older_one_still_reads() -> None:
     """What a tick side keeps in a file or RQ's Redis: its states, scheduled times and
     unsettled jobs come back as written; an entry of an earlier release (runs only) reads
     with every run open. Anything else is no memory."""
-    memory = remembered.Remembered(
+    memory = tick_memory.Remembered(
         "mark",
         2,
         7,
         {RUN0: ("nightly", 5), "adhoc": ("", 6)},
-        {RUN0: remembered.ENDING},
+        {RUN0: tick_memory.ENDING},
         {"nightly": (1_000, True)},
         frozenset({"nightly"}),
     )
-    assert remembered.Remembered.from_json(memory.to_json()) == memory
+    assert tick_memory.Remembered.from_json(memory.to_json()) == memory
     older = {"id": "mark", "epoch": 2, "seq": 7, "runs": {RUN0: ["nightly", 5]}}
-    read = remembered.Remembered.from_json(older)
-    assert read is not None and read.state_of(RUN0) == remembered.OPEN and not read.fired
-    assert remembered.Remembered.from_json({"id": "mark"}) is None
-    hostile = {**older, "states": {RUN0: "made-up", "elsewhere": remembered.ENDING}}
-    read = remembered.Remembered.from_json(hostile)
+    read = tick_memory.Remembered.from_json(older)
+    assert read is not None and read.state_of(RUN0) == tick_memory.OPEN and not read.fired
+    assert tick_memory.Remembered.from_json({"id": "mark"}) is None
+    hostile = {**older, "states": {RUN0: "made-up", "elsewhere": tick_memory.ENDING}}
+    read = tick_memory.Remembered.from_json(hostile)
     assert read is not None and read.states == {}
 
 
@@ -406,8 +405,8 @@ def test_a_worker_that_does_not_lead_keeps_a_doubtful_copy_and_names_what_a_wipe
         worker.step()  # another holds the lease: it keeps a copy
     finally:
         worker.close()
-    copy = remembered.recall(b)
-    assert copy is not None and copy.state_of(RUN0) == remembered.DOUBTFUL
+    copy = tick_memory.recall(b)
+    assert copy is not None and copy.state_of(RUN0) == tick_memory.DOUBTFUL
     wipe(real_store)
 
     decisions = tick(b, [NIGHTLY_PATH], now=at(D0, 3))
@@ -428,13 +427,13 @@ def test_a_leader_in_doubt_doubts_its_machines_memory_file_too(
     A's doubt covered its process memory only, and its file made the ended run again."""
     nightly(schedule="0 2 * * *", deadline_after=timedelta(hours=6), catch_up="all")
     a, b = sides[0], sides[1]
-    monkeypatch.setenv(remembered.MARK_FILE_ENV, str(tmp_path / "machine-a.json"))
+    monkeypatch.setenv(tick_memory.MARK_FILE_ENV, str(tmp_path / "machine-a.json"))
     tick(a, [NIGHTLY_PATH], now=at(D0, 2))
-    monkeypatch.setenv(remembered.MARK_FILE_ENV, str(tmp_path / "machine-b.json"))
+    monkeypatch.setenv(tick_memory.MARK_FILE_ENV, str(tmp_path / "machine-b.json"))
     assert "finalize" in kinds(tick(b, [NIGHTLY_PATH], now=at(D0, 9)), RUN0)
     wipe(real_store)
-    monkeypatch.setenv(remembered.MARK_FILE_ENV, str(tmp_path / "machine-a.json"))
-    remembered.distrust(a)
+    monkeypatch.setenv(tick_memory.MARK_FILE_ENV, str(tmp_path / "machine-a.json"))
+    tick_memory.distrust(a)
 
     decisions = tick(a, [NIGHTLY_PATH], now=at(D0, 9, 5))
     assert "rerun" not in kinds(decisions, RUN0)

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from redis_lease import InvalidInput, Item, LeaseStore, NotReplicated
 from redis_lease.cli import app
-from redis_lease.fleet.effects import apply_effect
-from redis_lease.fleet.shard_jobs import job_store, use_replica_wait
+from redis_lease.fleet.effects.ledger import apply_effect
+from redis_lease.fleet.transport.shard_jobs import job_store, use_replica_wait
 from redis_lease.protocol.connection.clients import client_from_url
 from redis_lease.protocol.connection.replica_wait import ReplicaWait, replica_wait, without_wait
 from tests.redis_server import RedisServer

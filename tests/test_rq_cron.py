@@ -22,9 +22,9 @@ from rq import cron
 
 from redis_lease import LeaseStore
 from redis_lease.errors import NotFound, RedisLeaseError
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_jobs import JsonQueue, json_cron_jobs
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.tick.schedule import TICK_FUNC
+from redis_lease.fleet.transport.shard_jobs import JsonQueue, json_cron_jobs
 from tests import fleet_jobs
 from tests.fleet_helpers import (
     FLEET_PATH,

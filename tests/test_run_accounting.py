@@ -22,9 +22,9 @@ from typer.testing import CliRunner
 from redis_lease import InvalidInput, Item, LeaseStore, RedisUnavailable
 from redis_lease.cli import app
 from redis_lease.errors import RunClosed
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.run_states import RESUMABLE_STATES, in_words
-from redis_lease.fleet.runs import Runs, to_ms
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs.lifecycle import Runs, to_ms
+from redis_lease.fleet.runs.run_states import RESUMABLE_STATES, in_words
 from redis_lease.fleet.tick.scheduler_tick import tick
 from tests import fleet_jobs
 from tests.fleet_helpers import NIGHTLY_PATH, purge_queue

@@ -13,8 +13,13 @@ from typer.testing import CliRunner
 
 from redis_lease import InvalidInput, Item, Lease, LeaseStore, NotFound
 from redis_lease.cli import app
-from redis_lease.fleet.run_control import finalize_if_open, is_open, new_deadline, requeue_items
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.runs.run_control import (
+    finalize_if_open,
+    is_open,
+    new_deadline,
+    requeue_items,
+)
 from redis_lease.fleet.worker.rq_worker import WorkerSettings
 from redis_lease.operate.views import RunFilter
 from tests.redis_server import free_port

@@ -21,7 +21,7 @@ import pytest
 
 from redis_lease import LeaseStore
 from redis_lease.errors import NotFound
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.tick.schedule import entries, install, remove, scheduler_for
 from redis_lease.fleet.tick.scheduler_tick import NO_RECORD
 from tests import fleet_jobs

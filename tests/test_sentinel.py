@@ -28,8 +28,8 @@ from redis.retry import Retry
 from redis_lease import LeaseStore
 from redis_lease.demo.provider import ProviderState
 from redis_lease.errors import RedisLeaseError
-from redis_lease.fleet.job import JobOptions
-from redis_lease.fleet.runs import FINAL_STATES, Runs
+from redis_lease.fleet.jobs.job import JobOptions
+from redis_lease.fleet.runs.lifecycle import FINAL_STATES, Runs
 from redis_lease.limits import DEAD_AFTER
 from redis_lease.protocol.connection.cluster import PRIMARY_CHECK
 from tests.effect_jobs import wait_until

@@ -10,8 +10,8 @@ import redis
 
 from redis_lease import Item, LeaseLost, LeaseStore, NotFound
 from redis_lease.errors import InvalidInput
+from redis_lease.protocol.leases import CommitReply, FailReply, FailRequest, ReleaseRequest
 from redis_lease.protocol.store.lease_store import CommitRequest
-from redis_lease.protocol.values import CommitReply, FailReply, FailRequest, ReleaseRequest
 from tests.helpers import records
 from tests.redis_server import RedisServer
 

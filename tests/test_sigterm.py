@@ -23,11 +23,11 @@ import pytest
 import redis
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_jobs import enqueue_shard
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.transport.shard_jobs import enqueue_shard
 from redis_lease.fleet.worker.shard_job import ActiveLease
-from redis_lease.protocol.values import Item, Lease
+from redis_lease.protocol.leases import Item, Lease
 from tests.fleet_helpers import (
     Processes,
     all_records,

@@ -175,7 +175,7 @@ def test_status_ages_come_from_the_oldest_eligible_and_oldest_lease(store: Lease
 
 
 def test_a_final_runs_eligible_age_stops_at_its_end(store: LeaseStore) -> None:
-    from redis_lease.fleet.runs import Runs
+    from redis_lease.fleet.runs.lifecycle import Runs
 
     store.add(RUN, items("a", "b"), shards=2)
     wait_past(store.client, store.status(RUN).now_ms + 20)

@@ -1,4 +1,5 @@
-"""A stopped shard job's leases end and its items go back to work (redis_lease.fleet.takeover).
+"""A stopped shard job's leases end and its items go back to work
+(redis_lease.fleet.transport.takeover).
 
 The parts on one store (every backend): ``cut_leases`` ends one owner's leases and no
 one else's, the next claim takes them over with new tokens; a sweep takes over a
@@ -22,10 +23,10 @@ from rq.job_lifecycle import record_job_failure
 
 from redis_lease import Item, LeaseStore
 from redis_lease.errors import LeaseLost
-from redis_lease.fleet import takeover
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_jobs import enqueue_shard, live_jobs, queue
-from redis_lease.fleet.takeover import ShardJob, registered, sweep, takeovers, unregister
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.transport import takeover
+from redis_lease.fleet.transport.shard_jobs import enqueue_shard, live_jobs, queue
+from redis_lease.fleet.transport.takeover import ShardJob, registered, sweep, takeovers, unregister
 from redis_lease.fleet.worker.watch import beat_worker
 from redis_lease.limits import DEAD_AFTER_MS
 from redis_lease.operate.dashboard import create_app

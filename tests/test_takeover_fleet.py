@@ -25,9 +25,9 @@ from typer.testing import CliRunner
 
 from redis_lease.cli import app
 from redis_lease.demo.provider import ProviderState
-from redis_lease.fleet.effects import idempotency_key
-from redis_lease.fleet.job import JobOptions
-from redis_lease.fleet.takeover import takeovers
+from redis_lease.fleet.effects.ledger import idempotency_key
+from redis_lease.fleet.jobs.job import JobOptions
+from redis_lease.fleet.transport.takeover import takeovers
 from redis_lease.limits import DEAD_AFTER
 from tests.effect_jobs import notes
 from tests.faults.cluster import Cluster

@@ -36,10 +36,10 @@ from rq.serializers import JSONSerializer
 from redis_lease import Item, Job, LeaseStore
 from redis_lease.demo.provider import ProviderState
 from redis_lease.errors import RedisLeaseError
-from redis_lease.fleet.job import JobOptions
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_jobs import live_jobs
-from redis_lease.fleet.takeover import registered, takeovers
+from redis_lease.fleet.jobs.job import JobOptions
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.transport.shard_jobs import live_jobs
+from redis_lease.fleet.transport.takeover import registered, takeovers
 from redis_lease.fleet.worker.lease_keeper import LeaseKeeper
 from redis_lease.fleet.worker.shard_loop import work_shard
 from redis_lease.limits import DEAD_AFTER

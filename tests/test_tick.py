@@ -24,21 +24,21 @@ import pytest
 
 from redis_lease import Item, LeaseStore
 from redis_lease.errors import InvalidInput, RunClosed
-from redis_lease.fleet.run_capacity import record_pass
-from redis_lease.fleet.runs import PLAN_BATCH, Decision, Runs, to_ms
-from redis_lease.fleet.shard_job_failures import (
-    FAILURE_STREAK_LIMIT,
-    job_failures,
-    record_job_failure,
-)
-from redis_lease.fleet.shard_jobs import live_jobs, queue
+from redis_lease.fleet.capacity.run_capacity import record_pass
+from redis_lease.fleet.runs.lifecycle import PLAN_BATCH, Decision, Runs, to_ms
 from redis_lease.fleet.tick import missed_runs
 from redis_lease.fleet.tick.backfill import backfill
 from redis_lease.fleet.tick.schedule import pause, resume
 from redis_lease.fleet.tick.scheduler_tick import tick
+from redis_lease.fleet.transport.shard_job_failures import (
+    FAILURE_STREAK_LIMIT,
+    job_failures,
+    record_job_failure,
+)
+from redis_lease.fleet.transport.shard_jobs import live_jobs, queue
 from redis_lease.fleet.worker.shard_job import _forget_job
+from redis_lease.operate.cli_printing import iso_time
 from redis_lease.operate.metrics.collector import WORKERS_NEEDED, WORKERS_NEEDED_UNKNOWN
-from redis_lease.operate.output import iso_time
 from tests import fleet_jobs
 from tests.fleet_helpers import NIGHTLY_PATH, REPO, Configure, configure_nightly, text
 from tests.helpers import scrape

@@ -19,9 +19,9 @@ from typer.testing import CliRunner, Result
 
 from redis_lease import Item, LeaseStore
 from redis_lease.cli import app
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.lost_records import lost_key
-from redis_lease.fleet.runs import Decision, Runs, to_ms
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.loss.lost_records import lost_key
+from redis_lease.fleet.runs.lifecycle import Decision, Runs, to_ms
 from redis_lease.fleet.tick.scheduler_tick import NO_RECORD, tick
 from tests.fleet_helpers import NIGHTLY_PATH, purge_queue
 from tests.helpers import keys_under

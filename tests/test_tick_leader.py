@@ -16,8 +16,8 @@ import pytest
 
 from redis_lease import LeaseStore, run_worker
 from redis_lease.errors import InvalidInput
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.remembered import DOUBTFUL, OPEN, Remembered, keep, recall
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.loss.tick_memory import DOUBTFUL, OPEN, Remembered, keep, recall
 from redis_lease.fleet.tick.leader import TickLeader, check_jobs
 from redis_lease.fleet.tick.scheduler_tick import NOT_LEADER, tick
 from redis_lease.limits import TICK_LEADER_RENEW_MS, TICK_LEADER_TTL_MS
@@ -26,8 +26,8 @@ from redis_lease.protocol.store.leader import (
     STALE,
     TAKEN,
     Leadership,
-    fenced_lock,
     hold_leadership,
+    job_tick_lock,
     release_leadership,
     still_leading,
 )
@@ -78,26 +78,49 @@ def test_an_expired_lease_goes_to_the_next_that_asks_with_the_next_token(
 def test_the_job_lock_refuses_an_older_token_and_yields_to_a_newer_one(
     store: LeaseStore,
 ) -> None:
-    with fenced_lock(store, "nightly", Leadership("w1", 1), 60_000) as (taken, owner):
+    with job_tick_lock(store, "nightly", 60_000, Leadership("w1", 1)) as (taken, owner):
         assert taken == TAKEN
-        with fenced_lock(store, "nightly", Leadership("w1", 1), 60_000) as (again, _):
+        with job_tick_lock(store, "nightly", 60_000, Leadership("w1", 1)) as (again, _):
             assert again == BUSY, "the same token: the lock is held"
-        with fenced_lock(store, "nightly", Leadership("w2", 2), 60_000) as (newer, newer_owner):
+        with job_tick_lock(store, "nightly", 60_000, Leadership("w2", 2)) as (newer, newer_owner):
             assert newer == TAKEN, "a newer leader takes it from an older one at once"
             assert store.client.get(store.keys.job_tick_lock("nightly")) in (
                 newer_owner,
                 newer_owner.encode(),
             )
         assert owner != newer_owner
-    with fenced_lock(store, "nightly", Leadership("w1", 1), 60_000) as (late, _):
+    with job_tick_lock(store, "nightly", 60_000, Leadership("w1", 1)) as (late, _):
         assert late == STALE, "once a newer leader took it, an older one is refused for good"
     assert store.client.get(store.keys.job_tick_fence("nightly")) in (b"2", "2")
+
+
+def test_a_tick_with_no_leader_takes_the_same_lock_only_when_it_is_free(
+    store: LeaseStore,
+) -> None:
+    """A plain tick (cron, rq-scheduler) takes the job's one lock through the same script with
+    no token: it waits its turn behind a leader's tick and is never refused for good."""
+    lock_key = store.keys.job_tick_lock("nightly")
+    with job_tick_lock(store, "nightly", 60_000, Leadership("w1", 3)) as (led, _):
+        assert led == TAKEN
+        with job_tick_lock(store, "nightly", 60_000) as (plain, _):
+            assert plain == BUSY, "a leader's tick holds the lock"
+    assert store.client.get(lock_key) is None, "the leader's tick released it"
+    with job_tick_lock(store, "nightly", 60_000) as (plain, owner):
+        assert plain == TAKEN, "free, and a fence of 3 does not refuse a tick with no token"
+        assert store.client.get(lock_key) in (owner, owner.encode())
+        assert 0 < store.client.pttl(lock_key) <= 60_000
+        with job_tick_lock(store, "nightly", 60_000) as (second, _):
+            assert second == BUSY, "a second plain tick skips the job"
+        with job_tick_lock(store, "nightly", 60_000, Leadership("w1", 3)) as (same, _):
+            assert same == BUSY, "the fence's own token waits for the plain tick"
+    assert store.client.get(lock_key) is None
+    assert store.client.get(store.keys.job_tick_fence("nightly")) in (b"3", "3")
 
 
 def test_still_leading_asks_the_lease_and_the_job_lock(store: LeaseStore) -> None:
     lease = hold_leadership(store, "w1", 10_000)
     me = Leadership("w1", lease.token)
-    with fenced_lock(store, "nightly", me, 1_000) as (_, owner):
+    with job_tick_lock(store, "nightly", 1_000, me) as (_, owner):
         assert still_leading(store, me, "nightly", owner, 60_000)
         left = store.client.pttl(store.keys.job_tick_lock("nightly"))
         assert left > 10_000, f"asking keeps a long tick's lock: {left} ms left"
@@ -266,7 +289,7 @@ def test_a_lost_lease_hash_does_not_stop_the_ticks(
 
 def leader_jobs_name(path: str) -> str:
     """The name of the job at ``path``."""
-    from redis_lease.fleet.job import load_job
+    from redis_lease.fleet.jobs.job import load_job
 
     return load_job(path).name
 

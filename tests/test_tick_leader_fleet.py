@@ -27,7 +27,7 @@ import pytest
 import redis
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.limits import TICK_LEADER_RENEW_MS, TICK_TAKEOVER_BOUND
 from tests import leader_jobs
 from tests.fleet_helpers import REPO, Processes, stop_group, text, wait_for

@@ -24,10 +24,10 @@ import redis
 
 from redis_lease import LeaseStore
 from redis_lease.demo.provider import ProviderClient, ProviderServer, ProviderState, _Handler
-from redis_lease.fleet.effects import idempotency_key
-from redis_lease.fleet.gate import ProviderGate
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.effects.ledger import idempotency_key
+from redis_lease.fleet.effects.provider_gate import ProviderGate
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs.lifecycle import Runs
 from tests import effect_jobs
 from tests.effect_jobs import (
     EFFECTS_PATH,

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 
 from redis_lease import ActiveLease, Item, Job, LeaseStore
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.tick.scheduler_tick import tick
 from redis_lease.fleet.worker import shard_loop
 from redis_lease.fleet.worker.lease_keeper import LeaseKeeper
 from redis_lease.limits import DEAD_AFTER, HEARTBEAT, TICK_EVERY, TICK_TAKEOVER_BOUND
-from redis_lease.protocol.values import from_ms
+from redis_lease.protocol.leases import from_ms
 from tests.redis_server import RedisServer
 from tests.snippets.parse import Page, read_page
 

@@ -34,14 +34,14 @@ import pytest
 
 from redis_lease import LeaseStore
 from redis_lease.errors import InvalidInput, LeaseLost
-from redis_lease.fleet.job import Job, JobOptions
-from redis_lease.fleet.run_capacity import measured
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_jobs import enqueue_shard
+from redis_lease.fleet.capacity.run_capacity import measured
+from redis_lease.fleet.jobs.job import Job, JobOptions
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.transport.shard_jobs import enqueue_shard
 from redis_lease.fleet.worker import shard_loop
 from redis_lease.fleet.worker.shard_job import ActiveLease, LeaseKeeper, ShardReport, work_shard
 from redis_lease.fleet.worker.shard_loop import CLAIM_SPAN, FIRST_CLAIM
-from redis_lease.protocol.values import Item
+from redis_lease.protocol.leases import Item
 from tests.fleet_helpers import Processes, all_records, text, wait_for
 
 pytestmark = pytest.mark.slow

@@ -24,9 +24,9 @@ import pytest
 import redis
 
 from redis_lease import Item, LeaseStore, ProviderGate, Throttled
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_jobs import enqueue_shard, purge_queue
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.transport.shard_jobs import enqueue_shard, purge_queue
 from redis_lease.fleet.worker.shard_job import (
     ActiveLease,
     LeaseKeeper,
@@ -35,8 +35,8 @@ from redis_lease.fleet.worker.shard_job import (
     work_shard,
 )
 from redis_lease.limits import DELAY_MAX_MS
+from redis_lease.protocol.leases import CommitReply
 from redis_lease.protocol.store.lease_store import CommitRequest
-from redis_lease.protocol.values import CommitReply
 from tests.faults.proxy import CuttingProxy
 from tests.fleet_helpers import Processes, all_records, drive
 from tests.helpers import server_ms

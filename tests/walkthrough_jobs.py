@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import date
 
-from redis_lease.fleet.job import Job
+from redis_lease.fleet.jobs.job import Job
 from redis_lease.fleet.worker.shard_job import ActiveLease
-from redis_lease.protocol.values import Item
+from redis_lease.protocol.leases import Item
 
 RUN = "payment-reconciliation:2026-12-02"
 BROKEN = "acct_0013"

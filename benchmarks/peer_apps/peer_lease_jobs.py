@@ -22,11 +22,11 @@ from dataclasses import fields
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
-from redis_lease.fleet.job import Job, JobOptions
-from redis_lease.protocol.values import Item
+from redis_lease.fleet.jobs.job import Job, JobOptions
+from redis_lease.protocol.leases import Item
 
 if TYPE_CHECKING:
-    from redis_lease.fleet.live_lease import ActiveLease
+    from redis_lease.fleet.jobs.live_lease import ActiveLease
 
 QUEUE_ENV = "PEER_LEASE_QUEUE"
 SHARDS_ENV = "PEER_LEASE_SHARDS"

@@ -134,7 +134,7 @@ def main() -> int:
     import reservations
 
     from redis_lease import LeaseStore, Runs, purge_queue
-    from redis_lease.fleet.runs import FINAL_STATES
+    from redis_lease.fleet.runs.lifecycle import FINAL_STATES
     from redis_lease.fleet.tick.scheduler_tick import tick
 
     client = redis.Redis.from_url(args.url)

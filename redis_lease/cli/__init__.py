@@ -1,7 +1,7 @@
 """The ``redis-lease`` command line: thin wrappers around the library.
 
 The app and its error door are in :mod:`.app`; what the commands share (the store,
-shared options, parsers) in :mod:`.shared`. One module per audience adds its commands to
+shared options, parsers) in :mod:`.options`. One module per audience adds its commands to
 the app with ``@app.command()``, and is named in :data:`.app.COMMAND_MODULES` (each command
 in :data:`.app.COMMAND_HOMES`), imported when one of its commands is run: :mod:`.leases`
 (items and leases), :mod:`.operator` and :mod:`.status` (operator views: runs, items, dead
@@ -16,7 +16,7 @@ from importlib import import_module
 from types import ModuleType
 
 from .app import COMMAND_MODULES, LeaseGroup, app, report
-from .shared import Settings, open_store
+from .options import Settings, open_store
 
 __all__ = [
     "LeaseGroup",

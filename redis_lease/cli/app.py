@@ -3,8 +3,8 @@
 The global options ``--url`` (with the TLS files of ``--tls-ca``, ``--tls-cert``
 and ``--tls-key`` as its parameters, ``--tls-insecure`` allowing it to turn
 verification off) and ``--prefix`` are kept in ``ctx.obj`` (a
-:class:`~.shared.Settings`); a command gets its store from
-:func:`~.shared.open_store`. Every
+:class:`~.options.Settings`); a command gets its store from
+:func:`~.options.open_store`. Every
 failure leaves through :meth:`LeaseGroup.main`: one ``error: ...`` line on stderr
 and the documented exit code (docs/cli.md), never a traceback; a warning, one
 ``warning: ...`` line (:func:`show_warning`). The command
@@ -24,7 +24,7 @@ import typer
 
 from ..limits import DEFAULT_PREFIX, INSECURE_ENV
 from .help_text import GROUP_OF, PLACE, ReadableGroup, ReadableTyper
-from .shared import DEFAULT_URL, Settings
+from .options import DEFAULT_URL, Settings
 
 #: Set to 1 to let unexpected exceptions show their traceback.
 DEBUG_ENV = "REDIS_LEASE_DEBUG"
@@ -66,7 +66,7 @@ def report(error: Exception) -> int:
     that reached here untranslated (e.g. from RQ) is translated first.
     """
     from ..errors import RedisLeaseError
-    from ..operate.output import error_line
+    from ..operate.cli_printing import error_line
     from ..protocol.connection.translate import REDIS_FAILURES, translating_errors
 
     if isinstance(error, REDIS_FAILURES) and not isinstance(error, RedisLeaseError):
@@ -129,7 +129,7 @@ def show_warning(
 ) -> None:
     """Shows a warning that reached the command line (a library's, say) as one
     ``warning: ...`` line on stderr, without Python's source line."""
-    from ..operate.output import warning_line
+    from ..operate.cli_printing import warning_line
 
     warning_line(str(message))
 
@@ -303,7 +303,7 @@ def _global_options(
 ) -> None:
     """Fenced leases on the items of recoverable batch runs, in Redis."""
     from ..errors import InvalidInput
-    from ..operate.output import warning_line
+    from ..operate.cli_printing import warning_line
     from ..protocol.connection.tls import allow_insecure, check_tls_params, with_tls
     from ..protocol.connection.urls import is_cluster_url
     from ..protocol.validation import check_id

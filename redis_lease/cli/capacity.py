@@ -1,7 +1,7 @@
 """The ``plan-capacity`` command: workers that hold an SLO on a burst, step by step.
 
 :mod:`.app` registers :func:`plan_capacity`; this module does not import the app
-at import time (the store comes from :func:`.app.open_store` when ``--from-run``
+at import time (the store comes from :func:`.options.open_store` when ``--from-run``
 needs one).
 """
 
@@ -13,11 +13,11 @@ import typer
 
 from ..limits import MAX_RETRY_RATE
 from .app import app
-from .shared import open_store
+from .options import open_store
 
 if TYPE_CHECKING:
-    from ..fleet.capacity import CapacityPlan
-    from ..fleet.run_capacity import Measured
+    from ..fleet.capacity.model import CapacityPlan
+    from ..fleet.capacity.run_capacity import Measured
 
 
 @app.command("plan-capacity")
@@ -72,7 +72,7 @@ def plan_capacity(
     burst at K workers, the spares, the answer. Explicit figures win over those
     of --from-run.
     """
-    from ..fleet.capacity_ask import CapacityAsk, measured_run
+    from ..fleet.capacity.capacity_ask import CapacityAsk, measured_run
 
     ask = CapacityAsk(
         eligible,
@@ -91,7 +91,7 @@ def plan_capacity(
 
 
 def _print(result: CapacityPlan, measure: Measured | None, run: str | None, as_json: bool) -> None:
-    from ..operate.output import print_json, print_table
+    from ..operate.cli_printing import print_json, print_table
 
     if as_json:
         data: dict[str, Any] = result.to_dict()

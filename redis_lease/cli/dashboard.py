@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from .app import app
-from .shared import open_store
+from .options import open_store
 
 USER_ENV = "REDIS_LEASE_DASHBOARD_USER"
 PASSWORD_ENV = "REDIS_LEASE_DASHBOARD_PASSWORD"

@@ -9,10 +9,10 @@ from typing import Annotated
 
 import typer
 
-from ..fleet.run_states import RESUMABLE_STATES, SUCCEEDED, in_words
+from ..fleet.runs.run_states import RESUMABLE_STATES, SUCCEEDED, in_words
 from ..limits import METRICS_RUNS, TICK_EVERY
 from .app import app
-from .shared import (
+from .options import (
     JOBS_FAILED_EXIT,
     JsonOpt,
     RunArg,
@@ -40,10 +40,10 @@ def tick(
     exit code is then 7.
     """
     from ..errors import InvalidInput
-    from ..fleet.job import load_job
+    from ..fleet.jobs.job import load_job
     from ..fleet.tick.schedule import job_paths
     from ..fleet.tick.scheduler_tick import tick as run_tick
-    from ..operate.output import print_json, print_table, same_times
+    from ..operate.cli_printing import print_json, print_table, same_times
 
     for path in jobs or []:  # named paths must import: a typo is a usage error
         load_job(path)
@@ -80,11 +80,11 @@ def start(
     A date whose deadline has passed (a past date) gets its full window from now, as
     with backfill. Exit 7 as for tick, and when the run it made failed at once.
     """
-    from ..fleet.job import load_job
-    from ..fleet.runs import Runs
+    from ..fleet.jobs.job import load_job
+    from ..fleet.runs.lifecycle import Runs
     from ..fleet.tick.backfill import deadline_starting_now
     from ..fleet.tick.scheduler_tick import tick as run_tick
-    from ..operate.output import print_json
+    from ..operate.cli_printing import print_json
 
     job = load_job(job_path)
     store = open_store(ctx, needs_rq=True)
@@ -189,7 +189,7 @@ def worker(
         SimpleLeaseWorker,
         WorkerSettings,
     )
-    from ..operate.output import error_line
+    from ..operate.cli_printing import error_line
     from ..protocol.connection.replica_wait import replica_wait
     from ..protocol.connection.urls import safe_url
     from ..runner import serve
@@ -261,9 +261,9 @@ def resume(
         typer.Option("--deadline", help="New deadline: ISO 8601 time, or a duration (2h, 30m)."),
     ] = None,
 ) -> None:
-    from ..fleet.run_control import new_deadline
-    from ..fleet.runs import Runs
-    from ..operate.output import same_times
+    from ..fleet.runs.lifecycle import Runs
+    from ..fleet.runs.run_control import new_deadline
+    from ..operate.cli_printing import same_times
     from ..protocol.validation import check_id
 
     check_id(run, "run id")
@@ -280,9 +280,9 @@ def finalize(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
     For runs no tick finalizes: those made through LeaseStore or `add`, with no
     job. Its items are no longer claimable; a run already final is left alone.
     """
-    from ..fleet.run_control import finalize_if_open
-    from ..fleet.runs import Runs
-    from ..operate.output import print_json, same_times
+    from ..fleet.runs.lifecycle import Runs
+    from ..fleet.runs.run_control import finalize_if_open
+    from ..operate.cli_printing import print_json, same_times
     from ..protocol.validation import check_id
 
     check_id(run, "run id")
@@ -298,7 +298,7 @@ def finalize(ctx: typer.Context, run: RunArg, as_json: JsonOpt = False) -> None:
 @app.command()
 def cancel(ctx: typer.Context, run: RunArg) -> None:
     """Close an open run as canceled; its items are no longer claimable."""
-    from ..fleet.runs import Runs
+    from ..fleet.runs.lifecycle import Runs
     from ..protocol.validation import check_id
 
     check_id(run, "run id")
@@ -332,7 +332,7 @@ def demo(
     from ..demo.report import print_report, progress_bar
     from ..demo.runner import DemoConfig, run_demo
     from ..errors import InvalidInput
-    from ..operate.output import print_json
+    from ..operate.cli_printing import print_json
 
     if backend not in ("auto", "redis-server", "embedded"):
         raise InvalidInput(f"unknown backend {backend!r}: use auto, redis-server or embedded")

@@ -8,7 +8,7 @@ import typer
 
 from ..limits import DEFAULT_MAX_ATTEMPTS, DEFAULT_SWEEP, DEFAULT_TTL
 from .app import app
-from .shared import (
+from .options import (
     ItemArg,
     JsonOpt,
     LeaseIdOpt,
@@ -21,8 +21,8 @@ from .shared import (
 )
 
 if TYPE_CHECKING:
+    from ..protocol.leases import Lease
     from ..protocol.store.lease_store import LeaseStore
-    from ..protocol.values import Lease
     from .item_files import ItemFile
 
 
@@ -75,9 +75,9 @@ def add(
 ) -> None:
     """Add items to a run, creating the run; existing items are left as they are."""
     from ..errors import InvalidInput
-    from ..operate.output import print_json
+    from ..operate.cli_printing import print_json
+    from ..protocol.leases import Item
     from ..protocol.store.call_checks import check_add
-    from ..protocol.values import Item
     from .item_files import ItemFile
 
     if bool(items) == (from_file is not None):
@@ -116,7 +116,7 @@ def _add_from_file(
     """Adds the file's items after checking every line; returns the counts (an id given
     twice counts once as added, then as already there)."""
     from ..errors import RedisFull
-    from ..operate.output import progress_bar
+    from ..operate.cli_printing import progress_bar
 
     with source.opened():  # every line checked first: a bad one writes nothing
         store = open_store(ctx)
@@ -176,7 +176,7 @@ def claim(
     as_json: JsonOpt = False,
 ) -> None:
     """Lease an item (or the next due one) and print its token."""
-    from ..operate.output import compact_json, print_json
+    from ..operate.cli_printing import compact_json, print_json
     from ..protocol.store.call_checks import check_claim
 
     check_claim(run, item, worker, ttl)  # the store's checks, before connecting
@@ -210,7 +210,7 @@ def renew(
     as_json: JsonOpt = False,
 ) -> None:
     """Extend a lease from now; only its holder may (exit 3 otherwise)."""
-    from ..operate.output import iso_time, print_json
+    from ..operate.cli_printing import iso_time, print_json
     from ..protocol.validation import ttl_to_ms
 
     ttl_to_ms(ttl)  # the store's check, before connecting (a missing run is exit 5)
@@ -237,7 +237,7 @@ def commit(
     as_json: JsonOpt = False,
 ) -> None:
     """Mark an item done; refused (exit 3) unless the token is the current lease."""
-    from ..operate.output import iso_time, print_json, warning_line
+    from ..operate.cli_printing import iso_time, print_json, warning_line
 
     value = json_option(result, "result") if result is not None else None
     store, lease = _lease_ref(ctx, run, item, token, lease_id, trace_id)
@@ -278,8 +278,8 @@ def fail(
     as_json: JsonOpt = False,
 ) -> None:
     """Report a failed attempt: the item is retried with backoff, or dead."""
-    from ..operate.output import iso_time, print_json
-    from ..protocol.store.settle import error_text
+    from ..operate.cli_printing import iso_time, print_json
+    from ..protocol.store.settle_encoding import error_text
 
     error_text(error)  # the store's check, before connecting (a missing run is exit 5)
     store, lease = _lease_ref(ctx, run, item, token, lease_id, trace_id)
@@ -312,7 +312,7 @@ def release(
     as_json: JsonOpt = False,
 ) -> None:
     """Give an item back unprocessed; it is due again at once."""
-    from ..operate.output import print_json
+    from ..operate.cli_printing import print_json
 
     store, lease = _lease_ref(ctx, run, item, token, lease_id, trace_id)
     store.release(lease)
@@ -330,7 +330,7 @@ def reap(
     as_json: JsonOpt = False,
 ) -> None:
     """Move expired leases back to pending (or dead after their last attempt)."""
-    from ..operate.output import print_json
+    from ..operate.cli_printing import print_json
     from ..protocol.store.call_checks import check_sweep
 
     check_sweep(run, limit)  # the store's checks, before connecting
@@ -356,8 +356,8 @@ def requeue(
     as_json: JsonOpt = False,
 ) -> None:
     """Move dead items back to pending, with fresh attempts; an unknown item is exit 5."""
-    from ..fleet.run_control import requeue_items, resume_needed
-    from ..operate.output import print_json
+    from ..fleet.runs.run_control import requeue_items, resume_needed
+    from ..operate.cli_printing import print_json
     from ..protocol.store.call_checks import check_sweep
 
     names = [*(items or []), *(item_options or [])]

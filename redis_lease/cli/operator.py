@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..fleet.run_states import RUN_STATES
+from ..fleet.runs.run_states import RUN_STATES
 from ..limits import ATTEMPTS_PAGE_SIZE, PAGE_MAX, PAGE_SIZE
 from .app import app
-from .shared import ItemArg, JsonOpt, RunArg, json_option, open_store, parse_since
+from .options import ItemArg, JsonOpt, RunArg, json_option, open_store, parse_since
 
 if TYPE_CHECKING:
     from ..operate.views import Page
+    from ..protocol.leases import ItemRecord, RunStatus
     from ..protocol.store.lease_store import LeaseStore
-    from ..protocol.values import ItemRecord, RunStatus
 
 
 LimitOpt = Annotated[
@@ -58,7 +58,7 @@ def runs(
 ) -> None:
     """List runs, newest first: state, counts, failed shard jobs; paused jobs are named, and
     runs a loss touched (lost, or made again after one)."""
-    from ..operate.output import print_json, print_table, progress_bar, same_times
+    from ..operate.cli_printing import print_json, print_table, progress_bar, same_times
     from ..operate.run_views import loss_text
     from ..operate.views import RunFilter
 
@@ -93,8 +93,8 @@ def _advancing(run_ids: list[str], advance: Callable[[int], None]) -> Iterator[s
 
 
 def _run_row(status: RunStatus, paused: dict[str, str]) -> dict[str, Any]:
-    from ..fleet.shard_job_failures import job_failures
-    from ..operate.output import iso_time
+    from ..fleet.transport.shard_job_failures import job_failures
+    from ..operate.cli_printing import iso_time
     from ..operate.run_views import deadline_text, is_past_deadline, loss_text
 
     failures = job_failures(status.info)
@@ -119,8 +119,8 @@ def _run_row(status: RunStatus, paused: dict[str, str]) -> dict[str, Any]:
 
 
 def _run_cells(status: RunStatus) -> list[Any]:
-    from ..fleet.shard_job_failures import job_failures
-    from ..operate.output import iso_time
+    from ..fleet.transport.shard_job_failures import job_failures
+    from ..operate.cli_printing import iso_time
     from ..operate.run_views import state_text
 
     created = status.info.get("created_at", "")
@@ -139,7 +139,7 @@ def _run_cells(status: RunStatus) -> list[Any]:
 def _paused_jobs(store: LeaseStore, names: list[str]) -> dict[str, str]:
     """The paused ones among the jobs, each with who paused it and when (one round trip)."""
     from ..fleet.tick.schedule import pause_states
-    from ..operate.output import iso_time
+    from ..operate.cli_printing import iso_time
 
     if not names:
         return {}
@@ -164,7 +164,7 @@ def items(
     as_json: JsonOpt = False,
 ) -> None:
     """One page of a run's items (by state from its index; all states by a scan)."""
-    from ..operate.output import iso_time, print_json, print_table
+    from ..operate.cli_printing import iso_time, print_json, print_table
     from ..operate.run_views import record_dict
     from ..operate.views import SCORE_MEANING, check_page, items_page
 
@@ -204,7 +204,7 @@ def dead(
     as_json: JsonOpt = False,
 ) -> None:
     """Dead items, oldest death first, with their last errors; requeue them with requeue."""
-    from ..operate.output import iso_time, print_json, print_table
+    from ..operate.cli_printing import iso_time, print_json, print_table
     from ..operate.views import check_page, items_page
 
     check_page(run, "dead", limit)  # the view's checks, before connecting
@@ -256,7 +256,7 @@ def inspect(
 ) -> None:
     """One item: its record, its effect records and its attempts (with their trace ids)."""
     from ..errors import InvalidInput
-    from ..operate.output import print_fields, print_json, print_table
+    from ..operate.cli_printing import print_fields, print_json, print_table
     from ..operate.run_views import attempt_rows, effect_row, record_dict
     from ..operate.views import item_effects
     from ..protocol.validation import check_id
@@ -342,8 +342,8 @@ def resolve_effect_command(
 ) -> None:
     """Settle an effect of unknown outcome with what the provider says (asked by its key)."""
     from ..errors import InvalidInput
-    from ..fleet.effects import check_resolve, resolve_effect
-    from ..operate.output import print_json
+    from ..fleet.effects.ledger import check_resolve, resolve_effect
+    from ..operate.cli_printing import print_json
     from ..operate.run_views import effect_row
 
     check_resolve(run, item, effect, worker)  # the library's checks, before connecting

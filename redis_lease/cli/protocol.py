@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .app import app
-from .shared import JsonOpt, open_store
+from .options import JsonOpt, open_store
 
 
 @app.command()
@@ -16,7 +16,7 @@ def protocol(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     both, as every command does (docs/upgrading.md). Writes nothing: the first worker
     stamps the protocol.
     """
-    from ..operate.output import print_fields, print_json
+    from ..operate.cli_printing import print_fields, print_json
     from ..protocol.store.stamp import PROTOCOL, SPOKEN, protocol_number, read_stamp
     from ..version import __version__
 

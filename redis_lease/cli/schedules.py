@@ -9,7 +9,7 @@ import typer
 
 from .app import app
 from .help_text import ReadableTyper
-from .shared import JsonOpt, exit_if_failed, open_store, parse_date, planning_progress
+from .options import JsonOpt, exit_if_failed, open_store, parse_date, planning_progress
 
 if TYPE_CHECKING:
     from ..fleet.tick.schedule import Pause
@@ -41,9 +41,9 @@ def schedule_install(
     saving included); each tick arms the next one. Run the scheduler with:
     rqscheduler --url URL -j redis_lease.dispatch.JsonJob
     """
-    from ..fleet.job import load_job
+    from ..fleet.jobs.job import load_job
     from ..fleet.tick.schedule import install
-    from ..operate.output import print_json
+    from ..operate.cli_printing import print_json
 
     job = load_job(job_path)
     ids = install(open_store(ctx, needs_rq=True), job_path, job, interval)
@@ -58,11 +58,11 @@ def schedule_show(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = False
     """The job's tick entries with their next time in the job's timezone and UTC,
     its next scheduled time, and whether its schedule is paused (--json: the entries,
     each with the pause)."""
-    from ..fleet.job import load_job
+    from ..fleet.jobs.job import load_job
     from ..fleet.tick.schedule import entries, local_time, next_fire, pause_state
-    from ..operate.output import print_json, print_table
+    from ..operate.cli_printing import print_json, print_table
     from ..protocol.connection.clients import server_ms
-    from ..protocol.values import from_ms
+    from ..protocol.leases import from_ms
 
     job = load_job(job_path)
     store = open_store(ctx, needs_rq=True)
@@ -114,11 +114,10 @@ def schedule_next(
     or a deadline before a night comes."""
     from datetime import UTC, datetime, timedelta
 
-    from ..fleet.job import load_job
-    from ..fleet.tick.missed_runs import business_date
-    from ..operate.output import print_json, print_table
-    from ..protocol.values import from_ms
-    from .shared import parse_since
+    from ..fleet.jobs.job import business_date, load_job
+    from ..operate.cli_printing import print_json, print_table
+    from ..protocol.leases import from_ms
+    from .options import parse_since
 
     job = load_job(job_path)
     since = from_ms(parse_since(start, "--from")) if start else datetime.now(UTC)
@@ -173,9 +172,9 @@ def _pause_json(paused: Pause | None) -> dict[str, object] | None:
 @schedule_app.command("remove")
 def schedule_remove(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = False) -> None:
     """Remove the job's tick entries."""
-    from ..fleet.job import load_job
+    from ..fleet.jobs.job import load_job
     from ..fleet.tick.schedule import remove
-    from ..operate.output import print_json
+    from ..operate.cli_printing import print_json
 
     job = load_job(job_path)
     removed = remove(open_store(ctx, needs_rq=True), job)
@@ -188,7 +187,7 @@ def schedule_remove(ctx: typer.Context, job_path: JobArg, as_json: JsonOpt = Fal
 def _job_name(ctx: typer.Context, job: str) -> str:
     """The job's name from its import path, or the name of a job a tick has seen."""
     from ..errors import NotFound
-    from ..fleet.job import load_job
+    from ..fleet.jobs.job import load_job
     from ..fleet.tick.schedule import job_names
     from ..protocol.validation import check_id
 
@@ -214,7 +213,7 @@ def schedule_pause(
     Scheduled dates that pass while paused are skipped (backfill makes them).
     """
     from ..fleet.tick.schedule import default_user, pause
-    from ..operate.output import print_json
+    from ..operate.cli_printing import print_json
     from ..protocol.validation import check_id
 
     who = check_id(by, "--by") if by is not None else default_user()
@@ -230,7 +229,7 @@ def schedule_pause(
 def schedule_resume(ctx: typer.Context, job: JobNameArg, as_json: JsonOpt = False) -> None:
     """Let the tick create the job's runs again (from its next scheduled time)."""
     from ..fleet.tick.schedule import resume as resume_schedule
-    from ..operate.output import print_json
+    from ..operate.cli_printing import print_json
 
     name = _job_name(ctx, job)
     ended = resume_schedule(open_store(ctx), name)
@@ -265,9 +264,9 @@ def backfill_command(
     twice creates nothing new; a date that has a run is left alone. Exit 7 as for tick.
     """
     from ..errors import InvalidInput
-    from ..fleet.job import load_job
+    from ..fleet.jobs.job import load_job
     from ..fleet.tick.backfill import BACKFILL_POLICIES, backfill
-    from ..operate.output import print_json, same_times
+    from ..operate.cli_printing import print_json, same_times
 
     if policy not in BACKFILL_POLICIES:
         raise InvalidInput(f"unknown --policy {policy!r}: use {' or '.join(BACKFILL_POLICIES)}")

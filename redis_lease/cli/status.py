@@ -3,7 +3,7 @@
 A run's status: counts, accounting (lost items, late commits), deadline and projected
 finish, failed shard jobs, effects by outcome, the providers' caps, its decisions and
 the dangers to the promise (an evicting Redis). Every run: a lost run in the state
-``lost``, and the data set's last loss (:mod:`redis_lease.fleet.data_set`).
+``lost``, and the data set's last loss (:mod:`redis_lease.fleet.loss.data_set_mark`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from .app import app
-from .shared import JsonOpt, RunArg, open_store
+from .options import JsonOpt, RunArg, open_store
 
 if TYPE_CHECKING:
     from ..operate.worker_views import WorkerRow
+    from ..protocol.leases import RunStatus
     from ..protocol.store.lease_store import LeaseStore
-    from ..protocol.values import RunStatus
 
 
 def _status_row(status: RunStatus) -> list[Any]:
@@ -41,7 +41,7 @@ def _status_row(status: RunStatus) -> list[Any]:
 
 def _loss_fields(info: dict[str, str]) -> dict[str, Any]:
     """The fields of a run a loss touched (none for any other run)."""
-    from ..operate.output import same_times
+    from ..operate.cli_printing import same_times
 
     if not info.get("after_loss"):
         return {}
@@ -64,9 +64,9 @@ def status(
     as_json: JsonOpt = False,
 ) -> None:
     """Counts and ages of a run, or of every run; dangers to the promise (an evicting Redis)."""
-    from ..fleet.data_set import read_mark
-    from ..fleet.run_states import LOST_STATE
-    from ..operate.output import print_json, print_table, progress_bar, same_times
+    from ..fleet.loss.data_set_mark import read_mark
+    from ..fleet.runs.run_states import LOST_STATE
+    from ..operate.cli_printing import print_json, print_table, progress_bar, same_times
     from ..operate.views import run_statuses
     from ..protocol.connection.server_checks import eviction_danger
     from ..protocol.validation import check_id
@@ -112,7 +112,7 @@ def status(
 
 def _last_loss(kind: str, at_ms: int, reason: str) -> str:
     """The data set's last loss in one line."""
-    from ..operate.output import iso_time
+    from ..operate.cli_printing import iso_time
 
     return f"last loss ({kind}) noticed {iso_time(at_ms)}: {reason}"
 
@@ -120,10 +120,10 @@ def _last_loss(kind: str, at_ms: int, reason: str) -> str:
 def _one_run(store: LeaseStore, run: str, dangers: list[str], as_json: bool) -> None:
     """``status RUN``: the run's fields, decisions, effects, providers and dangers."""
     from ..errors import NotFound
-    from ..fleet.run_states import LOST_HINT, OPEN_STATES
-    from ..fleet.runs import Runs
-    from ..fleet.shard_job_failures import job_failures
-    from ..operate.output import print_fields, print_json, print_table, same_times
+    from ..fleet.runs.lifecycle import Runs
+    from ..fleet.runs.run_states import LOST_HINT, OPEN_STATES
+    from ..fleet.transport.shard_job_failures import job_failures
+    from ..operate.cli_printing import print_fields, print_json, print_table, same_times
     from ..operate.run_views import (
         deadline_text,
         effects_by_outcome,
@@ -241,7 +241,7 @@ def workers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     worker was given to tick (--job) are listed, the tick leader is marked, and each
     declared job no leader ticks is named with why, in a danger line under the table.
     """
-    from ..operate.output import iso_time, print_json, print_table
+    from ..operate.cli_printing import iso_time, print_json, print_table
     from ..operate.worker_views import worker_rows
     from ..protocol.store.declared_jobs import declared_jobs
 
@@ -280,7 +280,7 @@ def workers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
 
 def _worker_row(row: WorkerRow) -> list[Any]:
-    from ..operate.output import iso_time
+    from ..operate.cli_printing import iso_time
 
     jobs = ", ".join(f"{job['run']}#{job['shard']}" for job in row.shard_jobs)
     taken = ", ".join(f"{t['leases']} of {t['run']}#{t['shard']}" for t in row.taken_over)
@@ -327,12 +327,12 @@ def wait(
     import time
 
     from ..errors import InvalidInput, NotFound
-    from ..fleet.run_states import FINAL_STATES, accounting
-    from ..fleet.runs import Runs
+    from ..fleet.runs.lifecycle import Runs
+    from ..fleet.runs.run_states import FINAL_STATES, accounting
     from ..limits import SUCCEEDED
-    from ..operate.output import error_line, print_json
+    from ..operate.cli_printing import error_line, print_json
     from ..protocol.validation import check_id
-    from .shared import RUN_NOT_SUCCEEDED_EXIT, WAIT_TIMED_OUT_EXIT
+    from .options import RUN_NOT_SUCCEEDED_EXIT, WAIT_TIMED_OUT_EXIT
 
     check_id(run, "run id")
     if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):

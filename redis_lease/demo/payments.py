@@ -18,10 +18,10 @@ from functools import cache
 from typing import Any
 
 from redis_lease.demo.provider import ProviderClient
-from redis_lease.fleet.gate import ProviderGate
-from redis_lease.fleet.job import Job, parse_duration
+from redis_lease.fleet.effects.provider_gate import ProviderGate
+from redis_lease.fleet.jobs.job import Job, parse_duration
 from redis_lease.fleet.worker.shard_job import ActiveLease
-from redis_lease.protocol.values import Item
+from redis_lease.protocol.leases import Item
 
 ITEMS = int(os.environ.get("REDIS_LEASE_DEMO_ITEMS", "2000"))
 PROVIDER_URL = os.environ.get("REDIS_LEASE_DEMO_PROVIDER", "http://127.0.0.1:8700")

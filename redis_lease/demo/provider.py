@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ..fleet.effects import EffectFailed, EffectUnknown, Throttled
+from ..fleet.effects.ledger import EffectFailed, EffectUnknown, Throttled
 
 log = logging.getLogger("redis_lease.demo.provider")
 

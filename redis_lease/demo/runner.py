@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ..fleet.gate import ProviderGate
-from ..fleet.run_states import FINAL_STATES, RUNNING
-from ..fleet.runs import Runs
-from ..fleet.shard_jobs import purge_queue
+from ..fleet.effects.provider_gate import ProviderGate
+from ..fleet.runs.lifecycle import Runs
+from ..fleet.runs.run_states import FINAL_STATES, RUNNING
 from ..fleet.tick.scheduler_tick import tick
+from ..fleet.transport.shard_jobs import purge_queue
 from ..protocol.connection.clients import as_text
 from ..protocol.keys import Keys
 from ..protocol.store.lease_store import LeaseStore

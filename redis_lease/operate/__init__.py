@@ -1,4 +1,4 @@
 """What operators see; reads only, and nothing below imports it: views of runs, items and
 workers (:mod:`.views`, :mod:`.run_views`, :mod:`.worker_views`), the command line's
-printing (:mod:`.output`), the metrics exporter (:mod:`.metrics`) and the dashboard
+printing (:mod:`.cli_printing`), the metrics exporter (:mod:`.metrics`) and the dashboard
 (:mod:`.dashboard`)."""

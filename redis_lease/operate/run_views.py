@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..fleet.gate import GateState
-from ..fleet.run_states import (
+from ..fleet.effects.provider_gate import GateState
+from ..fleet.runs.lifecycle import Runs
+from ..fleet.runs.run_states import (
     CANCELED,
     FAILED,
     FINAL_STATES,
@@ -22,12 +23,11 @@ from ..fleet.run_states import (
     PLANNING,
     SUCCEEDED,
 )
-from ..fleet.runs import Runs
 from ..messages import count_of
 from ..protocol.connection.clients import as_text
+from ..protocol.leases import ItemRecord, RunStatus
 from ..protocol.store.lease_store import LeaseStore
-from ..protocol.values import ItemRecord, RunStatus
-from .output import iso_time, same_times
+from .cli_printing import iso_time, same_times
 
 # -- runs ------------------------------------------------------------------------------
 

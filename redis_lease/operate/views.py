@@ -17,16 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput, NotFound
-from ..fleet import lost_records
-from ..fleet.effects import SEPARATOR
-from ..fleet.gate import GateState, ProviderGate
-from ..fleet.run_states import RUN_STATES
+from ..fleet.effects.ledger import SEPARATOR
+from ..fleet.effects.provider_gate import GateState, ProviderGate
+from ..fleet.loss import lost_records
+from ..fleet.runs.run_states import RUN_STATES
 from ..limits import PAGE_MAX, PAGE_SIZE
 from ..protocol.connection.clients import as_text
 from ..protocol.keys import SHARD_KEY_NAMES
+from ..protocol.leases import COUNT_STATES, ItemRecord, RunStatus, effect_record
 from ..protocol.store.lease_store import LeaseStore
 from ..protocol.validation import check_id
-from ..protocol.values import COUNT_STATES, ItemRecord, RunStatus, effect_record
 
 #: The index (a shard key name) of each state that has one; its score is a time in ms.
 STATE_INDEX = {"pending": "due", "leased": "leases", "dead": "dead"}
@@ -213,7 +213,7 @@ def run_ids_since(store: LeaseStore, since_ms: int | None = None) -> list[str]:
 
 def run_statuses(store: LeaseStore, run_ids: Iterable[str]) -> Iterator[RunStatus]:
     """The status of each run, in order. A run the tick found lost and did not make again
-    is shown in the state ``lost`` (:func:`redis_lease.fleet.lost_records.lost_status`); any
+    is shown in the state ``lost`` (:func:`redis_lease.fleet.loss.lost_records.lost_status`); any
     other run whose record is gone (its retention ended) is left out."""
     for run_id in run_ids:
         try:

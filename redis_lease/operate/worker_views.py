@@ -2,8 +2,8 @@
 
 One row per worker, from four records: the workers' own beats and records
 (:mod:`redis_lease.fleet.worker.watch`), the shard jobs at work with their heartbeats
-(:mod:`redis_lease.fleet.takeover`: a job beats while it is not dead by the registry's rule),
-the fleet's takeover log, and the jobs the workers given jobs declared with what the tick
+(:mod:`redis_lease.fleet.transport.takeover`: a job beats while it is not dead by the registry's
+rule), the fleet's takeover log, and the jobs the workers given jobs declared with what the tick
 leader says of them (:mod:`redis_lease.protocol.store.declared_jobs`). A worker is ``alive`` while
 its beat is younger than :data:`~redis_lease.limits.DEAD_AFTER` seconds, ``stopped`` once
 it said so on its way out, and ``dead`` otherwise; a worker known only from its shard
@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..fleet import takeover
+from ..fleet.transport import takeover
 from ..limits import DEAD_AFTER_MS
 from ..protocol.connection.clients import queue_time, time_ms
 from ..protocol.store.declared_jobs import FleetJobs, declared_jobs

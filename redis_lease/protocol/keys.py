@@ -21,7 +21,7 @@ ATTEMPTS_KEY_NAME = "attempts"
 ADHOC_TAG = "adhoc"
 #: The :class:`Keys` members whose keys outlive runs: a job's, a provider's, a worker's or
 #: the fleet's, never one run's. Every other key a run creates expires with it: a final
-#: run's keys (:func:`redis_lease.fleet.run_states.run_keys`) when its retention ends, a
+#: run's keys (:func:`redis_lease.fleet.runs.run_states.run_keys`) when its retention ends, a
 #: lock or a heartbeat sooner. :meth:`Keys.outliving_runs` names them.
 OUTLIVE_RUNS = (
     "job",
@@ -118,11 +118,11 @@ class Keys:
         return f"{self.prefix}:run:{{{run_id}}}:beat:{rq_job_id}"
 
     def run_capacity(self, run_id: str) -> str:
-        """The run's measured capacity (hash, :mod:`redis_lease.fleet.run_capacity`)."""
+        """The run's measured capacity (hash, :mod:`redis_lease.fleet.capacity.run_capacity`)."""
         return f"{self.prefix}:run:{{{run_id}}}:capacity"
 
     def run_ages(self, run_id: str) -> str:
-        """The run's oldest-eligible-age series (stream, :mod:`redis_lease.fleet.run_ages`)."""
+        """The run's oldest-eligible-age series (stream, :mod:`redis_lease.fleet.runs.run_ages`)."""
         return f"{self.prefix}:run:{{{run_id}}}:ages"
 
     def run_planner(self, run_id: str) -> str:
@@ -156,11 +156,11 @@ class Keys:
 
     def job_lost(self, name: str) -> str:
         """The job's lost runs (hash: run id -> its record,
-        :mod:`redis_lease.fleet.lost_records`); ``name`` "" for ad-hoc runs."""
+        :mod:`redis_lease.fleet.loss.lost_records`); ``name`` "" for ad-hoc runs."""
         return f"{self._job_records(name)}:lost"
 
     def job_tallies(self, name: str) -> str:
-        """The job's counters (hash, :mod:`redis_lease.fleet.job_tallies`); ``name`` ""
+        """The job's counters (hash, :mod:`redis_lease.fleet.runs.job_tallies`); ``name`` ""
         for ad-hoc runs."""
         return f"{self._job_records(name)}:tallies"
 
@@ -172,13 +172,13 @@ class Keys:
     @property
     def data_set(self) -> str:
         """The data set's mark (hash: id, epoch, seq, losses; see
-        :mod:`redis_lease.fleet.data_set`)."""
+        :mod:`redis_lease.fleet.loss.data_set_mark`)."""
         return f"{self.prefix}:dataset"
 
     @property
     def data_set_remembered(self) -> str:
         """The data set's mark as remembered on the Redis of RQ's queues (string: JSON,
-        :mod:`redis_lease.fleet.remembered`)."""
+        :mod:`redis_lease.fleet.loss.tick_memory`)."""
         return f"{self.data_set}:remembered"
 
     @property

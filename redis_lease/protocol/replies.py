@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import ResponseError
 
-from .values import CommitReply, FailReply
+from .leases import CommitReply, FailReply
 
 
 def _text(value: Any) -> str:

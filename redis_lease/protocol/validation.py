@@ -3,7 +3,7 @@
 Ids (runs, items, workers) are 1 to 200 characters from ``A-Z a-z 0-9`` and
 ``_ - . : @ / + =``. That keeps them safe inside Redis Cluster hash tags (no
 ``{`` ``}``), in shard tags (no ``#``), on a command line and in logs (no
-whitespace or control characters). Every bound comes from :mod:`.limits`, the
+whitespace or control characters). Every bound comes from :mod:`..limits`, the
 same table the Lua scripts enforce.
 """
 
@@ -25,7 +25,7 @@ from ..limits import (
     TTL_MAX_MS,
     TTL_MIN_MS,
 )
-from .values import Lease
+from .leases import Lease
 
 ID_PATTERN = re.compile(rf"[A-Za-z0-9_.:@/+=-]{{1,{ID_MAX_LENGTH}}}")
 

@@ -16,10 +16,10 @@ from datetime import date, timedelta
 from typing import Any
 
 from redis_lease.errors import PermanentError
-from redis_lease.fleet.gate import ProviderGate
-from redis_lease.fleet.job import Job
+from redis_lease.fleet.effects.provider_gate import ProviderGate
+from redis_lease.fleet.jobs.job import Job
 from redis_lease.fleet.worker.shard_job import ActiveLease
-from redis_lease.protocol.values import Item
+from redis_lease.protocol.leases import Item
 
 SETTLEMENT_PATH = "tests.browser.jobs:settlement"
 HOLD_PATH = "tests.browser.jobs:hold"

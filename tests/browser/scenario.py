@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from redis_lease import LeaseStore
-from redis_lease.fleet import run_ages
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.runs import run_ages
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.fleet.tick.scheduler_tick import tick
 from tests.browser import jobs
 from tests.fleet_helpers import Processes, drive, wait_for

@@ -45,7 +45,7 @@ import redis
 
 from redis_lease.demo.provider import ProviderState
 from redis_lease.errors import RedisLeaseError
-from redis_lease.fleet.runs import FINAL_STATES, Runs
+from redis_lease.fleet.runs.lifecycle import FINAL_STATES, Runs
 from tests.faults.checker import Violation, check
 from tests.faults.cluster import Cluster, faketime_library
 from tests.faults.evidence import collect

@@ -47,8 +47,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from redis_lease.fleet.effects import idempotency_key
-from redis_lease.fleet.runs import FINAL_STATES
+from redis_lease.fleet.effects.ledger import idempotency_key
+from redis_lease.fleet.runs.lifecycle import FINAL_STATES
 from tests.faults.evidence import Evidence
 from tests.faults.recorder import FAIL, INFO, OK, Op
 

@@ -49,10 +49,10 @@ from redis.retry import Retry
 from redis_lease import LeaseStore
 from redis_lease.demo.provider import ProviderServer, ProviderState
 from redis_lease.errors import RedisLeaseError
-from redis_lease.fleet import takeover
-from redis_lease.fleet.job import Job
-from redis_lease.fleet.runs import FINAL_STATES, Decision, Runs
+from redis_lease.fleet.jobs.job import Job
+from redis_lease.fleet.runs.lifecycle import FINAL_STATES, Decision, Runs
 from redis_lease.fleet.tick.scheduler_tick import tick_job
+from redis_lease.fleet.transport import takeover
 from tests import effect_jobs
 from tests.effect_jobs import EffectConfig
 from tests.faults.checker import Summary, Violation, check
@@ -673,7 +673,8 @@ class Cluster:
             time.sleep(0.1)
 
     def beating_jobs(self) -> int:
-        """Registered shard jobs alive by the registry's rule (redis_lease.fleet.takeover)."""
+        """Registered shard jobs alive by the registry's rule
+        (redis_lease.fleet.transport.takeover)."""
         return sum(1 for entry in takeover.registered(self.store) if entry.beating)
 
     def assert_no_takeover(self, run_id: str, summary: Summary | None = None) -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from redis_lease import LeaseStore
 from redis_lease.errors import NotFound
-from redis_lease.fleet.runs import Runs
+from redis_lease.fleet.runs.lifecycle import Runs
 from redis_lease.protocol.connection.clients import as_text
-from redis_lease.protocol.values import read_items
+from redis_lease.protocol.leases import read_items
 from tests.faults.recorder import Op, read_lines, read_ops
 
 

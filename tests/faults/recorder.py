@@ -36,8 +36,8 @@ from typing import Any
 import redis
 
 from redis_lease.protocol import scripts
+from redis_lease.protocol.leases import CommitReply, FailReply
 from redis_lease.protocol.replies import EffectRecorded, Grant, Released, Renewed
-from redis_lease.protocol.values import CommitReply, FailReply
 
 INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
 #: Scripts that take an item, a token and a lease id as ARGV[1..3].

@@ -44,10 +44,10 @@ import redis
 
 from redis_lease.demo.provider import ProviderState
 from redis_lease.errors import RedisLeaseError
-from redis_lease.fleet.job import JobOptions
-from redis_lease.fleet.runs import Runs
-from redis_lease.fleet.shard_jobs import live_jobs
-from redis_lease.fleet.takeover import takeovers
+from redis_lease.fleet.jobs.job import JobOptions
+from redis_lease.fleet.runs.lifecycle import Runs
+from redis_lease.fleet.transport.shard_jobs import live_jobs
+from redis_lease.fleet.transport.takeover import takeovers
 from redis_lease.limits import DEAD_AFTER
 from tests.faults.checker import Summary, Violation
 from tests.faults.cluster import Cluster, faketime_library

@@ -14,10 +14,10 @@ from datetime import date, timedelta
 from pathlib import Path
 
 from redis_lease import LeaseStore
-from redis_lease.fleet.runs import Runs, to_ms
+from redis_lease.fleet.runs.lifecycle import Runs, to_ms
 from redis_lease.fleet.worker.lease_keeper import LeaseKeeper
 from redis_lease.fleet.worker.shard_loop import work_shard
-from redis_lease.protocol.values import Item
+from redis_lease.protocol.leases import Item
 from tests.helpers import wait_past
 from tests.walkthrough_jobs import RUN, payments
 

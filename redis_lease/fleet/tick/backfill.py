@@ -12,9 +12,8 @@ from datetime import date, datetime, time, timedelta
 from ...errors import InvalidInput
 from ...limits import BACKFILL_DAYS_MAX
 from ...protocol.store.lease_store import LeaseStore
-from ..job import Job
-from ..runs import Decision, Runs
-from .scheduler_tick import business_date
+from ..jobs.job import Job, business_date
+from ..runs.lifecycle import Decision, Runs
 
 BACKFILL_POLICIES = ("all", "latest")
 #: The most business dates one backfill spans.

@@ -12,11 +12,11 @@ from datetime import datetime, timedelta
 from croniter import croniter
 
 from ...protocol.store.lease_store import LeaseStore
-from ..data_set import Observation
-from ..job import Job
-from ..runs import Decision, Runs, to_ms
-from . import lost_runs, missed_runs
-from .missed_runs import business_date
+from ..jobs.job import Job, business_date
+from ..loss import lost_runs
+from ..loss.data_set_mark import Observation
+from ..runs.lifecycle import Decision, Runs, to_ms
+from . import missed_runs
 
 #: Said when a job has no record of any run on the server.
 NO_RECORD = (

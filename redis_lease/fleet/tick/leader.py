@@ -46,9 +46,9 @@ from ...protocol.store.leader import (
     shown_holder,
 )
 from ...protocol.store.lease_store import LeaseStore
-from .. import data_set, remembered
 from ..full_redis import notice_full
-from ..job import Job, load_job, loaded_job
+from ..jobs.job import Job, load_job, loaded_job
+from ..loss import data_set_mark, tick_memory
 from .scheduler_tick import NOT_LEADER, tick
 
 log = logging.getLogger("redis_lease.tick")
@@ -177,7 +177,7 @@ class TickLeader(threading.Thread):
                 holder = shown_holder(lease.holder) or "no one"
                 self._end(f"{holder} holds it now (token {lease.token})")
             # a doubtful copy of what the server holds, should this worker lead after a wipe
-            data_set.mirror(self.store, list(self._own))
+            data_set_mark.mirror(self.store, list(self._own))
             return
         # held since its last hold without a break: nobody else held it (no other holder
         # answered, nothing released), its lease was live when this hold arrived (sent within
@@ -211,10 +211,10 @@ class TickLeader(threading.Thread):
         other holder was seen and nothing was released since, the token did not go back but
         to the least a hold gives, after a lost hash): no other leader can have ticked in
         between. False for its first leadership: then what the process remembers of the data
-        set is in doubt (:func:`redis_lease.fleet.remembered.distrust`).
+        set is in doubt (:func:`redis_lease.fleet.loss.tick_memory.distrust`).
         """
         if not continuous:  # another leader may have ticked since this process last did
-            remembered.distrust(self.store)
+            tick_memory.distrust(self.store)
         self.leadership = leadership
         self._next_tick = 0.0
         self._unticked, self._told_adopted, self._told_unticked = "", {}, {}
@@ -293,7 +293,7 @@ class TickLeader(threading.Thread):
     def _jobs_to_tick(self, leadership: Leadership) -> tuple[list[str], list[str]]:
         """The paths this tick ticks and their jobs' names: its own, then each job another
         live worker declared that it finds, by a declared path, in a module it had loaded
-        when it started (:func:`~redis_lease.fleet.job.loaded_job`: nothing is imported). The
+        when it started (:func:`~redis_lease.fleet.jobs.job.loaded_job`: nothing is imported). The
         others are named (its log, and beside its lease from its next renewal)."""
         paths, names = list(self.job_paths), list(self._own)
         declared: dict[str, dict[str, set[str]]] = {}  # job -> path -> workers

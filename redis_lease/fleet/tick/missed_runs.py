@@ -5,31 +5,26 @@ A date is missed when the tick's catch-up policy skips it, or when it lies betwe
 last scheduled time a tick handled and the start of the catch-up window (nothing ticked
 for longer than ``catch_up_days``): those older dates are counted too, at most
 :data:`MAX_OLDER_DATES` a tick. Each missed date is counted once in the job's ``missed``
-tally (:func:`redis_lease.fleet.job_tallies.count_missed`); a date that has a run, or was
+tally (:func:`redis_lease.fleet.runs.job_tallies.count_missed`); a date that has a run, or was
 counted before, is not. Dates skipped while the schedule is paused are an operator's
 choice: marked, not counted.
 """
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta
+from datetime import datetime, timedelta
 
 from croniter import croniter
 
 from ...protocol.store.lease_store import LeaseStore
-from .. import job_tallies
-from ..job import Job
-from ..runs import Decision, Runs, to_ms
+from ..jobs.job import Job, business_date
+from ..runs import job_tallies
+from ..runs.lifecycle import Decision, Runs, to_ms
 
 #: The most dates older than the catch-up window counted in one tick (a year of a daily job).
 MAX_OLDER_DATES = 366
 #: The most scheduled times looked at to find them (a year of an hourly job).
 MAX_OLDER_FIRES = 366 * 24
-
-
-def business_date(job: Job, fire: datetime) -> date:
-    """The business date of a scheduled time: its date in the job's timezone."""
-    return fire.astimezone(job.zone).date()
 
 
 def older_dates(job: Job, handled: datetime | None, window_start: datetime) -> list[str]:

@@ -3,7 +3,7 @@ adds a burst when the projected finish passes the deadline, and finalizes it onc
 deadline has passed or no item is left to work.
 
 Each running run also gets the workers it needs to finish by its deadline
-(:mod:`redis_lease.fleet.run_capacity`), for the exporter's ``redis_lease_workers_needed``.
+(:mod:`redis_lease.fleet.capacity.run_capacity`), for the exporter's ``redis_lease_workers_needed``.
 Every decision is recorded with its reason in the run's event log.
 """
 
@@ -15,13 +15,15 @@ from typing import Any
 
 from ...errors import NotFound, PlanningDeferred, RedisLeaseError
 from ...messages import count_of
+from ...protocol.leases import RunStatus
 from ...protocol.store.lease_store import LeaseStore
-from ...protocol.values import RunStatus
-from .. import run_ages, run_capacity, shard_jobs
-from ..job import Job
-from ..run_states import FAILED, PLANNING, RUNNING
-from ..runs import Decision, PlanProgress, Runs, to_ms
-from ..shard_job_failures import FAILURE_STREAK_LIMIT, hold_dispatch, job_failures
+from ..capacity import run_capacity
+from ..jobs.job import Job
+from ..runs import run_ages
+from ..runs.lifecycle import Decision, PlanProgress, Runs, to_ms
+from ..runs.run_states import FAILED, PLANNING, RUNNING
+from ..transport import shard_jobs
+from ..transport.shard_job_failures import FAILURE_STREAK_LIMIT, hold_dispatch, job_failures
 
 log = logging.getLogger("redis_lease.tick")
 
@@ -138,8 +140,8 @@ def _dispatch(
     """Enqueues a shard job where work remains and no live job is on the shard.
 
     After :data:`FAILURE_STREAK_LIMIT` shard jobs of the run failed in a row, it
-    backs off (:func:`~redis_lease.fleet.shard_job_failures.hold_dispatch`); no burst is added
-    while shard jobs fail.
+    backs off (:func:`~redis_lease.fleet.transport.shard_job_failures.hold_dispatch`); no burst is
+    added while shard jobs fail.
     """
     opts = job.options
     run_id = status.run_id
@@ -190,7 +192,7 @@ def _burst(
     """Adds shard jobs (up to max_shard_jobs) when the projected finish passes the deadline.
 
     The rate is of finished items (done or dead: no longer work); the work left is
-    the unfinished items. Both come from :class:`~redis_lease.protocol.values.RunStatus`.
+    the unfinished items. Both come from :class:`~redis_lease.protocol.leases.RunStatus`.
     Work that fails gets no burst: when attempts failed since the last sample and
     none committed, more shard jobs would only fail the same way.
     """

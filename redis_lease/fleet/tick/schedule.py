@@ -33,14 +33,14 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ...protocol.connection.clients import as_text, server_ms
+from ...protocol.leases import from_ms
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.validation import check_id
-from ...protocol.values import from_ms
 
 if TYPE_CHECKING:  # the command line's views read pauses without RQ or croniter
     from rq_scheduler import Scheduler
 
-    from ..job import Job
+    from ..jobs.job import Job
 
 TICK_FUNC = "redis_lease.tick.tick_entry"
 #: Seconds RQ allows one tick.
@@ -76,7 +76,7 @@ def scheduler_for(store: LeaseStore, job: Job) -> Scheduler:
     """An rq-scheduler Scheduler that writes JSON jobs onto the job's queue."""
     from rq_scheduler import Scheduler
 
-    from ..shard_jobs import JsonJob
+    from ..transport.shard_jobs import JsonJob
 
     return Scheduler(queue_name=job.options.queue, connection=store.rq, job_class=JsonJob)
 

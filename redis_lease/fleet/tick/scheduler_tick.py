@@ -8,9 +8,9 @@ in one run or one job is recorded as an ``error`` decision and every other run
 and job is still ticked; :attr:`TickResult.failures` lists what failed.
 
 Each tick of a job first looks for a loss: the data set's mark against what the tick
-side remembers (:mod:`redis_lease.fleet.data_set`), then the job's lost runs, made again where
-the schedule and catch-up policy cover them (:mod:`redis_lease.fleet.tick.lost_runs`); once a tick,
-the run index is looked through for lost ad-hoc runs. A loss found is not a failure of
+side remembers (:mod:`redis_lease.fleet.loss.data_set_mark`), then the job's lost runs, made again
+where the schedule and catch-up policy cover them (:mod:`redis_lease.fleet.loss.lost_runs`); once a
+tick, the run index is looked through for lost ad-hoc runs. A loss found is not a failure of
 the tick: it is counted, named and acted on.
 
 A tick of the tick leader (``redis-lease worker --job``, :mod:`.leader`) is fenced by its
@@ -33,25 +33,23 @@ from functools import partial
 from typing import Any
 
 from ...errors import RedisLeaseError, RedisUnavailable
-from ...protocol.store.base import lock
 from ...protocol.store.leader import (
     BUSY,
     LEADING,
     NOT_LEADING,
     STALE,
+    TAKEN,
     Leadership,
-    fenced_lock,
+    job_tick_lock,
     lead_state,
     still_leading,
 )
 from ...protocol.store.lease_store import LeaseStore
-from .. import data_set
-from ..job import Job, load_job
-from ..runs import Decision, Runs, to_ms
-from . import lost_runs
+from ..jobs.job import Job, load_job
+from ..loss import data_set_mark, lost_runs
+from ..runs.lifecycle import Decision, Runs, to_ms
 from .due_runs import NO_RECORD as NO_RECORD
 from .due_runs import create_due_runs
-from .missed_runs import business_date as business_date
 from .open_runs import tick_run
 
 log = logging.getLogger("redis_lease.tick")
@@ -157,7 +155,7 @@ def _tick_path(
     if leader is None:
         return tick_job(store, runs, path, job, now, progress)
     ttl_ms = TICK_LOCK_SECONDS * 1000
-    with fenced_lock(store, job.name, leader, ttl_ms) as (taken, owner):
+    with job_tick_lock(store, job.name, ttl_ms, leader) as (taken, owner):
         if taken == BUSY:
             return []  # another tick of this job is at work, as with the plain lock
         if taken == STALE:
@@ -192,10 +190,10 @@ def tick_job(
     again where covered); then due runs are created. Each open run is ticked on its
     own: an error in one is recorded in its event log as an ``error`` decision, and
     the job's other runs are still ticked. Last, the tick side remembers the job's
-    open runs (:mod:`redis_lease.fleet.remembered`).
+    open runs (:mod:`redis_lease.fleet.loss.tick_memory`).
     """
-    with lock(store, store.keys.job_tick_lock(job.name), TICK_LOCK_SECONDS * 1000) as taken:
-        if not taken:
+    with job_tick_lock(store, job.name, TICK_LOCK_SECONDS * 1000) as (taken, _):
+        if taken != TAKEN:
             return []
         return _tick_locked(store, runs, path, job, now, progress, lambda: LEADING)
 
@@ -211,7 +209,7 @@ def _tick_locked(
 ) -> list[Decision]:
     """One tick of one job under its lock; ``go_on`` is asked before each step."""
     _check(go_on)
-    seen = data_set.observe(store, job.name)
+    seen = data_set_mark.observe(store, job.name)
     work = partial(_tick_job_runs, store, runs, path, job, now, seen, progress, go_on)
     if seen.loss is None:
         return work()
@@ -233,7 +231,7 @@ def _tick_job_runs(
     path: str,
     job: Job,
     now: datetime,
-    seen: data_set.Observation,
+    seen: data_set_mark.Observation,
     progress: TickProgress | None,
     go_on: GoOn,
 ) -> list[Decision]:

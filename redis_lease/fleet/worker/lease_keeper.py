@@ -3,7 +3,7 @@
 It renews every held lease (conditional on its token), beats a shard job's heartbeat and
 reads the worker's stop request, all in one round trip per tick (renewals every third of
 the TTL, beats every second). A lease that cannot be renewed is marked lost
-(:meth:`~redis_lease.fleet.live_lease.ActiveLease.mark_lost`), which stops its handler. A
+(:meth:`~redis_lease.fleet.jobs.live_lease.ActiveLease.mark_lost`), which stops its handler. A
 beat that finds the shard job no longer registered (it was taken over) calls
 :attr:`LeaseKeeper.on_unregistered` once: the shard job stops claiming.
 """
@@ -26,9 +26,9 @@ from ...protocol.connection.clients import as_text, describe
 from ...protocol.connection.translate import REDIS_FAILURES, translating_errors
 from ...protocol.scripts import Command
 from ...protocol.store.lease_store import LeaseStore
-from .. import takeover
 from ..full_redis import notice_full
-from ..live_lease import ActiveLease, Heartbeat
+from ..jobs.live_lease import ActiveLease, Heartbeat
+from ..transport import takeover
 
 log = logging.getLogger("redis_lease.worker")
 
@@ -42,7 +42,7 @@ class LeaseKeeper(threading.Thread):
     The heartbeat is what the fleet watches: when the registry has had no beat of the
     shard job for :data:`~redis_lease.limits.DEAD_AFTER` seconds by the server's clock
     (outside a stall's grace), another worker ends this process's leases and takes its
-    items over (:mod:`redis_lease.fleet.takeover`). It lives in its own thread, so a
+    items over (:mod:`redis_lease.fleet.transport.takeover`). It lives in its own thread, so a
     handler that is slow (but lets Python run its threads) is never taken for dead.
 
     Args:
@@ -53,7 +53,7 @@ class LeaseKeeper(threading.Thread):
         stop_flag: ``(hash key, field)``: when the field is set, :attr:`on_stop_requested`
             is called (an RQ worker's warm shutdown request).
         job_id: the RQ id of the registered shard job whose registry beat each tick sends
-            (:func:`~redis_lease.fleet.takeover.beat_command`); None for none.
+            (:func:`~redis_lease.fleet.transport.takeover.beat_command`); None for none.
     """
 
     def __init__(

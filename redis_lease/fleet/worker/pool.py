@@ -1,6 +1,6 @@
 """Where a shard job's handlers run: inline, on a thread pool, or on one event loop.
 
-A pool starts a handler for an :class:`~redis_lease.fleet.live_lease.ActiveLease` and,
+A pool starts a handler for an :class:`~redis_lease.fleet.jobs.live_lease.ActiveLease` and,
 when it ends, puts a :class:`Finished` (its answer or error, and its wall time)
 on a queue that the shard loop reads; settling and committing stay with that
 loop. :func:`make_pool` picks the kind: ``async def`` handlers share one event
@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ...protocol.values import Item
-from ..live_lease import ActiveLease
+from ...protocol.leases import Item
+from ..jobs.live_lease import ActiveLease
 
 #: Asked before a slot starts a waiting item: False once the shard loop is leaving.
 MayStart = Callable[[], bool]

@@ -3,7 +3,7 @@ checking at start that the ACL lets them work; a worker built from its settings
 (:func:`build_worker`) and run with the fleet watch beside it (:func:`run_worker`).
 
 The shard jobs themselves (queues, JSON jobs, enqueueing, liveness) are in
-:mod:`redis_lease.fleet.shard_jobs`.
+:mod:`redis_lease.fleet.transport.shard_jobs`.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from ...protocol.store.lease_store import LeaseStore
 from ...protocol.store.stamp import check_protocol
 from ...protocol.validation import check_id
 from ..full_redis import riding_out_full
-from ..job import check_concurrency, with_cwd_on_path
-from ..shard_jobs import (
+from ..jobs.job import check_concurrency, with_cwd_on_path
+from ..transport.shard_jobs import (
     SHARD_FUNC,
     JsonJob,
     job_error,

@@ -27,16 +27,17 @@ from ...protocol.connection.server_checks import eviction_danger
 from ...protocol.connection.translate import REDIS_FAILURES, translating_errors
 from ...protocol.connection.urls import safe_url
 from ...protocol.store.lease_store import LeaseStore
-from .. import run_capacity, shard_jobs, takeover
+from ..capacity import run_capacity
 from ..full_redis import notice_full
-from ..job import Job, check_concurrency, load_job
-from ..live_lease import ActiveLease
-from ..run_states import RUNNING
-from ..runs import Runs
-from ..shard_job_failures import end_failure_streak, record_job_failure
-from ..shard_jobs import close_job_store, job_store
+from ..jobs.job import Job, check_concurrency, load_job
+from ..jobs.live_lease import ActiveLease
+from ..runs.lifecycle import Runs
+from ..runs.run_states import RUNNING
+from ..transport import shard_jobs, takeover
+from ..transport.shard_job_failures import end_failure_streak, record_job_failure
+from ..transport.shard_jobs import close_job_store, job_store
+from .handler_outcomes import HandlerResult, ShardReport
 from .lease_keeper import LeaseKeeper
-from .settlements import HandlerResult, ShardReport
 from .shard_loop import work_shard
 
 log = logging.getLogger("redis_lease.worker")
@@ -65,7 +66,7 @@ def process_shard(
 ) -> dict[str, Any]:
     """The RQ job: works one shard for up to the job's shard budget, then re-enqueues itself.
 
-    Its store (:func:`~redis_lease.fleet.shard_jobs.job_store`: RQ's server, or the lease
+    Its store (:func:`~redis_lease.fleet.transport.shard_jobs.job_store`: RQ's server, or the lease
     store the worker was started with) retries connection errors and timeouts, so a reset
     costs a reconnect, not the job. SIGTERM (to this process) or a warm shutdown
     of its RQ worker drains it: the current item is finished and the unstarted
@@ -73,8 +74,8 @@ def process_shard(
 
     A shard job that raises (its job does not import, has no handler, or a bug
     outside the handler's own call) is counted on its run with its error
-    (:func:`~redis_lease.fleet.shard_job_failures.record_job_failure`, shown by ``status``)
-    before RQ
+    (:func:`~redis_lease.fleet.transport.shard_job_failures.record_job_failure`, shown by
+    ``status``) before RQ
     marks it failed; one that ends normally ends the run's streak of failures and its
     dispatch back-off.
     """
@@ -245,8 +246,8 @@ def _forget_job(store: LeaseStore, run_id: str, rq_id: str, ended: bool) -> None
 
     A job that ``ended`` normally also ends the run's streak of failed shard jobs
     and its dispatch back-off, in one script
-    (:func:`~redis_lease.fleet.shard_job_failures.end_failure_streak`). Best effort: when Redis is
-    gone, its registry entry stops beating, and a watcher takes over whatever the job
+    (:func:`~redis_lease.fleet.transport.shard_job_failures.end_failure_streak`). Best effort: when
+    Redis is gone, its registry entry stops beating, and a watcher takes over whatever the job
     still held.
     """
     try:

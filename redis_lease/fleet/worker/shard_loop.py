@@ -3,7 +3,7 @@
 :func:`work_shard` works one shard of a run until it is drained, stopped or out of
 budget, running up to ``concurrency`` handlers at once (:mod:`redis_lease.fleet.worker.pool`);
 finished items are committed, failed or released together, one round trip per
-batch (:mod:`redis_lease.fleet.worker.settlements`). It needs no RQ:
+batch (:mod:`redis_lease.fleet.worker.handler_outcomes`). It needs no RQ:
 :func:`redis_lease.worker.process_shard` is the RQ job around it.
 """
 
@@ -27,14 +27,14 @@ from ...errors import (
     Throttled,
 )
 from ...protocol.connection.clients import queue_time, time_ms
+from ...protocol.leases import ReleaseRequest
 from ...protocol.store.lease_store import LeaseStore
-from ...protocol.values import ReleaseRequest
 from ..full_redis import notice_full
-from ..job import Job, check_concurrency
-from ..live_lease import ActiveLease
+from ..jobs.job import Job, check_concurrency
+from ..jobs.live_lease import ActiveLease
+from .handler_outcomes import PendingSettlements, ShardReport, mark_stale, settlement_of
 from .lease_keeper import LeaseKeeper
 from .pool import Finished, Pool, make_pool
-from .settlements import PendingSettlements, ShardReport, mark_stale, settlement_of
 
 log = logging.getLogger("redis_lease.worker")
 

@@ -9,9 +9,9 @@ shard jobs.
    forgotten); and
 2. looks for registered shard jobs that are dead by the server's clock
    (``sweep_shard_jobs.lua``: one script call whatever the number of jobs; the rule is in
-   :mod:`redis_lease.fleet.takeover`), takes each over
-   (:func:`redis_lease.fleet.takeover.sweep`), then enqueues a shard job for its shard at the
-   front of its queue (:func:`redispatch`), so an idle worker takes the items at once.
+   :mod:`redis_lease.fleet.transport.takeover`), takes each over
+   (:func:`redis_lease.fleet.transport.takeover.sweep`), then enqueues a shard job for its shard at
+   the front of its queue (:func:`redispatch`), so an idle worker takes the items at once.
 
 So a killed worker's items are claimable again within about ``DEAD_AFTER + HEARTBEAT``
 seconds of its last beat (6 s at the defaults), whether or not other shard jobs of its run
@@ -32,18 +32,18 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 
 from ...errors import NotFound, RedisLeaseError
-from ...limits import HEARTBEAT
+from ...limits import HEARTBEAT, WORKER_NAME_MAX
 from ...protocol.connection.clients import as_text
 from ...protocol.connection.translate import REDIS_FAILURES
 from ...protocol.replies import Swept
 from ...protocol.scripts import Call
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.validation import clip
-from .. import shard_jobs, takeover
 from ..full_redis import notice_full
-from ..run_states import RUNNING
-from ..runs import Runs
-from ..shard_job_failures import FAILURE_STREAK_LIMIT, job_failures
+from ..runs.lifecycle import Runs
+from ..runs.run_states import RUNNING
+from ..transport import shard_jobs, takeover
+from ..transport.shard_job_failures import FAILURE_STREAK_LIMIT, job_failures
 
 log = logging.getLogger("redis_lease.worker")
 
@@ -55,7 +55,7 @@ def worker_record(queues: Sequence[str], started_at: float, *, stopped: bool = F
     """The record a worker beats: its host, process, queues, start and (once) stop time
     (Unix seconds, the worker's clock)."""
     record: dict[str, object] = {
-        "host": clip(socket.gethostname(), takeover.NAME_MAX),
+        "host": clip(socket.gethostname(), WORKER_NAME_MAX),
         "pid": os.getpid(),
         "queues": list(queues),
         "started_at": round(started_at, 3),
@@ -73,7 +73,7 @@ def beat_worker(store: LeaseStore, name: str, record: str = "") -> int:
 
 
 def _beat_call(store: LeaseStore, name: str, record: str) -> Call:
-    args = [clip(name, takeover.NAME_MAX) or "?", record, takeover.KEPT_MS]
+    args = [clip(name, WORKER_NAME_MAX) or "?", record, takeover.KEPT_MS]
     return Call("worker_beat", store.keys.workers, args)
 
 
@@ -143,7 +143,7 @@ class FleetWatch(threading.Thread):
         self._started_at = time.time()
         #: Takeovers this watch made.
         self.takeovers: list[takeover.Takeover] = []
-        takeover.OWN_WORKERS.add(clip(name, takeover.NAME_MAX))
+        takeover.OWN_WORKERS.add(clip(name, WORKER_NAME_MAX))
 
     def run(self) -> None:
         """Ticks every :data:`~redis_lease.limits.HEARTBEAT` seconds until :meth:`close`

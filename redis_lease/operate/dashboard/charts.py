@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ...fleet.run_ages import AgeSample
-from ..output import iso_time
+from ...fleet.runs.run_ages import AgeSample
+from ..cli_printing import iso_time
 
 WIDTH = 640
 HEIGHT = 180

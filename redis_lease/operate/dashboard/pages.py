@@ -19,18 +19,18 @@ from flask.blueprints import BlueprintSetupState
 from werkzeug.wrappers import Response
 
 from ...errors import InvalidInput, NotFound
-from ...fleet import run_ages
-from ...fleet.run_control import new_deadline, requeue_items
-from ...fleet.run_states import RESUMABLE_STATES
-from ...fleet.runs import Runs
-from ...fleet.shard_job_failures import JobFailures, job_failures
+from ...fleet.runs import run_ages
+from ...fleet.runs.lifecycle import Runs
+from ...fleet.runs.run_control import new_deadline, requeue_items
+from ...fleet.runs.run_states import RESUMABLE_STATES
+from ...fleet.transport.shard_job_failures import JobFailures, job_failures
 from ...limits import PAGE_SIZE, RESUME_HOURS, RESUME_HOURS_MAX
 from ...protocol.connection.clients import as_text
+from ...protocol.leases import ItemRecord, RunStatus
 from ...protocol.store.declared_jobs import declared_jobs
 from ...protocol.store.lease_store import LeaseStore
 from ...protocol.validation import check_id
-from ...protocol.values import ItemRecord, RunStatus
-from ..output import iso_time
+from ..cli_printing import iso_time
 from ..run_views import (
     attempt_rows,
     deadline_ms,

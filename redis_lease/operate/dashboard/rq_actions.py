@@ -21,8 +21,8 @@ from rq.job import Job
 from rq.queue import Queue
 from werkzeug.wrappers import Response
 
-from ...fleet.shard_jobs import JsonJob
-from ...fleet.shard_jobs import queue as json_queue
+from ...fleet.transport.shard_jobs import JsonJob
+from ...fleet.transport.shard_jobs import queue as json_queue
 from . import rq_data
 from .fullness import refuse_when_full
 from .ids import CONVERTER

@@ -23,14 +23,14 @@ among the newest ``SCAN_FACTOR * max_runs`` of the run index; a run whose keys a
   (the job's cap, as its last tick recorded it).
 
 By job: ``redis_lease_workers_needed`` (for an autoscaler: the workers that finish the
-job's running runs before their deadlines, see :mod:`redis_lease.fleet.capacity`),
+job's running runs before their deadlines, see :mod:`redis_lease.fleet.capacity.model`),
 ``redis_lease_workers_needed_unknown_runs``, ``redis_lease_runs_finished_total{state}``,
 ``redis_lease_missed_runs_total`` and ``redis_lease_lost_runs_total`` (kept in Redis,
-:mod:`redis_lease.fleet.job_tallies`), and the histograms
+:mod:`redis_lease.fleet.runs.job_tallies`), and the histograms
 ``redis_lease_processing_duration_seconds`` and
 ``redis_lease_queue_age_seconds`` with ``redis_lease_attempt_log_skipped_total`` (from the
 attempt logs, kept by the exporter's process: :mod:`redis_lease.operate.metrics.history`). Also
-``redis_lease_data_set_losses_total{kind}`` (:mod:`redis_lease.fleet.data_set`),
+``redis_lease_data_set_losses_total{kind}`` (:mod:`redis_lease.fleet.loss.data_set_mark`),
 ``redis_lease_declared_job_unticked{job}`` (a job a live worker declared that no tick leader
 ticks), ``redis_lease_tick_leader_token{worker}`` and
 ``redis_lease_tick_leader_since_seconds{worker}`` (the tick leader, named),
@@ -52,13 +52,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ...errors import NotFound
-from ...fleet.run_states import OPEN_STATES, kept_until_ms
-from ...fleet.shard_job_failures import job_failures
+from ...fleet.runs.run_states import OPEN_STATES, kept_until_ms
+from ...fleet.transport.shard_job_failures import job_failures
 from ...fleet.worker.bad_jobs import bad_job_counts
 from ...limits import METRICS_RUNS
 from ...protocol.connection.clients import as_text
+from ...protocol.leases import COUNT_STATES, RunStatus
 from ...protocol.store.lease_store import LeaseStore
-from ...protocol.values import COUNT_STATES, RunStatus
 from . import per_job
 from .history import AttemptHistograms, LogStream
 from .per_job import WORKERS_NEEDED, WORKERS_NEEDED_UNKNOWN
@@ -80,7 +80,7 @@ EVENT_COUNTERS = {
     "effects_reconciled": "Effects settled by reconciling an earlier attempt.",
     "late_commits": "Commits accepted after the run's deadline (leases granted before it).",
 }
-#: Gauges of a run's accounting (redis_lease.protocol.values.RunStatus), by attribute.
+#: Gauges of a run's accounting (redis_lease.protocol.leases.RunStatus), by attribute.
 ACCOUNTING_GAUGES = {
     "planned": ("redis_lease_planned_items", "Items planned for the run."),
     "lost": (

@@ -11,10 +11,10 @@ from __future__ import annotations
 import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ...fleet import job_tallies
-from ...fleet.data_set import LOSS_KINDS, read_mark
-from ...fleet.gate import ProviderGate
-from ...fleet.run_states import RUNNING
+from ...fleet.effects.provider_gate import ProviderGate
+from ...fleet.loss.data_set_mark import LOSS_KINDS, read_mark
+from ...fleet.runs import job_tallies
+from ...fleet.runs.run_states import RUNNING
 from ...fleet.tick.schedule import job_names
 from ...protocol.connection.clients import as_text
 from ...protocol.store.declared_jobs import declared_jobs
@@ -75,7 +75,7 @@ def needs(store: LeaseStore, jobs: list[str]) -> list[Metric]:
 
 def tallies(store: LeaseStore, jobs: list[str]) -> list[Metric]:
     """Runs finished by job and final state, missed scheduled runs and lost runs by job
-    (kept in Redis, :mod:`redis_lease.fleet.job_tallies`): every job, and ad-hoc runs (job ""),
+    (kept in Redis, :mod:`redis_lease.fleet.runs.job_tallies`): every job, and ad-hoc runs (job ""),
     has every series from 0, so ``increase()`` sees the first end or loss."""
     finished = CounterMetricFamily(
         RUNS_FINISHED,
@@ -106,9 +106,10 @@ def tallies(store: LeaseStore, jobs: list[str]) -> list[Metric]:
 
 
 def data_set_losses(store: LeaseStore) -> Metric:
-    """Losses of the data set the ticks noticed, by kind (:mod:`redis_lease.fleet.data_set`):
-    every kind from 0. Kept in the data set's mark, so a wipe starts them over (a counter
-    reset, which ``increase()`` reads as such) with the wipe itself counted."""
+    """Losses of the data set the ticks noticed, by kind
+    (:mod:`redis_lease.fleet.loss.data_set_mark`): every kind from 0. Kept in the data set's mark,
+    so a wipe starts them over (a counter reset, which ``increase()`` reads as such) with the wipe
+    itself counted."""
     counter = CounterMetricFamily(
         DATA_SET_LOSSES,
         "Losses of the Redis data set noticed by the tick: replaced (restarted empty, flushed, "

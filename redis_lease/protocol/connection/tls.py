@@ -46,7 +46,7 @@ class TLSConnection(redis.SSLConnection):
 
     redis-py runs the handshake under the socket (read) timeout; against a
     server that does not speak TLS it would wait that long. A failed handshake
-    raises :class:`~.errors.TLSFailed`, which is not retried.
+    raises :class:`~...errors.TLSFailed`, which is not retried.
     """
 
     def _wrap_socket_with_ssl(self, sock: socket.socket) -> Any:

@@ -29,7 +29,7 @@ from ..scripts import Call
 from ..validation import check_positive, check_time_ms, ttl_to_ms
 
 if TYPE_CHECKING:
-    from .base import StoreBase
+    from .store_client import StoreBase
 
 #: Items sent to Redis per add_items call (at most limits.ADD_BATCH_MAX).
 ADD_BATCH = min(500, ADD_BATCH_MAX)
@@ -86,8 +86,8 @@ def send_adds(
     time; ``added`` hears of each window once it is in (an item is not added when it was
     there already, or came earlier in ``pairs``).
 
-    Raises what :meth:`~.store_base.StoreBase.translating_errors` makes of a refused call (the first
-    one, after the other calls of its round trip ran), e.g. RunClosed; the windows before it
+    Raises what :meth:`~.store_client.StoreBase.translating_errors` makes of a refused call (the
+    first one, after the other calls of its round trip ran), e.g. RunClosed; the windows before it
     stay added, and no later one is sent.
     """
     count = store.shard_count(run_id)

@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from ..connection.clients import as_text
-from ..values import Attempt
+from ..leases import Attempt
 
 #: Entries read per XREVRANGE when looking for one item's entries.
 PAGE = 500

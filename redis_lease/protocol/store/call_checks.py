@@ -17,10 +17,10 @@ from ...limits import (
     SHARD_COUNT_MAX,
     SWEEP_MAX,
 )
+from ..leases import Lease
 from ..validation import check_id, check_positive, ttl_to_ms
-from ..values import Lease
 from .add import AddSettings
-from .settle import check_holder
+from .settle_encoding import check_holder
 
 
 def check_run(run_id: str, shards: int | None = None) -> int:

@@ -13,12 +13,12 @@ from ...errors import InvalidInput, NotClaimable, NotReplicated
 from ...limits import DEFAULT_TTL
 from .. import tracing
 from ..connection.translate import REDIS_FAILURES
+from ..leases import Lease
 from ..replies import Grant
 from ..scripts import Call
 from ..validation import clip
-from ..values import Lease
-from .base import StoreBase
 from .call_checks import check_claim
+from .store_client import StoreBase
 
 
 def lease_base() -> str:

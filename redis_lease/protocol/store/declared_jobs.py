@@ -22,17 +22,17 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeGuard
 
-from ...limits import ID_MAX_LENGTH, TICK_DECLARED_MS
+from ...limits import ID_MAX_LENGTH, TICK_DECLARED_MS, WORKER_NAME_MAX
 from ..connection.clients import queue_time, time_ms
 from ..validation import ID_PATTERN, clip
-from .base import StoreBase
 from .leader import shown_holder
+from .store_client import StoreBase
 
 #: The most jobs one declaration holds, and declared jobs the leader names unticked, that
 #: are read (more are skipped).
 JOBS_MAX = 100
-#: The longest worker name and reason kept or shown, in UTF-8 bytes.
-TEXT_MAX = 500
+#: The longest reason kept or shown, in UTF-8 bytes (a worker's name: WORKER_NAME_MAX).
+REASON_MAX = 500
 #: The most workers named for one job the leader does not tick.
 WORKERS_MAX = 10
 #: The longest declaration or leader's list written, in characters of JSON (ASCII): well
@@ -126,7 +126,7 @@ def declaration_text(worker: str, jobs: Mapping[str, str]) -> str:
     :data:`JOBS_MAX`, or past :data:`WRITTEN_MAX` characters, are left out."""
     kept = dict(sorted(jobs.items())[:JOBS_MAX])
     while True:
-        text = json.dumps({"worker": clip(worker, TEXT_MAX), "jobs": kept}, sort_keys=True)
+        text = json.dumps({"worker": clip(worker, WORKER_NAME_MAX), "jobs": kept}, sort_keys=True)
         if len(text) <= WRITTEN_MAX or not kept:
             return text
         kept.popitem()
@@ -205,7 +205,7 @@ def _declaration(holder: str, raw: Any, seen_ms: int) -> Declaration | None:
         for name, path in list(data["jobs"].items())[:JOBS_MAX]
         if _job_name(name) and is_job_path(path)
     }
-    shown = clip(worker, TEXT_MAX) if isinstance(worker, str) else shown_holder(holder)
+    shown = clip(worker, WORKER_NAME_MAX) if isinstance(worker, str) else shown_holder(holder)
     return Declaration(holder, shown, jobs, seen_ms) if jobs else None
 
 
@@ -228,8 +228,8 @@ def unticked_text(holder: str, token: int, unticked: list[Unticked]) -> str:
         {
             "job": u.job,
             "path": u.path,
-            "workers": [clip(w, TEXT_MAX) for w in u.workers[:WORKERS_MAX]],
-            "reason": clip(u.reason, TEXT_MAX),
+            "workers": [clip(w, WORKER_NAME_MAX) for w in u.workers[:WORKERS_MAX]],
+            "reason": clip(u.reason, REASON_MAX),
         }
         for u in unticked[:JOBS_MAX]
     ]
@@ -255,8 +255,8 @@ def read_unticked(raw: Any, holder: str, token: int) -> list[Unticked]:
         if not (_job_name(job) and is_job_path(path) and isinstance(reason, str)):
             continue
         listed = workers[:JOBS_MAX] if isinstance(workers, list) else []
-        names = tuple(clip(w, TEXT_MAX) for w in listed if isinstance(w, str))
-        found.append(Unticked(job, path, names, clip(reason, TEXT_MAX)))
+        names = tuple(clip(w, WORKER_NAME_MAX) for w in listed if isinstance(w, str))
+        found.append(Unticked(job, path, names, clip(reason, REASON_MAX)))
     return found
 
 

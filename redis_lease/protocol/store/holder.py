@@ -13,12 +13,12 @@ import redis
 from ...errors import LeaseError, RedisUnavailable
 from ...limits import DEFAULT_TTL
 from .. import guards
+from ..leases import CommitReply, CommitRequest, FailReply, Lease, SettleRequest, effect_record
 from ..scripts import Call, Command
 from ..validation import delay_to_ms, encode_json, ttl_to_ms
-from ..values import CommitReply, CommitRequest, FailReply, Lease, SettleRequest, effect_record
-from . import settle
-from .base import StoreBase
+from . import settle_encoding
 from .call_checks import check_ref
+from .store_client import StoreBase
 
 
 class StoreHolder(StoreBase):
@@ -28,7 +28,7 @@ class StoreHolder(StoreBase):
         """Extends a lease from now; only its holder may. Raises LeaseLost."""
         ttl_ms = ttl_to_ms(ttl)
         reply = self._holder_script("renew", lease, [ttl_ms, lease.trace_id])
-        return settle.extended(lease, reply)
+        return settle_encoding.extended(lease, reply)
 
     def renew_many(self, leases: Sequence[Lease], ttl: float = DEFAULT_TTL) -> list[Lease | None]:
         """Renews several leases in one round trip, one script call per shard; None where a
@@ -42,10 +42,10 @@ class StoreHolder(StoreBase):
         read); returns the leases (None where lost) and the commands' raw replies."""
         ttl_ms = ttl_to_ms(ttl)
         for lease in leases:
-            settle.check_holder(lease)
-        groups: list[settle.Group] = [("renew", lease, ttl_ms, "") for lease in leases]
+            settle_encoding.check_holder(lease)
+        groups: list[settle_encoding.Group] = [("renew", lease, ttl_ms, "") for lease in leases]
         answers = self._settle(groups, commands=commands)
-        return settle.renewed(leases, answers), answers[len(leases) :]
+        return settle_encoding.renewed(leases, answers), answers[len(leases) :]
 
     def commit(
         self,
@@ -67,7 +67,7 @@ class StoreHolder(StoreBase):
             ConditionFailed: a condition did not hold; nothing was written and the lease is kept.
         """
         request = CommitRequest(lease, result, tuple(conditions), tuple(writes), label)
-        extra, args = settle.commit_args(request)
+        extra, args = settle_encoding.commit_args(request)
         reply: CommitReply = self._holder_script("commit", lease, args, extra_keys=extra)
         return reply
 
@@ -91,13 +91,13 @@ class StoreHolder(StoreBase):
         release, or the LeaseError that refused it (LeaseLost, NotFound, ConditionFailed);
         a request that is not valid gets its InvalidInput and is not sent.
         """
-        batch = settle.encode(self.keys, requests)
+        batch = settle_encoding.encode(self.keys, requests)
         replies = self._settle(batch.groups, batch.alone)
-        return settle.answers_of(len(requests), batch, replies)
+        return settle_encoding.answers_of(len(requests), batch, replies)
 
     def _settle(
         self,
-        groups: Sequence[settle.Group],
+        groups: Sequence[settle_encoding.Group],
         alone: Sequence[tuple[Lease, Call]] = (),
         commands: Sequence[Command] = (),
     ) -> list[Any]:
@@ -109,13 +109,13 @@ class StoreHolder(StoreBase):
         then per command its raw reply; raises when the server refused the user or went
         away (not one item's fault).
         """
-        settles, members = settle.shard_calls(self.keys, groups)
+        settles, members = settle_encoding.shard_calls(self.keys, groups)
         calls: list[Call | Command] = [*settles, *(call for _, call in alone), *commands]
         if not calls:
             return []
         with self.translating_errors():
             replies = self.scripts.many(calls)
-        answers, refused_whole = settle.read(
+        answers, refused_whole = settle_encoding.read(
             groups, members, alone, replies[: len(replies) - len(commands)], self._answer
         )
         if refused_whole:  # nothing of those calls was written: each group alone says whose it is
@@ -125,13 +125,15 @@ class StoreHolder(StoreBase):
                 answers[i] = answer
         return answers + replies[len(replies) - len(commands) :]
 
-    def _settle_alone(self, groups: Sequence[settle.Group], indexes: list[int]) -> list[Any]:
+    def _settle_alone(
+        self, groups: Sequence[settle_encoding.Group], indexes: list[int]
+    ) -> list[Any]:
         """Sends each of the groups at ``indexes`` in a settle call of its own (one round
         trip); returns their answers, a refusal only for the group it is about."""
         with self.translating_errors():
-            replies = self.scripts.many(settle.alone_calls(self.keys, groups, indexes))
+            replies = self.scripts.many(settle_encoding.alone_calls(self.keys, groups, indexes))
         return [
-            self._answer(settle.alone_row(reply), groups[i][1])
+            self._answer(settle_encoding.alone_row(reply), groups[i][1])
             for i, reply in zip(indexes, replies, strict=True)
         ]
 
@@ -146,7 +148,7 @@ class StoreHolder(StoreBase):
 
     def fail(self, lease: Lease, error: str, *, permanent: bool = False) -> FailReply:
         """Reports a failed attempt: retried with backoff, or dead. Raises LeaseLost."""
-        text = settle.error_text(error)
+        text = settle_encoding.error_text(error)
         failed: FailReply = self._holder_script(
             "fail",
             lease,
@@ -166,7 +168,7 @@ class StoreHolder(StoreBase):
     def _holder_script(
         self, name: str, lease: Lease, args: Sequence[Any], extra_keys: Sequence[str] = ()
     ) -> Any:
-        settle.check_holder(lease)
+        settle_encoding.check_holder(lease)
         return self._run_script(
             name,
             lease.run_id,

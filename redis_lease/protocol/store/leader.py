@@ -1,15 +1,16 @@
-"""The tick leader's lease on a store, and the lock of one job's tick fenced by its token.
+"""The tick leader's lease on a store, and the one lock of a job's tick, fenced by the
+leader's token when a leader ticks.
 
 One worker of a fleet ticks (``redis-lease worker --job``): the one that holds the lease
 of ``tick_leader.lua`` (:func:`hold_leadership`). The lease's holder is a worker process's
 own id (:func:`process_holder`: its name and an id made when it starts), so two processes
 given one name never share it. Each new holder gets a greater fencing token. Its tick
-takes each job's lock through ``tick_lock.lua`` (:func:`fenced_lock`), which refuses an
+takes each job's lock through ``tick_lock.lua`` (:func:`job_tick_lock`), which refuses an
 older token once a newer one took the lock; and between its steps the tick asks
 :func:`lead_state`. So a leader paused past its lease, resumed after another took over,
 changes nothing more (docs/concepts/tick-leader.md says what it can still do); and a plain
-tick (cron, rq-scheduler) that holds a job's lock stops the leader's tick of that job,
-never its leadership.
+tick (cron, rq-scheduler) takes the same lock through the same script with no token: when
+it holds a job's lock it stops the leader's tick of that job, never its leadership.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ from dataclasses import dataclass
 
 import redis
 
-from ...limits import bound
+from ...limits import WORKER_NAME_MAX, bound
 from ..connection.clients import as_text
 from ..replies import LeaderLease
 from ..validation import clip
-from .base import StoreBase
+from .store_client import StoreBase
 
-#: The longest holder the lease keeps, in UTF-8 bytes (longer names are cut).
-NAME_MAX = bound("key_length")[1]
+#: The longest holder the lease keeps, in UTF-8 bytes (the script's bound on it).
+HOLDER_MAX = bound("key_length")[1]
 #: What ``tick_lock.lua`` answers: taken, held by another tick, refused for good.
 TAKEN, BUSY, STALE = 1, 0, -1
 #: What a leader's tick finds before each step (:func:`lead_state`): it leads and holds the
@@ -56,9 +57,10 @@ class Leadership:
 
 
 def process_holder(name: str) -> str:
-    """A worker process's id in the tick leader's lease: its name (cut to fit) and an id of
-    its own, new for each call, so that two processes of one name hold apart."""
-    return f"{clip(name, NAME_MAX - 33) or '?'}{_ID_MARK}{uuid.uuid4().hex}"
+    """A worker process's id in the tick leader's lease: its name (cut to
+    :data:`~redis_lease.limits.WORKER_NAME_MAX`) and an id of its own, new for each call, so
+    that two processes of one name hold apart."""
+    return f"{clip(name, WORKER_NAME_MAX) or '?'}{_ID_MARK}{uuid.uuid4().hex}"
 
 
 def shown_holder(holder: str) -> str:
@@ -103,17 +105,22 @@ def release_leadership(store: StoreBase, holder: str) -> LeaderLease:
 
 
 @contextmanager
-def fenced_lock(
-    store: StoreBase, job: str, leader: Leadership, ttl_ms: int
+def job_tick_lock(
+    store: StoreBase, job: str, ttl_ms: int, leader: Leadership | None = None
 ) -> Iterator[tuple[int, str]]:
-    """Holds the tick lock of job ``job`` for the block, fenced by the leader's token; yields
-    what ``tick_lock.lua`` answered (:data:`TAKEN`, :data:`BUSY`: another tick holds it,
-    :data:`STALE`: a newer leader took it) and the lock's owner."""
-    owner = f"leader-{leader.token}-{uuid.uuid4().hex}"
+    """Holds the tick lock of job ``job`` for the block, the one lock of a job's tick; yields
+    what ``tick_lock.lua`` answered (:data:`TAKEN`; :data:`BUSY`: another tick holds it;
+    :data:`STALE`: a newer leader took it) and the lock's owner. A leader's tick is fenced
+    by its token; a tick with no leader (``leader`` None: cron, rq-scheduler) takes the lock
+    only when it is free, and is never :data:`STALE`. The lock is released through
+    ``release_lock.lua``, only while it is still the owner's; releasing is best effort (when
+    Redis is gone the lock expires by itself)."""
+    owner = f"leader-{leader.token}-{uuid.uuid4().hex}" if leader else uuid.uuid4().hex
     lock_key = store.keys.job_tick_lock(job)
+    token = leader.token if leader else ""
     with store.translating_errors():
         taken: int = store.scripts.call(
-            "tick_lock", [lock_key, store.keys.job_tick_fence(job)], [owner, leader.token, ttl_ms]
+            "tick_lock", [lock_key, store.keys.job_tick_fence(job)], [owner, token, ttl_ms]
         )
     try:
         yield taken, owner
@@ -157,5 +164,5 @@ def still_leading(
 
 
 def leader_name(holder: str) -> str:
-    """A holder as the lease keeps it (cut to :data:`NAME_MAX` bytes)."""
-    return clip(holder, NAME_MAX) or "?"
+    """A holder as the lease keeps it (cut to :data:`HOLDER_MAX` bytes)."""
+    return clip(holder, HOLDER_MAX) or "?"

@@ -2,7 +2,7 @@
 
 This module holds runs and their items (creating, adding) and the maintenance of leases
 (reaping, cutting, requeueing, closing, deadlines). The rest is split by concept: the
-plumbing (clients, keys, scripts, error translation) is :class:`~.base.StoreBase`, claims
+plumbing (clients, keys, scripts, error translation) is :class:`~.store_client.StoreBase`, claims
 :class:`~.claims.StoreClaims`, what a lease's holder does (renew, commit, fail, release,
 settle, effects) :class:`~.holder.StoreHolder`, the plain reads (records, attempts,
 effects, status) :class:`~.reads.StoreReads`.
@@ -22,16 +22,9 @@ from ...limits import (
     SWEEP_MAX,
 )
 from ..keys import shard_of
+from ..leases import Attempt, CommitRequest, FailRequest, Item, ReleaseRequest, effect_record
 from ..replies import Cut
 from ..validation import check_id, check_positive, check_time_ms, encode_json
-from ..values import (
-    Attempt,
-    CommitRequest,
-    FailRequest,
-    Item,
-    ReleaseRequest,
-    effect_record,
-)
 from .add import added_counts, added_ids
 from .call_checks import check_add, check_run, check_sweep
 from .claims import StoreClaims, lease_base
@@ -94,7 +87,7 @@ class LeaseStore(StoreClaims, StoreHolder, StoreReads):
         """Adds items to a run (creating it); returns (added ids, ids that existed).
 
         Every item is validated before anything is written. Items go to Redis in
-        batches per shard, many batches per round trip (:mod:`.adding`). The settings
+        batches per shard, many batches per round trip (:mod:`.add`). The settings
         (attempts, backoff, the deadline after which no lease is granted; None for none)
         are fixed by a shard's first add; :meth:`set_deadline` moves the deadline later.
         """
@@ -137,8 +130,8 @@ class LeaseStore(StoreClaims, StoreHolder, StoreReads):
         once as added, then as already there. The settings are :meth:`add`'s; ``progress``
         hears how many pairs each round of round trips took.
 
-        For many items read from a file: each id as :func:`~.validation.check_id` passed
-        it, each text as :func:`~.validation.encode_json` made it, so that nothing is
+        For many items read from a file: each id as :func:`~..validation.check_id` passed
+        it, each text as :func:`~..validation.encode_json` made it, so that nothing is
         checked twice here. The scripts check them again: a bad pair is refused
         (InvalidInput) with its calls, after the calls before them added theirs.
         """
@@ -210,7 +203,7 @@ class LeaseStore(StoreClaims, StoreHolder, StoreReads):
         From then on an effect with no ledger record may have been applied: the next
         attempt reconciles it (``lookup``), sends it only to a provider that honours
         idempotency keys, or stops with NeedsReconciliation (see
-        :func:`redis_lease.fleet.effects.apply_effect`). The mark stays for the run's life.
+        :func:`redis_lease.fleet.effects.ledger.apply_effect`). The mark stays for the run's life.
         Safe to repeat; a run whose items are not added yet is marked before they are.
         Raises NotFound for an unknown run.
         """

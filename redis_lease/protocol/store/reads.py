@@ -10,14 +10,14 @@ from ...errors import NotFound
 from ...limits import ATTEMPT_LOG_CAP
 from ..connection.clients import as_text
 from ..keys import shard_of
+from ..leases import TEXT_SUFFIXES, Attempt, ItemRecord, RunStatus, effect_record, read_items
 from ..validation import check_positive
-from ..values import TEXT_SUFFIXES, Attempt, ItemRecord, RunStatus, effect_record, read_items
 from . import attempt_log, run_status
-from .base import StoreBase
+from .store_client import StoreBase
 
 
 class StoreReads(StoreBase):
-    """The reads of a store (see :class:`~.store.LeaseStore`)."""
+    """The reads of a store (see :class:`~.lease_store.LeaseStore`)."""
 
     def item(self, run_id: str, item_id: str) -> ItemRecord:
         """The stored record of an item; raises NotFound."""

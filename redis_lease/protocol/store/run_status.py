@@ -20,11 +20,11 @@ import redis
 from ...errors import NotFound, RedisFull
 from ...limits import FINAL_RUN_STATES, RUNNING
 from ..connection.clients import as_text, queue_time, time_ms
+from ..leases import COUNT_STATES, RunStatus
 from ..replies import Snapshot
-from ..values import COUNT_STATES, RunStatus
 
 if TYPE_CHECKING:
-    from .base import StoreBase
+    from .store_client import StoreBase
 
 #: The reads of one shard, in order, after its counters.
 _PER_SHARD = 7

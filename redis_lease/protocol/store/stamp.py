@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ...errors import ProtocolMismatch
 from ...version import __version__
-from .base import StoreBase
+from .store_client import StoreBase
 
 #: The protocol this release stamps on data that has no stamp yet.
 PROTOCOL = 1

@@ -54,7 +54,7 @@ def patch_store(module: ModuleType) -> None:
     base.__init__ = __init__
 
 
-PATCHES = {"redis.connection": patch_redis, "redis_lease.protocol.store.base": patch_store}
+PATCHES = {"redis.connection": patch_redis, "redis_lease.protocol.store.store_client": patch_store}
 
 
 class PatchingFinder(importlib.abc.MetaPathFinder):

@@ -1,18 +1,18 @@
 """The tick's side of a loss: a job's lost runs made again where its schedule and catch-up
 policy cover them and named where not, open runs told of a loss, and lost ad-hoc runs named.
 
-Each tick of a job (:func:`recover`, after :func:`redis_lease.fleet.data_set.observe`) looks for
-runs with no record among those something shows existed:
+Each tick of a job (:func:`recover`, after :func:`redis_lease.fleet.loss.data_set_mark.observe`)
+looks for runs with no record among those something shows existed:
 
 - the job's open runs (an open run has no expiry: its record cannot be gone);
 - the job's dates made within its retention (the record of a run made then is kept at
   least that long), unless the run's end was counted and its retention has ended since;
-- the runs the tick side remembers (:mod:`redis_lease.fleet.remembered`), which is how
+- the runs the tick side remembers (:mod:`redis_lease.fleet.loss.tick_memory`), which is how
   runs are found after a wipe or an older copy, when the server itself has no trace; a memory
   another tick side superseded is not gone by, and one in doubt names what it remembers
   lost (``was`` unknown), never making it again.
 
-Each one found is recorded and counted once (:mod:`redis_lease.fleet.lost_records`). A run that
+Each one found is recorded and counted once (:mod:`redis_lease.fleet.loss.lost_records`). A run that
 was open is made again (a ``rerun`` decision) when the job's schedule fires on its date and
 the catch-up policy covers it now (:func:`rerun_deadline`): its record says ``after_loss``
 (why) and, once planned, ``replanned_items``; the planner makes its items again and their
@@ -41,18 +41,16 @@ from typing import Any
 
 from croniter import croniter
 
-from ...limits import DEFAULT_RETENTION_DAYS, RUN_LOG_CAP
+from ...limits import DAY_MS, DEFAULT_RETENTION_DAYS, RUN_LOG_CAP
 from ...protocol.connection.clients import as_text
 from ...protocol.store.lease_store import LeaseStore
-from .. import data_set, lost_records
-from ..data_set import Observation
-from ..job import Job
-from ..job_tallies import counted_runs_key
-from ..lost_records import LostRun
-from ..remembered import CREATING, DOUBTFUL, ENDING, OPEN, recall
-from ..run_states import DAY_MS
-from ..runs import Decision, Runs, to_ms
-from .missed_runs import business_date
+from ..jobs.job import Job, business_date
+from ..runs.job_tallies import counted_runs_key
+from ..runs.lifecycle import Decision, Runs, to_ms
+from . import data_set_mark, lost_records
+from .data_set_mark import Observation
+from .lost_records import LostRun
+from .tick_memory import CREATING, DOUBTFUL, ENDING, OPEN, recall
 
 #: The most days back a tick whose memory is in doubt names runs and dates lost (a year).
 IN_DOUBT_DAYS = 366
@@ -66,7 +64,7 @@ MADE_AGAIN = "made again by the tick"
 @dataclass(frozen=True)
 class _Candidate:
     """A run something shows existed: when it was made (ms, 0 unknown), what shows it, and
-    what the tick side remembers of it (a state of :mod:`redis_lease.fleet.remembered`)."""
+    what the tick side remembers of it (a state of :mod:`redis_lease.fleet.loss.tick_memory`)."""
 
     created_ms: int
     why: str
@@ -109,7 +107,7 @@ def remember_open(store: LeaseStore, runs: Runs, job: Job) -> None:
         pipe.hget(store.keys.job(job.name), "last_fire_at")
         *scores, fired = pipe.execute()
     made = {run: int(score or 0) for run, score in zip(open_runs, scores, strict=True)}
-    data_set.remember_runs(store, job.name, made, int(fired) if fired else None)
+    data_set_mark.remember_runs(store, job.name, made, int(fired) if fired else None)
 
 
 def rerun_deadline(job: Job, day: date, now: datetime) -> datetime | None:
@@ -168,7 +166,7 @@ def scan_index(store: LeaseStore, runs: Runs, now: datetime) -> list[Decision]:
             decisions.append(_name(store, runs, found, DEFAULT_RETENTION_DAYS))
     existing = {run: made for run, made in listed.items() if run not in missing}
     if memory is not None:
-        data_set.remember_runs(store, "", existing)
+        data_set_mark.remember_runs(store, "", existing)
     return decisions
 
 
@@ -244,7 +242,7 @@ def _with_record(store: LeaseStore, run_ids: list[str]) -> list[str]:
 
 def _counted_end(store: LeaseStore, job: str, run_id: str) -> int | None:
     """Until when (ms) the counted end of ``run_id`` is kept (its retention and a day), or
-    None when no end of it is counted (:mod:`redis_lease.fleet.job_tallies`)."""
+    None when no end of it is counted (:mod:`redis_lease.fleet.runs.job_tallies`)."""
     pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in run_id) + "@*"
     with store.translating_errors(run_id):
         kept = [
@@ -328,7 +326,7 @@ def name_unknown_dates(
 ) -> list[Decision]:
     """Names lost the runs of ``days`` that have no record, each one that may have run
     (``was`` unknown): after a loss, a tick side whose memory is in doubt cannot tell whether
-    another ran them, so it makes none of them (:mod:`.due_runs`)."""
+    another ran them, so it makes none of them (:mod:`redis_lease.fleet.tick.due_runs`)."""
     now_ms = to_ms(now)
     run_ids = [job.run_id(day) for day in days]
     decisions = []

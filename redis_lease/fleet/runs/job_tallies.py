@@ -14,8 +14,8 @@ Each count is one script on the job's slot (``lua/count_finished.lua``,
   keys are gone and that end cannot be counted again;
 - a missed date is counted when the tick marks it skipped in the job's dates
   (``ZADD NX``): a date marked before (or made by a backfill) is not counted again;
-- a lost run is counted with its record (:func:`redis_lease.fleet.lost_records.record`), once per
-  loss.
+- a lost run is counted with its record (:func:`redis_lease.fleet.loss.lost_records.record`), once
+  per loss.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..limits import BATCH_MAX
-from ..protocol.connection.clients import as_text
-from ..protocol.store.lease_store import LeaseStore
-from .run_states import DAY_MS, FINAL_STATES
+from ...limits import BATCH_MAX, DAY_MS
+from ...protocol.connection.clients import as_text
+from ...protocol.store.lease_store import LeaseStore
+from .run_states import FINAL_STATES
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,13 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import SlotTimeout, Throttled
-from ..limits import CAP_MAX
-from ..protocol.connection.clients import as_text, queue_time, time_ms
-from ..protocol.connection.translate import translating_errors
-from ..protocol.replies import SlotAnswer
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.validation import check_id, check_positive, ttl_to_ms
+from ...errors import SlotTimeout, Throttled
+from ...limits import CAP_MAX
+from ...protocol.connection.clients import as_text, queue_time, time_ms
+from ...protocol.connection.translate import translating_errors
+from ...protocol.replies import SlotAnswer
+from ...protocol.store.lease_store import LeaseStore
+from ...protocol.validation import check_id, check_positive, ttl_to_ms
 
 #: The longest pause between polls for a free slot (seconds).
 POLL_MAX = 0.05

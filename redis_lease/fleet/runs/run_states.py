@@ -1,6 +1,6 @@
 """A run's states, what each allows, and how long a finished run is kept: defined once,
-for the modules that change runs (:mod:`redis_lease.fleet.runs`), count them
-(:mod:`redis_lease.fleet.job_tallies`), show them (:mod:`redis_lease.operate`, the
+for the modules that change runs (:mod:`redis_lease.fleet.runs.lifecycle`), count them
+(:mod:`redis_lease.fleet.runs.job_tallies`), show them (:mod:`redis_lease.operate`, the
 command line) and export them (:mod:`redis_lease.operate.metrics.collector`).
 
 A run is planning, then running, then ends succeeded, partial, failed or canceled.
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..limits import (
+from ...limits import (
     CANCELED,
+    DAY_MS,
     DEFAULT_RETENTION_DAYS,
     FAILED,
     FINAL_RUN_STATES,
@@ -26,8 +27,8 @@ from ..limits import (
 )
 
 if TYPE_CHECKING:  # the names of runs' states are read where the store is not needed
-    from ..protocol.store.lease_store import LeaseStore
-    from ..protocol.values import RunStatus
+    from ...protocol.leases import RunStatus
+    from ...protocol.store.lease_store import LeaseStore
 
 # The words are the protocol's (lua/include/limits.json, through limits.py); the rules are here.
 #: States of a run still being worked.
@@ -44,7 +45,6 @@ LOST_STATE = "lost"
 RUN_STATES = (*OPEN_STATES, *FINAL_STATES, LOST_STATE)
 #: Why items of a run vanished, in the run's accounting.
 LOST_HINT = "records vanished: check maxmemory-policy and persistence"
-DAY_MS = 86_400_000
 
 
 def in_words(states: tuple[str, ...]) -> str:
@@ -141,7 +141,6 @@ def reopen(store: LeaseStore, job_name: str, run_id: str) -> None:
 __all__ = [
     "CANCELABLE_STATES",
     "CANCELED",
-    "DAY_MS",
     "FAILED",
     "FINAL_STATES",
     "LOST_HINT",

@@ -2,7 +2,7 @@
 
 Each field's ``metadata["doc"]`` is the option's one description: the table in
 ``docs/jobs.md`` is :func:`options_table`'s output (a test keeps the two equal), and
-:class:`~redis_lease.fleet.job.Job` takes each field as a keyword of the same name.
+:class:`~redis_lease.fleet.jobs.job.Job` takes each field as a keyword of the same name.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from ..errors import InvalidInput
-from ..limits import (
+from ...errors import InvalidInput
+from ...limits import (
     ATTEMPTS_MAX,
     BATCH_MAX,
     CATCH_UP_DAYS_MAX,
@@ -33,7 +33,7 @@ from ..limits import (
     WORKERS_PER_NODE_MAX,
     WORKERS_PER_SHARD_MAX,
 )
-from ..protocol.validation import check_id, check_positive, ttl_to_ms
+from ...protocol.validation import check_id, check_positive, ttl_to_ms
 
 CATCH_UP_POLICIES = ("all", "latest", "none")
 #: The deadline when a job names none: this long after the run starts.

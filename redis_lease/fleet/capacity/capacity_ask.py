@@ -1,19 +1,19 @@
 """A capacity plan from what an operator gives (``redis-lease plan-capacity``): durations as
 text, a per-worker rate or a handler duration, or the rates a run measured. The arithmetic
-itself is :func:`.capacity.plan`.
+itself is :func:`.model.plan`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import InvalidInput, NotFound
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.validation import check_id
-from .capacity import CapacityPlan, parse_rate, plan
-from .job import parse_duration
+from ...errors import InvalidInput, NotFound
+from ...protocol.store.lease_store import LeaseStore
+from ...protocol.validation import check_id
+from ..jobs.job import parse_duration
+from ..runs.lifecycle import Runs
+from .model import CapacityPlan, parse_rate, plan
 from .run_capacity import Measured, measured
-from .runs import Runs
 
 
 def seconds_of(text: str, name: str) -> float:

@@ -62,7 +62,7 @@ def open_store(ctx: typer.Context, *, needs_rq: bool = False) -> LeaseStore:
         InvalidInput: the URL (malformed, unknown scheme) or prefix is not acceptable.
         ProtocolMismatch: the data is in a protocol this release does not speak (exit 9).
     """
-    from ..operate.output import danger_line, warning_line
+    from ..operate.cli_printing import danger_line, warning_line
     from ..protocol.connection.clients import client_from_url
     from ..protocol.connection.server_checks import EvictionPolicyWarning, check_server
     from ..protocol.store.lease_store import LeaseStore
@@ -152,7 +152,7 @@ def parse_since(text: str, option: str) -> int:
         InvalidInput: neither.
     """
     from ..errors import InvalidInput
-    from ..fleet.runs import to_ms
+    from ..fleet.runs.lifecycle import to_ms
 
     if _DATE.fullmatch(text):
         day = parse_date(text, option)
@@ -258,7 +258,7 @@ def planning_progress(delay: float = PROGRESS_DELAY) -> Iterator[TickProgress]:
 def exit_if_failed(result: TickResult, made: Collection[str] = ()) -> None:
     """Exits 7, after one line saying so, when some of the tick's work failed, or a run
     the command ``made`` was finalized failed in it (before any work)."""
-    from ..operate.output import error_line
+    from ..operate.cli_printing import error_line
 
     if result.failures:
         error_line(

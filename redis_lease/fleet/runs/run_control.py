@@ -2,7 +2,7 @@
 run is open, a new deadline from what the operator typed, finalizing an open run now, and
 requeueing dead items.
 
-The run's states are :mod:`.run_states`; the changes themselves are :class:`.runs.Runs`'.
+The run's states are :mod:`.run_states`; the changes themselves are :class:`.lifecycle.Runs`'.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
-from ..errors import InvalidInput, NotFound
-from ..limits import DEFAULT_SWEEP
-from ..protocol.store.call_checks import check_sweep
-from ..protocol.store.lease_store import LeaseStore
-from .job import parse_duration
+from ...errors import InvalidInput, NotFound
+from ...limits import DEFAULT_SWEEP
+from ...protocol.store.call_checks import check_sweep
+from ...protocol.store.lease_store import LeaseStore
+from ..jobs.job import parse_duration
+from .lifecycle import Decision, Runs
 from .run_states import OPEN_STATES, RESUMABLE_STATES
-from .runs import Decision, Runs
 
 #: A deadline given as a duration from now (``90s``, ``30m``, ``2h``, ``1.5d``).
 _DURATION = re.compile(r"\d+(\.\d+)?[smhd]")
@@ -56,7 +56,7 @@ def new_deadline(when: str | timedelta, now: datetime) -> datetime:
 
 
 def finalize_if_open(runs: Runs, run_id: str, trigger: str) -> tuple[str, Decision | None]:
-    """Closes the run now as succeeded, partial or failed (:meth:`.runs.Runs.finalize`) when
+    """Closes the run now as succeeded, partial or failed (:meth:`.lifecycle.Runs.finalize`) when
     it is open; a run already final is left alone. Returns its state after, and the decision
     (None when nothing changed).
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ..limits import AGE_INTERVAL_MS, AGE_SAMPLES
-from ..protocol.connection.clients import as_text
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.values import RunStatus
+from ...limits import AGE_INTERVAL_MS, AGE_SAMPLES
+from ...protocol.connection.clients import as_text
+from ...protocol.leases import RunStatus
+from ...protocol.store.lease_store import LeaseStore
 
 #: Entries kept per run (XADD MAXLEN ~).
 CAP = AGE_SAMPLES

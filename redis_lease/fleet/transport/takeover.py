@@ -23,8 +23,8 @@ threads, keeps beating and is never taken over; no worker's own clock takes part
 Whoever sees a dead shard job first takes it over, once (``take_shard_jobs.lua`` decides
 who): every ``redis-lease worker`` looks every second
 (:class:`~redis_lease.fleet.worker.watch.FleetWatch`, one script call whatever the number of
-jobs), and the tick looks too (:func:`~redis_lease.fleet.shard_jobs.live_jobs`). A watcher never
-takes over a shard job of its own process or of its own worker (:func:`runs_here`).
+jobs), and the tick looks too (:func:`~redis_lease.fleet.transport.shard_jobs.live_jobs`).
+A watcher never takes over a shard job of its own process or of its own worker (:func:`runs_here`).
 Taking over:
 
 1. ends the job's leases now, by the server clock (``cut_leases.lua``, every lease of its
@@ -58,22 +58,24 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from ..errors import InvalidInput, NotFound, RedisLeaseError
-from ..limits import (
+from ...errors import InvalidInput, NotFound, RedisLeaseError
+from ...limits import (
+    DAY_MS,
     DEAD_AFTER_MS,
     SHARD_COUNT_MAX,
     STALL_GAP_MS,
     TAKEOVER_LOG_CAP,
     TAKEOVER_RETRY_MS,
+    WORKER_NAME_MAX,
 )
-from ..messages import count_of
-from ..protocol.connection.clients import as_text, queue_time, time_ms
-from ..protocol.replies import Swept
-from ..protocol.scripts import Call, Command
-from ..protocol.store.declared_jobs import is_job_path
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.validation import check_id, clip
-from .runs import Runs
+from ...messages import count_of
+from ...protocol.connection.clients import as_text, queue_time, time_ms
+from ...protocol.replies import Swept
+from ...protocol.scripts import Call, Command
+from ...protocol.store.declared_jobs import is_job_path
+from ...protocol.store.lease_store import LeaseStore
+from ...protocol.validation import check_id, clip
+from ..runs.lifecycle import Runs
 from .shard_job_failures import record_job_failure
 
 log = logging.getLogger("redis_lease.worker")
@@ -81,9 +83,7 @@ log = logging.getLogger("redis_lease.worker")
 #: Takeovers kept in the fleet's takeover log (newest first).
 TAKEOVER_LOG = TAKEOVER_LOG_CAP
 #: Milliseconds a takeover, and a silent worker's record, stay in the views: a day.
-KEPT_MS = 24 * 3600 * 1000
-#: The longest text kept of a worker's or host's name.
-NAME_MAX = 200
+KEPT_MS = DAY_MS
 #: Why a shard job is taken over when nothing more is known.
 STOPPED = "stopped beating: killed, paused or cut off from Redis"
 #: The most dead jobs (and unfinished takeovers) one sweep returns.
@@ -134,9 +134,9 @@ class ShardJob:
                 rq_id=check_id(rq_id, "RQ job id"),
                 run_id=check_id(str(data["run_id"]), "run id"),
                 shard=int(data["shard"]),
-                worker=clip(str(data["worker"]), NAME_MAX),
+                worker=clip(str(data["worker"]), WORKER_NAME_MAX),
                 owner=check_id(str(data["owner"]), "owner"),
-                host=clip(str(data["host"]), NAME_MAX),
+                host=clip(str(data["host"]), WORKER_NAME_MAX),
                 pid=int(data["pid"]),
                 path=str(data["path"]),
                 queue=check_id(str(data["queue"]), "queue"),
@@ -203,7 +203,7 @@ def runs_here(job: ShardJob) -> bool:
     and its process still runs: a watcher here never takes it over. A worker's work horse
     that died (gone, or a zombie) is not its own any more: another watcher, or the tick,
     may take it over."""
-    if job.host != clip(socket.gethostname(), NAME_MAX):
+    if job.host != clip(socket.gethostname(), WORKER_NAME_MAX):
         return False
     if job.pid == os.getpid():
         return True

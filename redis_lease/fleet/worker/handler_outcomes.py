@@ -35,10 +35,10 @@ from ...errors import (
     Throttled,
 )
 from ...protocol.guards import Condition, Write
+from ...protocol.leases import CommitRequest, FailRequest, ReleaseRequest, SettleRequest
 from ...protocol.store.lease_store import LeaseStore
-from ...protocol.values import CommitRequest, FailRequest, ReleaseRequest, SettleRequest
 from ..full_redis import is_full, notice_full
-from ..live_lease import ActiveLease
+from ..jobs.live_lease import ActiveLease
 from .lease_keeper import LeaseKeeper
 
 log = logging.getLogger("redis_lease.worker")

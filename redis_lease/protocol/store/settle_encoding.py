@@ -18,9 +18,7 @@ from ...errors import InvalidInput, LeaseError, LeaseLost, NotFound
 from ...limits import BATCH_MAX, ERROR_MAX_BYTES
 from .. import guards
 from ..keys import Keys
-from ..scripts import Call
-from ..validation import check_id, check_lease, clip, delay_to_ms, encode_json
-from ..values import (
+from ..leases import (
     CommitReply,
     CommitRequest,
     FailReply,
@@ -29,6 +27,8 @@ from ..values import (
     ReleaseRequest,
     SettleRequest,
 )
+from ..scripts import Call
+from ..validation import check_id, check_lease, clip, delay_to_ms, encode_json
 
 #: One settle group: (operation, lease, detail, option).
 Group = tuple[str, Lease, Any, Any]

@@ -1,6 +1,6 @@
 """The plumbing every LeaseStore stands on: its clients (the lease store's and RQ's),
 its key names and scripts, the translation of what Redis raises, and the shard of an item;
-and the lock of one tick or one planner taken on a store (:func:`lock`)."""
+and the lock of one planner taken on a store (:func:`lock`)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def waits_for_replicas(name: str, args: Sequence[Any]) -> bool:
 
 
 class StoreBase:
-    """A store's clients, keys and scripts (see :class:`~.store.LeaseStore`)."""
+    """A store's clients, keys and scripts (see :class:`~.lease_store.LeaseStore`)."""
 
     def __init__(
         self,
@@ -274,8 +274,9 @@ class StoreBase:
 def lock(store: StoreBase, key: str, ttl_ms: int, run_id: str | None = None) -> Iterator[bool]:
     """Holds ``key`` for the block when it is free; yields whether it was taken.
 
-    The lock of one tick or one planner: the key holds a random owner token with a TTL,
-    so a holder that dies frees it by expiry. It is released through the
+    A run's planner lock (a job's tick lock is
+    :func:`redis_lease.protocol.store.leader.job_tick_lock`): the key holds a random owner
+    token with a TTL, so a holder that dies frees it by expiry. It is released through the
     ``release_lock`` script, which deletes it only while it still holds the owner's
     token (a lock that expired and was taken by another is left alone); the release goes
     through :meth:`Scripts.call`, so a ``SCRIPT FLUSH`` costs a reload, not a lock held

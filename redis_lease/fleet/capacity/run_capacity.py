@@ -6,8 +6,8 @@ Workers record their passes with :func:`record_pass` in the run's capacity hash;
 :func:`run_need` is the count that finishes the remaining items before the deadline:
 ceil(remaining * a / (rate * seconds left)) plus the spares, where the rate is a
 worker's measured rate and a the attempts an item costs
-(:func:`~redis_lease.fleet.capacity.workers_needed`, the model of
-:mod:`redis_lease.fleet.capacity`).
+(:func:`~redis_lease.fleet.capacity.model.workers_needed`, the model of
+:mod:`redis_lease.fleet.capacity.model`).
 """
 
 from __future__ import annotations
@@ -16,18 +16,11 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..errors import InvalidInput
-from ..protocol.connection.clients import as_text
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.values import RunStatus
-from .capacity import (
-    MAX_RETRY_RATE,
-    attempts_per_item,
-    check_count,
-    duration,
-    figure,
-    workers_needed,
-)
+from ...errors import InvalidInput
+from ...protocol.connection.clients import as_text
+from ...protocol.leases import RunStatus
+from ...protocol.store.lease_store import LeaseStore
+from .model import MAX_RETRY_RATE, attempts_per_item, check_count, duration, figure, workers_needed
 
 #: The suffix of a run's capacity hash, after the run's record key.
 CAPACITY_SUFFIX = ":capacity"

@@ -27,7 +27,7 @@ The model (every figure in seconds and items per second):
 For a run already under way, :func:`workers_needed` is the count that finishes
 the remaining items before the deadline: ceil(remaining * a / (rate * seconds
 left)) plus the spares. The rates a run's workers measure, and the count it needs
-from them, are in :mod:`redis_lease.fleet.run_capacity`. Nothing here reads Redis.
+from them, are in :mod:`redis_lease.fleet.capacity.run_capacity`. Nothing here reads Redis.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidInput
-from ..limits import MAX_RETRY_RATE
+from ...errors import InvalidInput
+from ...limits import MAX_RETRY_RATE
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")
 _RATE_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}

@@ -21,11 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from ..errors import EffectFailed, LeaseLost
-from ..limits import CONCURRENCY_MAX, DEAD_AFTER
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.values import Lease
-from .effects import apply_effect
+from ...errors import EffectFailed, LeaseLost
+from ...limits import CONCURRENCY_MAX, DEAD_AFTER
+from ...protocol.leases import Lease
+from ...protocol.store.lease_store import LeaseStore
+from ..effects.ledger import apply_effect
 
 log = logging.getLogger("redis_lease.worker")
 
@@ -217,7 +217,7 @@ class ActiveLease:
         ``call`` gets the key (``<run>|<item>|<name>``) and returns the provider's
         result. The intent is recorded, and the lease checked and renewed for its TTL,
         in one script right before the call, so the item can be taken over only while
-        the call is under way. What holds (:func:`~redis_lease.fleet.effects.apply_effect`;
+        the call is under way. What holds (:func:`~redis_lease.fleet.effects.ledger.apply_effect`;
         the table in docs/concepts/effects-and-idempotency.md):
 
         - ``honours_keys=True`` (the provider dedupes by key): applied at most once, always.

@@ -9,16 +9,17 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidInput, NotFound, PlanningDeferred
-from ..limits import RUN_LOG_CAP, TEXT_MAX_BYTES
-from ..messages import one_line
-from ..protocol.connection.clients import as_text, server_ms
-from ..protocol.replies import Transition
-from ..protocol.store.base import lock
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.validation import check_id, clip, encode_json
-from ..protocol.values import Item, from_ms
-from . import job_tallies, lost_records, remembered
+from ...errors import InvalidInput, NotFound, PlanningDeferred
+from ...limits import RUN_LOG_CAP, TEXT_MAX_BYTES
+from ...messages import one_line
+from ...protocol.connection.clients import as_text, server_ms
+from ...protocol.leases import Item, from_ms
+from ...protocol.replies import Transition
+from ...protocol.store.lease_store import LeaseStore
+from ...protocol.store.store_client import lock
+from ...protocol.validation import check_id, clip, encode_json
+from ..loss import lost_records, tick_memory
+from . import job_tallies
 from .run_states import (
     CANCELABLE_STATES,
     CANCELED,
@@ -37,7 +38,7 @@ from .run_states import (
 )
 
 if TYPE_CHECKING:  # views of runs need neither a job nor croniter
-    from .job import Job, Planner
+    from ..jobs.job import Job, Planner
 
 PLAN_BATCH = 500
 PLANNER_LOCK_MS = 120_000
@@ -140,13 +141,13 @@ class Runs:
         with a run created now (a re-run's ``after_loss``; a run recorded lost gets one
         whoever makes it again). Repeating the call after a crash midway completes the
         bookkeeping of an open run. A run recorded lost and created again is noted so
-        (:func:`redis_lease.fleet.lost_records.mark_rerun`).
+        (:func:`redis_lease.fleet.loss.lost_records.mark_rerun`).
         """
         run_id = job.run_id(business_date)
         deadline = deadline or job.deadline_for(business_date, started)
         fields = fields if fields and "after_loss" in fields else self._doubt(run_id, fields)
         # Remembered before it exists: a loss right after is still told by the tick side.
-        remembered.note(self.store, job.name, run_id, remembered.CREATING, to_ms(started))
+        tick_memory.note(self.store, job.name, run_id, tick_memory.CREATING, to_ms(started))
         created, _ = self.store.create_run(
             run_id,
             job.options.shards,
@@ -322,7 +323,7 @@ class Runs:
         raise PlanningDeferred(said, run_id=run_id) from error
 
     def _fail_planning(self, job: Job, run_id: str, error: BaseException, reason: str = "") -> None:
-        remembered.note(self.store, job.name, run_id, remembered.ENDING)
+        tick_memory.note(self.store, job.name, run_id, tick_memory.ENDING)
         reason = reason or planning_reason(error)
         ended = self._transition(run_id, OPEN_STATES, FAILED, reason)
         if ended.changed:
@@ -337,7 +338,7 @@ class Runs:
         succeeded: exactly the planned items, each done by a commit before the
         deadline (a run planned with no items too); partial: some done; failed:
         none done. The reason names the trigger and the counts. The end is counted
-        once in its job's ``runs_finished`` tally (:mod:`redis_lease.fleet.job_tallies`): a run
+        once in its job's ``runs_finished`` tally (:mod:`redis_lease.fleet.runs.job_tallies`): a run
         resumed and finalized again is counted again.
         """
         self.store.set_closed(run_id, True)
@@ -348,7 +349,7 @@ class Runs:
             {**status.counts, "planned": status.planned, "lost": status.lost, "late": status.late}
         )
         # Remembered before it ends: after a loss, a run that may have ended is not run again.
-        remembered.note(self.store, status.info.get("job", ""), run_id, remembered.ENDING)
+        tick_memory.note(self.store, status.info.get("job", ""), run_id, tick_memory.ENDING)
         ended = self._transition(run_id, OPEN_STATES, state, reason, final_counts=final)
         if not ended.changed:
             return None
@@ -380,7 +381,7 @@ class Runs:
 
     def gone(self, run_id: str) -> NotFound | None:
         """The error for a run with no record when something shows it existed, else None
-        (:func:`redis_lease.fleet.lost_records.gone`)."""
+        (:func:`redis_lease.fleet.loss.lost_records.gone`)."""
         return lost_records.gone(self.store, run_id)
 
     def _retire(self, job_name: str, run_id: str, retention_days: int) -> None:
@@ -389,7 +390,7 @@ class Runs:
 
     def resume(self, run_id: str, deadline: datetime | None = None) -> Decision:
         """Reopens a partial or failed run (optionally with a new deadline); a canceled
-        run is final (:data:`~redis_lease.fleet.run_states.RESUMABLE_STATES`).
+        run is final (:data:`~redis_lease.fleet.runs.run_states.RESUMABLE_STATES`).
 
         An operator's explicit act: it lifts the deadline bar on every shard, so
         claims are granted again until the (new) deadline, and records that it did.
@@ -425,7 +426,7 @@ class Runs:
         """Closes an open run as canceled."""
         self.store.set_closed(run_id, True)
         info = self.info(run_id)
-        remembered.note(self.store, info.get("job", ""), run_id, remembered.ENDING)
+        tick_memory.note(self.store, info.get("job", ""), run_id, tick_memory.ENDING)
         ended = self._transition(run_id, CANCELABLE_STATES, CANCELED, reason)
         if ended.changed:
             job, days = info.get("job", ""), retention_days(info)

@@ -1,10 +1,10 @@
 """What the tick side remembers of the data set it wrote to, kept where a loss of the lease
 store's Redis cannot reach it.
 
-A tick remembers the data set's mark (:mod:`redis_lease.fleet.data_set`: its id, its epoch and the
-sequence number the tick's own last write got) and the runs it knew of (each job's open runs,
-the newest ad-hoc runs), so that after a loss it can tell that the server's data set is not
-the one it wrote to, and which runs went with it. Three places keep it, none of them the
+A tick remembers the data set's mark (:mod:`redis_lease.fleet.loss.data_set_mark`: its id, its
+epoch and the sequence number the tick's own last write got) and the runs it knew of (each job's
+open runs, the newest ad-hoc runs), so that after a loss it can tell that the server's data set is
+not the one it wrote to, and which runs went with it. Three places keep it, none of them the
 lease store's data set:
 
 - the process: each store object remembers what its ticks saw (a long-lived ticking
@@ -48,12 +48,12 @@ from weakref import WeakKeyDictionary, WeakSet
 
 import redis
 
-from ..errors import InvalidInput
-from ..protocol.connection.clients import as_text
-from ..protocol.connection.urls import safe_url
-from ..protocol.store.lease_store import LeaseStore
+from ...errors import InvalidInput
+from ...protocol.connection.clients import as_text
+from ...protocol.connection.urls import safe_url
+from ...protocol.store.lease_store import LeaseStore
 
-log = logging.getLogger("redis_lease.fleet.remembered")
+log = logging.getLogger("redis_lease.fleet.loss.tick_memory")
 
 #: The environment variable naming the memory file of ticks that run as new processes.
 MARK_FILE_ENV = "REDIS_LEASE_MARK_FILE"
@@ -208,7 +208,7 @@ def note(store: LeaseStore, job: str, run_id: str, state: str, created_ms: int =
 
 def keep_in_doubt(store: LeaseStore, memory: Remembered) -> None:
     """Remembers ``memory`` in this process only, in doubt (a copy of the server's state that
-    a worker keeps while another leads: :func:`redis_lease.fleet.data_set.mirror`)."""
+    a worker keeps while another leads: :func:`redis_lease.fleet.loss.data_set_mark.mirror`)."""
     _by_store[store] = memory
     _doubted.add(store)
 

@@ -54,7 +54,7 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ..errors import (
+from ...errors import (
     EffectFailed,
     EffectUnknown,
     InvalidInput,
@@ -66,13 +66,13 @@ from ..errors import (
     SlotTimeout,
     Throttled,
 )
-from ..limits import TEXT_MAX_BYTES, bound
-from ..protocol.connection.clients import queue_time, time_ms
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.validation import check_id, clip
+from ...limits import TEXT_MAX_BYTES, bound
+from ...protocol.connection.clients import queue_time, time_ms
+from ...protocol.store.lease_store import LeaseStore
+from ...protocol.validation import check_id, clip
 
 if TYPE_CHECKING:
-    from ..protocol.values import Lease
+    from ...protocol.leases import Lease
 
 __all__ = [
     "KEY_MAX_LENGTH",

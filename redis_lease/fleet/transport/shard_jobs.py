@@ -20,9 +20,9 @@ from rq.job import Job as RQJob
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 
-from ..errors import RedisLeaseError
-from ..limits import DEFAULT_PREFIX
-from ..protocol.connection.clients import (
+from ...errors import RedisLeaseError
+from ...limits import DEFAULT_PREFIX
+from ...protocol.connection.clients import (
     as_text,
     client_from_url,
     describe,
@@ -30,8 +30,8 @@ from ..protocol.connection.clients import (
     resilient,
     time_ms,
 )
-from ..protocol.connection.replica_wait import ReplicaWait
-from ..protocol.store.lease_store import LeaseStore
+from ...protocol.connection.replica_wait import ReplicaWait
+from ...protocol.store.lease_store import LeaseStore
 from . import takeover
 from .shard_job_failures import record_job_failure
 
@@ -145,8 +145,8 @@ def live_jobs(store: LeaseStore, run_id: str) -> dict[int, list[str]]:
     """The run's live RQ jobs by shard; forgets the ones that ended or died.
 
     It first takes over the registered shard jobs that are dead by the server's clock
-    (:func:`redis_lease.fleet.takeover.sweep`, as a worker's watch does). A registered shard
-    job is live: the registry judges it, not RQ's status (which RQ's cleanup sets from the
+    (:func:`redis_lease.fleet.transport.takeover.sweep`, as a worker's watch does). A registered
+    shard job is live: the registry judges it, not RQ's status (which RQ's cleanup sets from the
     clock of whichever worker runs it), except when RQ failed it because it saw its work
     horse die: that job is taken over now. Scheduled and deferred jobs are live, so
     is a queued job waiting in its queue, and a started job whose beat key lives (one about

@@ -3,7 +3,7 @@
 A run is lost when something shows that it existed and should still have its record (it
 was open, or its retention has not ended) but the record is gone: eviction, keys
 deleted, a server restarted empty or restored from an older copy. The tick finds them
-(:mod:`redis_lease.fleet.tick.lost_runs`) and keeps here what it found, for every view:
+(:mod:`redis_lease.fleet.loss.lost_runs`) and keeps here what it found, for every view:
 
 - ``<prefix>:job:{<job>}:lost`` (hash; ad-hoc runs: ``<prefix>:adhoc:{adhoc}:lost``): run
   id -> its :class:`LostRun` as JSON;
@@ -21,13 +21,14 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ..errors import NotFound
-from ..limits import LOST_KEPT_DAYS as LOST_KEPT_DAYS  # days a lost run's record is kept
-from ..protocol.connection.clients import as_text, queue_time, time_ms
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.values import COUNT_STATES, RunStatus, from_ms
-from .job_tallies import tallies_key
-from .run_states import DAY_MS, LOST_STATE, retention_days
+from ...errors import NotFound
+from ...limits import DAY_MS
+from ...limits import LOST_KEPT_DAYS as LOST_KEPT_DAYS  # days a lost run's record is kept
+from ...protocol.connection.clients import as_text, queue_time, time_ms
+from ...protocol.leases import COUNT_STATES, RunStatus, from_ms
+from ...protocol.store.lease_store import LeaseStore
+from ..runs.job_tallies import tallies_key
+from ..runs.run_states import LOST_STATE, retention_days
 
 
 @dataclass(frozen=True)

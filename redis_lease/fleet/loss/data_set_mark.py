@@ -7,7 +7,7 @@ set it wrote to.
   (``dataset``, written by each of its ticks);
 - ``created_at``: when (server clock, ms);
 - ``seq``: raised by one on every tick of a job; the tick side remembers the value its
-  own last tick got (:mod:`redis_lease.fleet.remembered`, kept outside this data set);
+  own last tick got (:mod:`redis_lease.fleet.loss.tick_memory`, kept outside this data set);
 - ``epoch``: the losses noticed in this data set's life;
 - ``losses:<kind>``, ``last_loss``, ``last_loss_at``, ``last_loss_reason``: those losses;
   ``replaces``: the id of the data set this one replaced, once a tick noticed.
@@ -37,10 +37,10 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from ..protocol.connection.clients import as_text
-from ..protocol.replies import MarkObserved
-from ..protocol.store.lease_store import LeaseStore
-from .remembered import Remembered, keep, keep_in_doubt, recall
+from ...protocol.connection.clients import as_text
+from ...protocol.replies import MarkObserved
+from ...protocol.store.lease_store import LeaseStore
+from .tick_memory import Remembered, keep, keep_in_doubt, recall
 
 #: The kinds of loss the mark tells, in the order the exporter lists them.
 LOSS_KINDS = ("replaced", "rolled_back", "mark_lost")
@@ -80,7 +80,7 @@ class Observation:
     ``loss`` is the loss this tick noticed (and counted), ``since_loss`` whether a loss
     happened since what the tick side remembers (noticed now or by another side), and
     ``remembered`` what it remembered before this tick, as far as the tick may go by it
-    (superseded runs dropped or doubtful: :mod:`redis_lease.fleet.remembered`).
+    (superseded runs dropped or doubtful: :mod:`redis_lease.fleet.loss.tick_memory`).
     """
 
     id: str
@@ -139,7 +139,7 @@ def observe(store: LeaseStore, job: str) -> Observation:
 def _judged(
     memory: Remembered | None, mark: MarkObserved, loss: Loss | None, mark_job: str
 ) -> Remembered | None:
-    """What of ``memory`` this tick may go by (:mod:`redis_lease.fleet.remembered`): all of it
+    """What of ``memory`` this tick may go by (:mod:`redis_lease.fleet.loss.tick_memory`): all of it
     when it noticed a loss now or no other side ticked since it was written; its runs and
     scheduled times made doubtful when another side noticed a loss first, or ticked since
     (or this side's own tick whose reply was lost: it cannot tell): while nothing is lost

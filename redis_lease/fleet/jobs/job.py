@@ -27,17 +27,17 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
-from ..errors import InvalidInput
-from ..limits import (
+from ...errors import InvalidInput
+from ...limits import (
     DEFAULT_BACKOFF_BASE,
     DEFAULT_BACKOFF_CAP,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RETENTION_DAYS,
     DEFAULT_TTL,
 )
-from ..messages import one_line
-from ..protocol.validation import check_id
-from ..protocol.values import Item
+from ...messages import one_line
+from ...protocol.leases import Item
+from ...protocol.validation import check_id
 from .job_options import CATCH_UP_POLICIES as CATCH_UP_POLICIES
 from .job_options import DEFAULT_DEADLINE_AFTER
 from .job_options import JobOptions as JobOptions
@@ -55,7 +55,7 @@ Handler = Callable[[Item, "ActiveLease"], Any]
 class Job:
     """A named nightly job: a planner, a handler and their options.
 
-    Every keyword is a field of :class:`~redis_lease.fleet.job_options.JobOptions`, with
+    Every keyword is a field of :class:`~redis_lease.fleet.jobs.job_options.JobOptions`, with
     the same default; ``docs/jobs.md`` tables what each changes.
 
     Args:
@@ -188,6 +188,11 @@ class Job:
     def settings(self) -> dict[str, str]:
         """The options as text, for the job's record in Redis."""
         return self.options.settings()
+
+
+def business_date(job: Job, fire: datetime) -> date:
+    """The business date of a scheduled time: its date in the job's timezone."""
+    return fire.astimezone(job.zone).date()
 
 
 def with_cwd_on_path() -> str:

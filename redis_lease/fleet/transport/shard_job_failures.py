@@ -17,15 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..limits import (
-    DISPATCH_BACKOFF_BASE,
-    DISPATCH_BACKOFF_CAP,
-    DISPATCH_FAILURE_STREAK,
-)
-from ..limits import JOB_ERROR_MAX_BYTES as JOB_ERROR_MAX_BYTES
-from ..protocol.store.lease_store import LeaseStore
-from ..protocol.validation import clip
-from .runs import Decision, Runs
+from ...limits import DISPATCH_BACKOFF_BASE, DISPATCH_BACKOFF_CAP, DISPATCH_FAILURE_STREAK
+from ...limits import JOB_ERROR_MAX_BYTES as JOB_ERROR_MAX_BYTES
+from ...protocol.store.lease_store import LeaseStore
+from ...protocol.validation import clip
+from ..runs.lifecycle import Decision, Runs
 
 #: Shard jobs failed in a row before the tick backs off dispatching to the run.
 FAILURE_STREAK_LIMIT = DISPATCH_FAILURE_STREAK
