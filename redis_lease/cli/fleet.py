@@ -206,7 +206,7 @@ def worker(
     handlers = f"concurrency {concurrency}" if concurrency is not None else "the jobs' concurrency"
 
     def started() -> None:
-        """Once RQ registered the worker and the watch beat first: the start line."""
+        """Prints the start line, once RQ registered the worker and its first heartbeat went out."""
         typer.echo(
             f"worker {rq_worker.name}: queues {', '.join(wanted.queues)}, {handlers}, "
             f"{'in-process' if simple else 'forking'}{', burst' if burst else ''}, "

@@ -187,9 +187,11 @@ class Runs:
         return run_id, created
 
     def _doubt(self, run_id: str, fields: dict[str, str] | None) -> dict[str, str] | None:
-        """``fields``, with ``after_loss`` when ``run_id`` was recorded lost: a run made of a
-        lost run's id by any door (the tick, a backfill, ``start``) is as careful with its
-        effects as one the tick makes again (their ledger may have gone with it)."""
+        """``fields``, with ``after_loss`` when ``run_id`` was recorded lost.
+
+        A run made with a lost run's id is as careful with its effects as one the tick makes
+        again, whoever makes it (the tick, a backfill, ``start``): their ledger may have gone
+        with the lost run."""
         lost = lost_records.read(self.store, run_id)
         if lost is None:
             return fields

@@ -102,7 +102,7 @@ class _Reporting(BaseWorker):
     last_failure = ""
     #: Leases the shard jobs lost to other workers (taken over while held).
     lost_leases = 0
-    #: The key prefixes of the shard jobs run (the fleet watch watches them).
+    #: The key prefixes of the shard jobs run (the FleetWatch checks their heartbeats).
     shard_prefixes: frozenset[str] = frozenset()
     #: Whether the worker's RQ connection is its own (closed when :func:`run_worker` ends).
     own_connection = False
@@ -283,7 +283,7 @@ def build_worker(store: LeaseStore, settings: WorkerSettings) -> LeaseWorker | S
     ``settings.simple``) on the store's RQ Redis, JSON jobs, its access checked
     (:func:`check_worker_access`), the shard jobs' concurrency and lease store set for this
     process (and the replicas its claims wait for: the store's), and the working directory
-    on the import path (jobs import from it). Both doors build their worker here:
+    on the import path (jobs import from it). Both entry points build their worker here:
     ``redis-lease worker`` and :func:`redis_lease.run_worker`.
 
     Raises:
@@ -338,11 +338,13 @@ def run_worker(
     started: Callable[[], None] | None = None,
     beside: Sequence[Beside] = (),
 ) -> None:
-    """Works the worker's queues (until stopped, or until they are empty with ``burst``)
-    with the fleet watch beside it: once RQ registered the worker, the watch's first beat
-    and sweep (a refusal is raised as this library's error), then ``started``, then the
-    watch beats every second until the worker stops. The threads of ``beside`` start
-    after ``started`` and are closed when the worker stops."""
+    """Works the worker's queues until stopped (or until they are empty, with ``burst``).
+
+    A :class:`~redis_lease.fleet.worker.watch.FleetWatch` thread runs beside it. Once RQ
+    has registered the worker, the thread sends its first heartbeat and looks for dead shard
+    jobs (a refusal is raised as this library's error). Then ``started`` is called, and the
+    thread repeats this every second until the worker stops. The threads of ``beside``
+    start after ``started`` and are closed when the worker stops."""
     queues = worker.queue_names()
     watch = FleetWatch(
         store, worker.name, queues, say=worker.say, prefixes=lambda: worker.shard_prefixes
