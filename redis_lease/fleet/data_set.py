@@ -6,28 +6,28 @@ set it wrote to.
 - ``id``: random, written when the mark is made; every job's record keeps a copy
   (``dataset``, written by each of its ticks);
 - ``created_at``: when (server clock, ms);
-- ``seq``: raised by one on every tick of a job; the tick side remembers the value its
+- ``seq``: raised by one on every tick of a job; the scheduler remembers the value its
   own last tick got (:mod:`redis_lease.fleet.remembered`, kept outside this data set);
 - ``epoch``: the losses noticed in this data set's life;
 - ``losses:<kind>``, ``last_loss``, ``last_loss_at``, ``last_loss_reason``: those losses;
   ``replaces``: the id of the data set this one replaced, once a tick noticed.
 
-Each tick of a job first observes the mark (:func:`observe`), against what its side
+Each tick of a job first observes the mark (:func:`observe`), against what its scheduler
 remembers and the job's copy, in one script (``lua/observe_data_set.lua``), and notices:
 
-- ``replaced``: the tick side remembers another id, or remembers one while the server has
+- ``replaced``: the scheduler remembers another id, or remembers one while the server has
   no mark and no job record keeps one: the server restarted empty, was flushed, or holds
   another server's data;
-- ``rolled_back``: the same id, but ``seq`` is below what this side's last tick got: writes
+- ``rolled_back``: the same id, but ``seq`` is below what this scheduler's last tick got: writes
   the tick saw accepted are gone (an older snapshot restored, a failover that missed the
   last writes); a rollback that takes back no tick's write is not seen here;
 - ``mark_lost``: no mark while the job's record keeps its id: keys are being dropped
   (eviction, deletion); the mark is made again with that id.
 
-Each loss is counted once, whichever side notices it first: noticing moves the epoch on,
-and a side that remembers an older epoch (or the replaced id) takes the new one without
+Each loss is counted once, whichever scheduler notices it first: noticing moves the epoch on,
+and a scheduler that remembers an older epoch (or the replaced id) takes the new one without
 counting again. With nothing remembered and no copy (a new deployment, or a wipe seen by
-no tick side) no loss can be told, and none is counted: the job's tick then says it has
+no scheduler) no loss can be told, and none is counted: the job's tick then says it has
 "no record of this job's runs" (:mod:`redis_lease.fleet.tick.due_runs`).
 """
 
@@ -78,7 +78,7 @@ class Observation:
     """What one tick saw of the mark.
 
     ``loss`` is the loss this tick noticed (and counted), ``since_loss`` whether a loss
-    happened since what the tick side remembers (noticed now or by another side), and
+    happened since what the scheduler remembers (noticed now or by another scheduler), and
     ``remembered`` what it remembered before this tick, as far as the tick may go by it
     (superseded runs dropped or doubtful: :mod:`redis_lease.fleet.remembered`).
     """
@@ -140,9 +140,9 @@ def _judged(
     memory: Remembered | None, mark: MarkObserved, loss: Loss | None, mark_job: str
 ) -> Remembered | None:
     """What of ``memory`` this tick may go by (:mod:`redis_lease.fleet.remembered`): all of it
-    when it noticed a loss now or no other side ticked since it was written; its runs and
-    scheduled times made doubtful when another side noticed a loss first, or ticked since
-    (or this side's own tick whose reply was lost: it cannot tell): while nothing is lost
+    when it noticed a loss now or no other scheduler ticked since it was written; its runs and
+    scheduled times made doubtful when another scheduler noticed a loss first, or ticked since
+    (or this scheduler's own tick whose reply was lost: it cannot tell): while nothing is lost
     the server's records are the truth, and after a loss a doubtful run is only named.
     After a loss, every job it knows of (and ``mark_job``) is unsettled until its tick
     finishes (:func:`remember_runs`)."""
@@ -160,7 +160,7 @@ def _judged(
 def remember_runs(
     store: LeaseStore, job: str, runs: dict[str, int], fired_ms: int | None = None
 ) -> None:
-    """Remembers ``runs`` (run id -> created ms) as the runs the tick side knows of ``job``
+    """Remembers ``runs`` (run id -> created ms) as the runs the scheduler knows of ``job``
     (``""``: ad-hoc runs), and ``fired_ms`` as the last scheduled time its ticks handled,
     beside the mark last observed; the job's tick after a loss is settled."""
     memory = recall(store)
