@@ -9,7 +9,7 @@ and a plain handler at concurrency 1 runs inline, in the caller's thread.
 
 The thread and event loop pools also keep claimed items waiting for a slot: a
 slot whose handler ends starts the next waiting item itself, so a slot never
-waits while the shard loop makes a claim or settle round trip.
+waits while the shard loop makes a claim or commit round trip.
 """
 
 from __future__ import annotations

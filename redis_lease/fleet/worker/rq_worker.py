@@ -299,7 +299,7 @@ def build_worker(store: LeaseStore, settings: WorkerSettings) -> LeaseWorker | S
     with store.translating_errors():
         checked = store.rq  # RQ's Redis: the store's, or the queue URL's
         check_worker_access(store, checked, name)
-    # RQ's loop quits at an error it does not expect: on a full Redis its calls wait for room
+    # RQ's loop quits at an error it does not expect: on a full Redis its calls wait instead
     client = riding_out_full(checked, f"worker {name}")
     use_lease_url(settings.lease_url)
     use_replica_wait(store.replica_wait)  # the jobs' stores wait for the replicas this one does

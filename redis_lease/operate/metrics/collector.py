@@ -77,7 +77,7 @@ EVENT_COUNTERS = {
     "releases": "Items given back unprocessed (drain, throttling, condition races).",
     "renewals": "Lease renewals.",
     "requeued": "Dead items moved back to pending.",
-    "effects_reconciled": "Effects settled by reconciling an earlier attempt.",
+    "effects_reconciled": "Effects resolved by reconciling an earlier attempt.",
     "late_commits": "Commits accepted after the run's deadline (leases granted before it).",
 }
 #: Gauges of a run's accounting (redis_lease.protocol.values.RunStatus), by attribute.
