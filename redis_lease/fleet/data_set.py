@@ -1,4 +1,4 @@
-"""The data set's mark: how a tick tells that the Redis it talks to no longer holds the data
+"""The data set's mark: how a tick detects that the Redis it talks to no longer holds the data
 set it wrote to.
 
 ``<prefix>:dataset`` (a hash) is made once, by the first tick:
@@ -27,7 +27,7 @@ remembers and the job's copy, in one script (``lua/observe_data_set.lua``), and 
 Each loss is counted once, whichever scheduler notices it first: noticing moves the epoch on,
 and a scheduler that remembers an older epoch (or the replaced id) takes the new one without
 counting again. With nothing remembered and no copy (a new deployment, or a wipe seen by
-no scheduler) no loss can be told, and none is counted: the job's tick then says it has
+no scheduler) no loss can be detected, and none is counted: the job's tick then says it has
 "no record of this job's runs" (:mod:`redis_lease.fleet.tick.due_runs`).
 """
 
@@ -42,7 +42,7 @@ from ..protocol.replies import MarkObserved
 from ..protocol.store.lease_store import LeaseStore
 from .remembered import Remembered, keep, keep_in_doubt, recall
 
-#: The kinds of loss the mark tells, in the order the exporter lists them.
+#: The kinds of loss the mark detects, in the order the exporter lists them.
 LOSS_KINDS = ("replaced", "rolled_back", "mark_lost")
 #: What each kind of loss means, for decisions, ``status`` and the run's record.
 LOSS_REASONS = {
@@ -170,11 +170,13 @@ def remember_runs(
 
 
 def mirror(store: LeaseStore, jobs: Sequence[str]) -> None:
-    """Keeps in this process a doubtful copy of what the server holds of ``jobs``: the mark,
-    each job's open runs and last scheduled time handled (one round trip). A worker that may
-    lead next does this while another leads, so that whichever worker takes the lease after
-    a wipe can tell the loss and name what it took, never make a run again plainly (it does
-    not know which of them ended since). Nothing is kept while the server has no mark."""
+    """Keeps in this process a doubtful copy of what the server holds of ``jobs``.
+
+    The copy holds the mark, and each job's open runs and last scheduled time handled (one
+    round trip). A worker that may lead next does this while another worker leads. So
+    whichever worker takes the lease after a wipe can detect the loss and name the runs it
+    took. It never makes those runs again on this copy alone: it does not know which of
+    them ended since. Nothing is kept while the server has no mark."""
     with store.translating_errors():
         pipe = store.client.pipeline(transaction=False)
         pipe.hmget(store.keys.data_set, ["id", "epoch", "seq"])

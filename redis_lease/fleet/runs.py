@@ -156,7 +156,7 @@ class Runs:
         run_id = job.run_id(business_date)
         deadline = deadline or job.deadline_for(business_date, started)
         fields = fields if fields and "after_loss" in fields else self._doubt(run_id, fields)
-        # Remembered before it exists: a loss right after is still told by the scheduler.
+        # Remembered before it exists: the scheduler still detects a loss right after.
         remembered.note(self.store, job.name, run_id, remembered.CREATING, to_ms(started))
         created, _ = self.store.create_run(
             run_id,

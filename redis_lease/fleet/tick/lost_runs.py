@@ -1,7 +1,7 @@
 """What a tick does after a loss of data.
 
 It makes a job's lost runs again where its schedule and catch-up policy cover them, and
-names them where not. It tells open runs of the loss, and names lost ad-hoc runs.
+names them where not. It marks open runs with the loss, and names lost ad-hoc runs.
 
 Each tick of a job (:func:`recover`, after :func:`redis_lease.fleet.data_set.observe`) looks for
 runs with no record among those something shows existed:
@@ -79,8 +79,9 @@ class _Candidate:
 def recover(
     store: LeaseStore, runs: Runs, path: str, job: Job, now: datetime, seen: Observation
 ) -> list[Decision]:
-    """One job's lost runs made again or named, and its open runs told of a data-set loss
-    (the loss itself is told by the tick: a ``data_lost`` decision)."""
+    """Makes again or names one job's lost runs, and marks its open runs after a data-set loss.
+
+    The tick reports the loss itself (a ``data_lost`` decision)."""
     now_ms = to_ms(now)
     decisions: list[Decision] = []
     candidates = _job_candidates(store, job, now_ms, seen)
