@@ -2,7 +2,7 @@
 the :class:`Heartbeat` it is trusted by.
 
 The worker's :class:`~redis_lease.fleet.worker.lease_keeper.LeaseKeeper` renews every held
-lease (conditional on its token) and beats a shard job's heartbeat. A lease
+lease (conditional on its token) and sends the shard job's heartbeat. A lease
 that cannot be renewed is marked lost: a thread handler then gets
 :class:`~redis_lease.errors.LeaseLost` at its next :meth:`ActiveLease.check`,
 :meth:`~ActiveLease.effect` or :meth:`~ActiveLease.renew`, and an async handler's task

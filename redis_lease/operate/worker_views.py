@@ -1,14 +1,14 @@
 """What operators see of the worker processes: ``redis-lease workers`` and the dashboard.
 
-One row per worker, from four records: the workers' own beats and records
+One row per worker, from four records: the workers' own heartbeats and records
 (:mod:`redis_lease.fleet.worker.watch`), the shard jobs at work with their heartbeats
-(:mod:`redis_lease.fleet.takeover`: a job beats while it is not dead by the registry's rule),
+(:mod:`redis_lease.fleet.takeover`: a job is live while it is not dead by the registry's rule),
 the fleet's takeover log, and the jobs the workers given jobs declared with what the tick
 leader says of them (:mod:`redis_lease.protocol.store.declared_jobs`). A worker is ``alive`` while
-its beat is younger than :data:`~redis_lease.limits.DEAD_AFTER` seconds, ``stopped`` once
+its heartbeat is younger than :data:`~redis_lease.limits.DEAD_AFTER` seconds, ``stopped`` once
 it said so on its way out, and ``dead`` otherwise; a worker known only from its shard
-jobs or the takeovers of the last day (a plain ``rq worker`` beats no record of its own)
-is ``unknown`` while a shard job of it beats, else ``dead``. Every name is shown as it
+jobs or the takeovers of the last day (a plain ``rq worker`` sends no heartbeat of its own)
+is ``unknown`` while a shard job of it sends heartbeats, else ``dead``. Every name is shown as it
 was stored: it may be anything anyone wrote.
 """
 

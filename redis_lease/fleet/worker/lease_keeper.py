@@ -1,10 +1,10 @@
 """The thread that keeps a worker's leases: :class:`LeaseKeeper`.
 
-It renews every held lease (conditional on its token), beats a shard job's heartbeat and
+It renews every held lease (conditional on its token), sends the shard job's heartbeat and
 reads the worker's stop request, all in one round trip per tick (renewals every third of
-the TTL, beats every second). A lease that cannot be renewed is marked lost
+the TTL, heartbeats every second). A lease that cannot be renewed is marked lost
 (:meth:`~redis_lease.fleet.live_lease.ActiveLease.mark_lost`), which stops its handler. A
-beat that finds the shard job no longer registered (it was taken over) calls
+heartbeat that finds the shard job no longer registered (it was taken over) calls
 :attr:`LeaseKeeper.on_unregistered` once: the shard job stops claiming.
 """
 

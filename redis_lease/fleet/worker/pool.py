@@ -2,8 +2,8 @@
 
 A pool starts a handler for an :class:`~redis_lease.fleet.live_lease.ActiveLease` and,
 when it ends, puts a :class:`Finished` (its answer or error, and its wall time)
-on a queue that the shard loop reads; settling and committing stay with that
-loop. :func:`make_pool` picks the kind: ``async def`` handlers share one event
+on a queue that the shard loop reads; commits, fails and releases stay with
+that loop. :func:`make_pool` picks the kind: ``async def`` handlers share one event
 loop (a lost lease cancels their task), plain handlers run on up to N threads,
 and a plain handler at concurrency 1 runs inline, in the caller's thread.
 

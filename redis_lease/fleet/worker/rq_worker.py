@@ -1,6 +1,6 @@
 """The RQ worker classes: RQ's workers, reporting shard jobs, failing bad jobs alone, and
 checking at start that the ACL lets them work; a worker built from its settings
-(:func:`build_worker`) and run with the fleet watch beside it (:func:`run_worker`).
+(:func:`build_worker`) and run with its heartbeat thread beside it (:func:`run_worker`).
 
 The shard jobs themselves (queues, JSON jobs, enqueueing, liveness) are in
 :mod:`redis_lease.fleet.shard_jobs`.

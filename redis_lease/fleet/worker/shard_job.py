@@ -3,7 +3,7 @@
 It sets up what :func:`~redis_lease.fleet.worker.shard_loop.work_shard` (the shard loop, which
 needs no RQ) works under, and records what the pass did. While handlers run, a
 :class:`~redis_lease.fleet.worker.lease_keeper.LeaseKeeper` thread renews the process's leases
-(conditional on their tokens) and beats the shard job's heartbeat; a lease that
+(conditional on their tokens) and sends the shard job's heartbeat; a lease that
 cannot be renewed is marked lost, which stops its handler.
 """
 
