@@ -106,9 +106,11 @@ class MarkState:
 
 
 def observe(store: LeaseStore, job: str) -> Observation:
-    """Reads and raises the mark for one tick of ``job``, notices a loss against what the
-    tick side remembers and the job's copy of the id, and remembers the mark as it is now
-    (the runs remembered are kept; the tick replaces them, :func:`remember_runs`)."""
+    """Reads and raises the mark for one tick of ``job``, and returns what the tick saw.
+
+    It detects a loss by comparing the mark with what the scheduler remembers and with the
+    job's copy of the id. Then it remembers the mark as it is now (the runs remembered are
+    kept; the tick replaces them, :func:`remember_runs`)."""
     memory = recall(store)
     with store.translating_errors():
         copy = store.client.hget(store.keys.job(job), "dataset")
@@ -139,13 +141,15 @@ def observe(store: LeaseStore, job: str) -> Observation:
 def _judged(
     memory: Remembered | None, mark: MarkObserved, loss: Loss | None, mark_job: str
 ) -> Remembered | None:
-    """What of ``memory`` this tick may go by (:mod:`redis_lease.fleet.remembered`): all of it
-    when it noticed a loss now or no other scheduler ticked since it was written; its runs and
-    scheduled times made doubtful when another scheduler noticed a loss first, or ticked since
-    (or this scheduler's own tick whose reply was lost: it cannot tell): while nothing is lost
-    the server's records are the truth, and after a loss a doubtful run is only named.
-    After a loss, every job it knows of (and ``mark_job``) is unsettled until its tick
-    finishes (:func:`remember_runs`)."""
+    """Returns the part of ``memory`` this tick may use (:mod:`redis_lease.fleet.remembered`).
+
+    All of it, when this tick noticed a loss now or no other scheduler ticked since the
+    memory was written. Its runs and scheduled times are marked doubtful when another
+    scheduler noticed a loss first or ticked since (or when this scheduler's own tick lost
+    its reply: it cannot tell which). While nothing is lost the server's records are the
+    truth, and after a loss a doubtful run is only named. After a loss, every job the memory
+    knows of (and ``mark_job``) is listed in ``unsettled`` until its tick finishes
+    (:func:`remember_runs`)."""
     if memory is None:
         return memory
     if loss is not None:
@@ -162,7 +166,8 @@ def remember_runs(
 ) -> None:
     """Remembers ``runs`` (run id -> created ms) as the runs the scheduler knows of ``job``
     (``""``: ad-hoc runs), and ``fired_ms`` as the last scheduled time its ticks handled,
-    beside the mark last observed; the job's tick after a loss is settled."""
+    beside the mark last observed. It also removes ``job`` from ``unsettled``: its tick
+    after a loss has finished."""
     memory = recall(store)
     if memory is not None:
         memory = memory.with_runs(job, runs).settled(job)

@@ -82,7 +82,8 @@ class Remembered:
     (ms, 0 when not known); ``states`` a run id to its state when it is not ``open``;
     ``fired`` a job to the last scheduled time its ticks handled (ms) and whether that is
     doubtful (after a loss it tells which dates had their run, when the server cannot);
-    ``unsettled`` the jobs whose tick after a loss this scheduler noticed has not finished yet.
+    ``unsettled`` the jobs whose first tick after a loss (noticed by this scheduler) has not
+    finished yet.
     """
 
     id: str
@@ -112,12 +113,12 @@ class Remembered:
         return replace(self, runs=runs, states=states)
 
     def after_loss(self, job: str) -> Remembered:
-        """This memory with a loss noticed: every job it knows of, and ``job``, unsettled."""
+        """This memory with a loss noticed: every job it knows of, and ``job``, in ``unsettled``."""
         jobs = {owner for owner, _ in self.runs.values()} | set(self.fired) | {job}
         return replace(self, unsettled=frozenset(jobs))
 
     def settled(self, job: str) -> Remembered:
-        """This memory with ``job``'s tick after a loss finished."""
+        """This memory with ``job``'s tick after a loss finished (removed from ``unsettled``)."""
         return replace(self, unsettled=self.unsettled - {job})
 
     def with_fired(self, job: str, fired_ms: int) -> Remembered:

@@ -201,7 +201,7 @@ def _job_candidates(
     for run_id, made in (memory.runs_of(job.name) if memory else {}).items():
         state = memory.state_of(run_id) if memory else OPEN
         if state in (CREATING, DOUBTFUL) and memory and job.name not in memory.unsettled:
-            continue  # with no loss to settle, the server's records are the truth
+            continue  # with no loss left to handle, the server's records are the truth
         if state == DOUBTFUL and 0 < made <= now_ms - IN_DOUBT_DAYS * DAY_MS:
             continue  # a memory that old is of no use: named only within a year
         found[run_id] = _Candidate(made, _REMEMBERED[state], state)

@@ -10,7 +10,7 @@ from ..output import iso_time
 
 WIDTH = 640
 HEIGHT = 180
-#: Room for the axis labels: left, right, top, bottom.
+#: Margins for the axis labels: left, right, top, bottom.
 MARGIN = (56, 12, 12, 28)
 
 
