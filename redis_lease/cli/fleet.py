@@ -172,7 +172,7 @@ def worker(
     Prints one line once started (a command the Redis user may not run is one error
     line and exit 6 instead), one per shard job (its run, shard, items committed and
     failed, leases lost, seconds), one per shard job it takes over from a worker that
-    stopped beating, and one on SIGTERM. A job it cannot run (unreadable, e.g. pickled,
+    stopped sending heartbeats, and one on SIGTERM. A job it cannot run (unreadable, e.g. pickled,
     or its function does not import) fails alone with one line and the worker goes on.
     With --burst it exits 8 when shard jobs it ran failed or jobs it took could not run.
     Jobs import from the working directory, as with rq worker.

@@ -35,8 +35,9 @@ class WorkerRow:
         host: its machine's name ('' when unknown).
         pid: its process id (None when unknown).
         queues: the queues it works.
-        beat_age_s: seconds since its last beat, server clock (None: it never beat).
-        shard_jobs: its shard jobs at work: run, shard, RQ id, leases held, beating.
+        beat_age_s: seconds since its last heartbeat, server clock (None: it never sent one).
+        shard_jobs: its shard jobs at work: run, shard, RQ id, leases held, and whether each
+            still sends heartbeats (``beating``).
         leases_held: the leases its shard jobs hold now.
         taken_over: takeovers from it, newest first: run, shard, RQ id, leases, when (ms).
         leases_taken_over: the leases those takeovers ended.
