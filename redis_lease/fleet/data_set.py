@@ -79,7 +79,7 @@ class Observation:
 
     ``loss`` is the loss this tick noticed (and counted), ``since_loss`` whether a loss
     happened since what the scheduler remembers (noticed now or by another scheduler), and
-    ``remembered`` what it remembered before this tick, as far as the tick may go by it
+    ``remembered`` what it remembered before this tick, as far as the tick may use it
     (superseded runs dropped or doubtful: :mod:`redis_lease.fleet.remembered`).
     """
 

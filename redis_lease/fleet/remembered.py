@@ -182,9 +182,11 @@ class Remembered:
 
 def recall(store: LeaseStore) -> Remembered | None:
     """What the scheduler remembers of the store's data set: the process's memory, else the
-    file's, else RQ's Redis's (when apart); None when none has an entry. A process in doubt
-    (:func:`distrust`) goes by the shared places first (they may know more runs), in doubt
-    too: a file is one machine's, and any place may be out of date."""
+    file's, else RQ's Redis's (when apart); None when none has an entry.
+
+    A process in doubt (:func:`distrust`) reads the shared places first (they may know more
+    runs), and treats what it finds as doubtful too: a file is one machine's, and any place
+    may be out of date."""
     found = _by_store.get(store)
     if found is None or store in _doubted:
         found = _from_file(store) or _from_queue_redis(store) or found

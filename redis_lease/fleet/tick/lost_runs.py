@@ -11,7 +11,7 @@ runs with no record among those something shows existed:
   least that long), unless the run's end was counted and its retention has ended since;
 - the runs the scheduler remembers (:mod:`redis_lease.fleet.remembered`), which is how
   runs are found after a wipe or an older copy, when the server itself has no trace; a memory
-  another scheduler superseded is not gone by, and one in doubt names what it remembers
+  another scheduler superseded is not used, and one in doubt names what it remembers
   lost (``was`` unknown), never making it again.
 
 Each one found is recorded and counted once (:mod:`redis_lease.fleet.lost_records`). A run that
@@ -186,8 +186,8 @@ def _job_of(run_id: str) -> str:
 def _job_candidates(
     store: LeaseStore, job: Job, now_ms: int, seen: Observation
 ) -> dict[str, _Candidate]:
-    """The job's runs something shows existed: remembered by the scheduler (as far as it may
-    go by its memory), dated within its retention, listed open."""
+    """The job's runs something shows existed: remembered by the scheduler (as far as its
+    memory may be used), dated within its retention, listed open."""
     since = now_ms - job.options.retention_days * DAY_MS
     with store.translating_errors():
         pipe = store.client.pipeline(transaction=False)
