@@ -195,14 +195,14 @@ class Registered:
 
 
 #: The RQ worker names of this process (its :class:`~redis_lease.fleet.worker.watch.FleetWatch`
-#: adds its own): a watcher of this process never takes over their shard jobs.
+#: adds its own): a worker of this process never takes over their shard jobs.
 OWN_WORKERS: set[str] = set()
 
 
 def runs_here(job: ShardJob) -> bool:
     """True when ``job`` is this process's, or its worker's (an RQ worker of this process)
-    and its process still runs: a watcher here never takes it over. A worker's work horse
-    that died (gone, or a zombie) is not its own any more: another watcher, or the tick,
+    and its process still runs: a worker here never takes it over. A worker's work horse
+    that died (gone, or a zombie) is not its own any more: another worker, or the tick,
     may take it over."""
     if job.host != clip(socket.gethostname(), NAME_MAX):
         return False
@@ -372,7 +372,7 @@ def take_over(
     saw its work horse die): ends its leases, forgets it, counts it failed with ``why``,
     records it.
 
-    Returns None when it is alive, or another watcher took it over first.
+    Returns None when it is alive, or another worker took it over first.
     """
     if not _take(store, "take_dead" if known_dead else "take", [job.rq_id]):
         return None
@@ -380,7 +380,7 @@ def take_over(
 
 
 def _done(store: LeaseStore, rq_id: str) -> bool:
-    """Forgets a job taken over; False when another watcher finished it meanwhile."""
+    """Forgets a job taken over; False when another worker finished it meanwhile."""
     return bool(_take(store, "done", [rq_id]))
 
 

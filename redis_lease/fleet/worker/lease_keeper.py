@@ -171,7 +171,7 @@ class LeaseKeeper(threading.Thread):
         answers with the beat's (True: stored; False: the job is not registered; None:
         none sent or stored) and the stop flag's, and whether the beats had lapsed."""
         due = time.monotonic() - self._renewed_at >= self.renew_every - self.interval / 2
-        # Beats stopped long enough for a watcher to end the leases (the process was
+        # Heartbeats stopped long enough for another worker to end the leases (the process was
         # paused, Redis out of reach): renew them all now to learn which are still held.
         lapsed = self.heartbeat is not None and not self.heartbeat.alive
         due = due or lapsed

@@ -261,7 +261,7 @@ def _forget_job(store: LeaseStore, run_id: str, rq_id: str, ended: bool) -> None
     A job that ``ended`` normally also ends the run's streak of failed shard jobs
     and its dispatch back-off, in one script
     (:func:`~redis_lease.fleet.shard_job_failures.end_failure_streak`). Best effort: when Redis is
-    gone, its registry entry stops beating, and a watcher takes over whatever the job
+    gone, its registry entry gets no more heartbeats, and another worker takes over whatever the job
     still held.
     """
     try:
