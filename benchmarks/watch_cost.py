@@ -1,15 +1,15 @@
-"""What watching the fleet costs Redis: 50 worker watches over 400 beating shard jobs,
+"""What checking the fleet's heartbeats costs Redis: 50 FleetWatch threads over 400 shard jobs,
 this checkout against another revision (``--ref``), interleaved.
 
 Each round, for each revision in turn (A B A B ...), on one private ``redis-server``
 (emptied between rounds): a child process with that revision on its path registers
-``--jobs`` shard jobs as its shard jobs do and keeps each beating with that revision's
-own :class:`LeaseKeeper` (one thread per job, a beat a second), and ``--processes``
+``--jobs`` shard jobs as its shard jobs do and keeps each sending heartbeats with that
+revision's own :class:`LeaseKeeper` (one thread per job, a heartbeat a second), and ``--processes``
 child processes run ``--watchers`` :class:`FleetWatch` es between them (each with its
 own connection, ticking every second, as ``redis-lease worker`` does). After a warm-up,
 ``INFO commandstats`` is read at the start and the end of a window; the figures are
 commands per second on Redis (a command a script calls counts too, and so does each
-script call), split into what the watches sent and what the beats sent, and the ticks
+script call), split into what the watches sent and what the heartbeats sent, and the ticks
 the watches made per second (1.0 each when they keep up). Medians over the rounds; the
 ratio this / reference; the load average.
 

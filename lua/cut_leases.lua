@@ -1,5 +1,5 @@
 -- cut_leases: ends now every lease one owner holds in a shard, because its worker stopped
--- beating (killed, powered off, or cut off from Redis alone). Each lease's expiry
+-- sending heartbeats (killed, powered off, or cut off from Redis alone). Each lease's expiry
 -- becomes now, so the next claim takes it over as it takes over any expired lease: a new
 -- token, the attempt counted, dead after the last attempt. The old holder is refused from
 -- now on, by the server clock, whatever its own clock says. It walks the shard's live leases (the `leases` index after now) in order of expiry, from

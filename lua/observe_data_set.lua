@@ -1,13 +1,15 @@
--- observe_data_set: one tick of a job reads and raises the data set's mark, and notices a
--- loss of data against what its tick side remembers and the job record's copy of the id:
+-- observe_data_set: one tick of a job reads and raises the data set's mark. It notices a
+-- loss of data by comparing the mark with what the scheduler remembers and with the job
+-- record's copy of the id:
 --   replaced     another id is remembered, or one is while there is no mark and no copy
 --   rolled_back  the same id, but the mark's seq is below the one remembered
 --   mark_lost    no mark while the job's record keeps its id (the mark is made again)
--- Each loss is counted once, by whichever side notices it first: noticing moves the epoch
--- on, and a side that remembers an older epoch (or the replaced id) takes the new one.
+-- Each loss is counted once, by whichever scheduler notices it first: noticing moves the
+-- epoch on, and a scheduler that remembers an older epoch (or the replaced id) takes the
+-- new one.
 --
 -- KEYS[1] mark: hash, the data set's mark (id, created_at, epoch, seq, losses); <prefix>:dataset
--- ARGV[1] the id the tick side remembers, '' for none (id?)
+-- ARGV[1] the id the scheduler remembers, '' for none (id?)
 -- ARGV[2] the epoch it remembers (int, bound tally)
 -- ARGV[3] the seq it remembers (int, bound tally)
 -- ARGV[4] the job record's copy of the id, '' for none (id?)

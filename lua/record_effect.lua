@@ -103,7 +103,7 @@ local function main()
   end
   local previous = rec.state
   if state == 'applied' and (previous == 'unknown' or rec.token ~= token) then
-    bump('effects_reconciled')  -- an earlier attempt's outcome, settled by this one
+    bump('effects_reconciled')  -- an earlier attempt's outcome, resolved by this one
   end
   if previous ~= '' then bump('effects_' .. previous, -1) end
   bump('effects_' .. state)

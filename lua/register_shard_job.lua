@@ -1,9 +1,9 @@
 -- register_shard_job: a shard job registers just before its work starts (its entry, and its
--- first beat at the server's time), or unregisters when its pass is over. A job that is not
+-- first heartbeat at the server's time), or unregisters when its pass is over. A job that is not
 -- registered (taken over, or its entry lost) is left as it is by unregister.
 --
 -- KEYS[1] entries: hash, RQ job id -> the job's entry (JSON); <prefix>:{shard_jobs}
--- KEYS[2] beats: zset, RQ job id -> its last beat (server ms); KEYS[1] followed by :beats
+-- KEYS[2] beats: zset, RQ job id -> its last heartbeat (server ms); KEYS[1] followed by :beats
 -- KEYS[3] taking: zset, RQ job id -> when its takeover began (ms); KEYS[1] followed by :taking
 -- KEYS[4] clock: hash, the fleet's clock (include/fleet_clock.lua); KEYS[1] followed by :clock
 -- ARGV[1] the RQ job id (id)

@@ -1,14 +1,15 @@
--- shard_job_beat: a registered shard job beats, at the server's time, every second from its
--- lease keeper. A beat of a job that is not registered (taken over, ended, or its entry
--- lost) registers nothing: the job learns that it is no longer registered, and stops.
+-- shard_job_beat: a registered shard job's heartbeat, stored at the server's time. Its lease
+-- keeper sends one every second. A heartbeat of a job that is not registered (taken over,
+-- ended, or its entry lost) registers nothing: the job learns that it is no longer
+-- registered, and stops.
 --
--- KEYS[1] beats: zset, RQ job id -> its last beat (server ms); <prefix>:{shard_jobs}:beats
+-- KEYS[1] beats: zset, RQ job id -> its last heartbeat (server ms); <prefix>:{shard_jobs}:beats
 -- KEYS[2] clock: hash, the fleet's clock (include/fleet_clock.lua); <prefix>:{shard_jobs}:clock
 -- ARGV[1] the RQ job id (id)
 -- ARGV[2] the stall gap in ms: a longer gap between calls is a stall (int, bound ttl_ms)
 --
--- Returns: {registered, now ms}: registered 1 when the job is registered (its beat
---   stored), 0 when not (nothing changed)
+-- Returns: {registered, now ms}: registered 1 when the job is registered (its
+--   heartbeat stored), 0 when not (nothing changed)
 -- Errors: INVALID <what>
 -- @include "protocol.lua"
 -- @include "fleet_clock.lua"

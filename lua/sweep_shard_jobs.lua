@@ -1,12 +1,13 @@
--- sweep_shard_jobs: a watcher's look at the shard job registry, once a second: the jobs
--- dead by the rule of include/fleet_clock.lua (no beat for dead-after ms, and that long
--- since the last stall ended), the oldest first, and the takeovers begun that long ago
--- and never finished (the watcher died on the way). It writes nothing but the fleet's
--- clock: the watcher takes over those it chooses with take_shard_jobs, which judges again.
+-- sweep_shard_jobs: a worker's check of the shard job registry, once a second. It returns
+-- the jobs that are dead by the rule of include/fleet_clock.lua (no heartbeat for
+-- dead-after ms, and that long since the last stall ended), the oldest first. It also
+-- returns the takeovers begun that long ago and never finished (the worker died on the
+-- way). It writes nothing but the fleet's clock. The worker takes over the jobs it
+-- chooses with take_shard_jobs, which checks them again.
 -- O(log n + found) whatever the number of registered jobs.
 --
 -- KEYS[1] entries: hash, RQ job id -> the job's entry (JSON); <prefix>:{shard_jobs}
--- KEYS[2] beats: zset, RQ job id -> its last beat (server ms); KEYS[1] followed by :beats
+-- KEYS[2] beats: zset, RQ job id -> its last heartbeat (server ms); KEYS[1] followed by :beats
 -- KEYS[3] taking: zset, RQ job id -> when its takeover began (ms); KEYS[1] followed by :taking
 -- KEYS[4] clock: hash, the fleet's clock (include/fleet_clock.lua); KEYS[1] followed by :clock
 -- ARGV[1] dead after, ms (int, bound ttl_ms)
@@ -15,7 +16,7 @@
 -- ARGV[4] a takeover begun this many ms ago is offered again (int, bound ttl_ms)
 --
 -- Returns: {now ms, end of the last stall ms, dead, stuck}: dead and stuck each a flat
---   list of RQ job id, entry ('' when none), ms (its last beat; when its takeover began)
+--   list of RQ job id, entry ('' when none), ms (its last heartbeat; when its takeover began)
 -- Errors: INVALID <what>
 -- @include "protocol.lua"
 -- @include "fleet_clock.lua"

@@ -1,12 +1,12 @@
--- take_shard_jobs: a watcher takes over shard jobs (take), or says it has finished taking
--- them over (done). Take judges each job again, by the rule of include/fleet_clock.lua, and
--- moves each dead one from the beats to the takeovers begun, so that one watcher wins it;
--- a takeover begun long ago and never finished is taken again. Take_dead takes each
--- registered job whatever its beats say: its process is known to be gone (RQ saw its work
--- horse die). Done forgets the job.
+-- take_shard_jobs: a worker takes over shard jobs (take), or says it has finished taking
+-- them over (done). Take checks each job again, by the rule of include/fleet_clock.lua. It
+-- moves each dead one from the heartbeats to the takeovers begun, so that one worker wins
+-- it. A takeover begun long ago and never finished is taken again. Take_dead takes each
+-- registered job whatever its heartbeats say: its process is known to be gone (RQ saw its
+-- work horse die). Done forgets the job.
 --
 -- KEYS[1] entries: hash, RQ job id -> the job's entry (JSON); <prefix>:{shard_jobs}
--- KEYS[2] beats: zset, RQ job id -> its last beat (server ms); KEYS[1] followed by :beats
+-- KEYS[2] beats: zset, RQ job id -> its last heartbeat (server ms); KEYS[1] followed by :beats
 -- KEYS[3] taking: zset, RQ job id -> when its takeover began (ms); KEYS[1] followed by :taking
 -- KEYS[4] clock: hash, the fleet's clock (include/fleet_clock.lua); KEYS[1] followed by :clock
 -- ARGV[1] what to do (one of take, take_dead, done)

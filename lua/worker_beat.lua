@@ -1,13 +1,13 @@
--- worker_beat: a worker process says it is alive: its record, and its beat at the server's
--- time (so every reader judges every worker by one clock). Workers silent longer than the
--- retention are forgotten, record and beat, a few per call; both keys expire a retention
--- after the last beat of any worker.
+-- worker_beat: a worker process's heartbeat: its record, and the server's time of this
+-- heartbeat (so every reader judges every worker by one clock). Workers silent longer than
+-- the retention are forgotten, record and heartbeat, a few per call. Both keys expire a
+-- retention after the last heartbeat of any worker.
 --
 -- KEYS[1] workers: hash, worker name -> its record (JSON); <prefix>:{workers}
--- KEYS[2] seen: zset, worker name -> its last beat (ms); KEYS[1] followed by :seen
+-- KEYS[2] seen: zset, worker name -> its last heartbeat (ms); KEYS[1] followed by :seen
 -- ARGV[1] worker name (text, bound key_length)
 -- ARGV[2] the worker's record, JSON (json, bound json_bytes), '' to keep the one stored
--- ARGV[3] retention in ms: beats older than this are forgotten (int, bound ttl_ms)
+-- ARGV[3] retention in ms: heartbeats older than this are forgotten (int, bound ttl_ms)
 --
 -- Returns: {now ms, workers forgotten}
 -- Errors: INVALID <what>

@@ -97,7 +97,7 @@ DEAD_AFTER: float = DEAD_AFTER_MS / 1000
 #: clock, beyond which the registry counts a stall (Redis stalled or failed over, or no
 #: worker reached it): no job is judged dead until DEAD_AFTER after a stall ended.
 STALL_GAP_MS: int = default("stall_gap_ms")
-#: Milliseconds after which a takeover begun and not finished (its watcher died) is taken again.
+#: Milliseconds after which an unfinished takeover (its worker died) is taken again.
 TAKEOVER_RETRY_MS: int = default("takeover_retry_ms")
 DEFAULT_MAX_ATTEMPTS: int = default("max_attempts")
 DEFAULT_BACKOFF_BASE: float = default("backoff_base_ms") / 1000

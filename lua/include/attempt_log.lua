@@ -1,7 +1,7 @@
 -- The attempt log (KEYS[8] attempts): one entry per ended attempt, staged with the call's
 -- other writes and sent by flush (staged.lua). An entry's fields, in order:
 --   item, attempt, token, event, queue_ms, run_ms, worker, trace, error, label
--- event: committed | retry | dead | released (the holder settled it), takeover (a claim
+-- event: committed | retry | dead | released (the holder ended the attempt), takeover (a claim
 -- took over its expired lease), expired (reap made it pending again), refused (a holder
 -- call refused with LEASE_LOST: token is the caller's, error the refusal's detail, attempt,
 -- worker and times ''). queue_ms: eligible_at to leased_at (the wait before the claim);

@@ -1,17 +1,17 @@
 -- The fleet's clock, kept beside the shard job registry (a hash: last_ms, stall_end_ms,
 -- stall_ms, stalls), and the one rule that judges a shard job dead.
 --
--- Every worker's watch sweeps the registry each second and every shard job beats each
--- second, each through a script that moves this clock on. A gap of more than the stall gap
+-- Every worker checks the registry each second and every shard job sends a heartbeat
+-- each second, each through a script that moves this clock on. A gap of more than the stall gap
 -- between two of those calls, by the server's clock, means nobody reached Redis meanwhile:
 -- it stalled (a fork, a long script, SIGSTOP), it failed over (the new primary's copy of
 -- the clock is old, its own clock may differ), or every worker was cut off from it. The
 -- call that sees the gap records its end. No job is judged dead until a full dead-after
--- period has passed since the last stall ended: every live job gets that long to beat
--- again, and the time Redis was not serving is never counted against anyone.
+-- period has passed since the last stall ended: every live job gets that long to send
+-- a heartbeat again, and the time Redis was not serving is never counted against anyone.
 -- @include "protocol.lua"
 
--- The clock is written at most every CLOCK_STEP_MS (the many beats a second of a large
+-- The clock is written at most every CLOCK_STEP_MS (the many heartbeats a second of a large
 -- fleet write it a few times a second): a gap is then seen at most that much longer than
 -- it was, so a pause a little shorter than the stall gap may count as a stall, which only
 -- grants a grace. The stall gap is far longer.
@@ -34,7 +34,7 @@ local function fleet_clock(key, gap)
   return now, stall_end
 end
 
--- True when a job whose last beat was at `beat_ms` is dead at `now`: no beat for more than
+-- True when a job whose last heartbeat was at `beat_ms` is dead at `now`: none for more than
 -- `dead_after` ms, and at least that long since the last stall ended.
 local function beat_dead(beat_ms, now, stall_end, dead_after)
   return now - stall_end >= dead_after and beat_ms < now - dead_after

@@ -50,7 +50,7 @@ local function multi(cmd, key, list)
 end
 
 -- An index of a few members is a listpack, sorted by score then member, that ZADD and ZREM
--- walk from its head. Items are staged in index order (claimed in due order, settled in
+-- walk from its head. Items are staged in index order (claimed in due order, committed in
 -- claim order, and a batch shares its scores), so removals go in that order, each found
 -- near the head, and additions in reverse, each placed before the members added just
 -- before it: in random order each would walk half the list.

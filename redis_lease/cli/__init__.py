@@ -1,6 +1,6 @@
 """The ``redis-lease`` command line: thin wrappers around the library.
 
-The app and its error door are in :mod:`.app`; what the commands share (the store,
+The app and its error handling are in :mod:`.app`; what the commands share (the store,
 shared options, parsers) in :mod:`.options`. One module per audience adds its commands to
 the app with ``@app.command()``, and is named in :data:`.app.COMMAND_MODULES` (each command
 in :data:`.app.COMMAND_HOMES`), imported when one of its commands is run: :mod:`.leases`

@@ -172,7 +172,7 @@ def worker(
     Prints one line once started (a command the Redis user may not run is one error
     line and exit 6 instead), one per shard job (its run, shard, items committed and
     failed, leases lost, seconds), one per shard job it takes over from a worker that
-    stopped beating, and one on SIGTERM. A job it cannot run (unreadable, e.g. pickled,
+    stopped sending heartbeats, and one on SIGTERM. A job it cannot run (unreadable, e.g. pickled,
     or its function does not import) fails alone with one line and the worker goes on.
     With --burst it exits 8 when shard jobs it ran failed or jobs it took could not run.
     Jobs import from the working directory, as with rq worker.
@@ -211,7 +211,7 @@ def worker(
     handlers = f"concurrency {concurrency}" if concurrency is not None else "the jobs' concurrency"
 
     def started(rq_worker: LeaseWorker | SimpleLeaseWorker) -> None:
-        """Once RQ registered the worker and the watch beat first: the start line."""
+        """Prints the start line, once RQ registered the worker and its first heartbeat went out."""
         typer.echo(
             f"worker {rq_worker.name}: queues {', '.join(wanted.queues)}, {handlers}, "
             f"{'in-process' if simple else 'forking'}{', burst' if burst else ''}, "

@@ -336,11 +336,11 @@ def resolve_effect_command(
         bool, typer.Option("--not-applied", help="The provider did nothing: send it again.")
     ] = False,
     worker: Annotated[
-        str, typer.Option("--worker", "-w", help="Who settles it (an id), recorded.")
+        str, typer.Option("--worker", "-w", help="Who resolves it (an id), recorded.")
     ] = "operator",
     as_json: JsonOpt = False,
 ) -> None:
-    """Settle an effect of unknown outcome with what the provider says (asked by its key)."""
+    """Resolve an effect of unknown outcome with what the provider says (asked by its key)."""
     from ..errors import InvalidInput
     from ..fleet.effects.ledger import check_resolve, resolve_effect
     from ..operate.cli_printing import print_json

@@ -1,16 +1,17 @@
-"""A worker on a full Redis: it says so once a minute, and its RQ connection waits for room.
+"""A worker on a full Redis: it says so once a minute, and its RQ connection waits.
 
 A Redis over its ``maxmemory`` under ``noeviction`` refuses the calls that could grow its
 memory (``OOM``), before running them: nothing is half written. A worker rides it out as
-it does a stall (a refused claim, beat or tick is tried again, a refused settlement waits
-while its lease holds, a handler's refused write gives its item back) and goes on by
-itself once memory is freed. What it says about it is one WARNING line per worker (its
-forked shard jobs share what was said) and :data:`NOTICE_EVERY` seconds
-(:func:`notice_full`), not one per item or per beat; and one line when Redis takes
+it does a stall. A refused claim, heartbeat or tick is tried again. A refused commit, fail
+or release waits while its lease holds. A handler's refused write gives its item back. The
+worker goes on by itself once memory is freed. It logs one WARNING line per worker (its
+forked shard jobs share what was said) every :data:`NOTICE_EVERY` seconds
+(:func:`notice_full`), not one per item or per heartbeat, and one line when Redis takes
 writes again.
 
-RQ's own loop quits at the first error it does not expect: the worker's RQ connection
-(:func:`riding_out_full`) waits for room instead, and tries a refused call again.
+RQ's own loop quits at the first error it does not expect. So the worker's RQ connection
+(:func:`riding_out_full`) waits until Redis takes writes again, and tries a refused call
+again.
 """
 
 from __future__ import annotations
@@ -127,7 +128,10 @@ class _WaitForRoom(redis.retry.Retry):
 
 
 def riding_out_full(client: redis.Redis, where: str) -> redis.Redis:
-    """A client for the same server as ``client`` (:func:`resilient`'s) whose calls a full
-    Redis refuses wait for room and are sent again: for RQ's worker loop, which would quit.
-    ``where`` names it in the lines. An embedded or Sentinel client is returned as it is."""
+    """A client for the same server as ``client`` (:func:`resilient`'s) that waits out a
+    full Redis.
+
+    A call that a full Redis refuses waits until Redis takes writes again, then is sent
+    again. It is for RQ's worker loop, which would quit otherwise. ``where`` names the
+    client in the log lines. An embedded or Sentinel client is returned as it is."""
     return resilient(client, retry=_WaitForRoom(where, describe(client)))

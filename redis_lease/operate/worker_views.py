@@ -1,15 +1,15 @@
 """What operators see of the worker processes: ``redis-lease workers`` and the dashboard.
 
-One row per worker, from four records: the workers' own beats and records
+One row per worker, from four records: the workers' own heartbeats and records
 (:mod:`redis_lease.fleet.worker.watch`), the shard jobs at work with their heartbeats
-(:mod:`redis_lease.fleet.transport.takeover`: a job beats while it is not dead by the registry's
-rule), the fleet's takeover log, and the jobs the workers given jobs declared with what the tick
-leader says of them (:mod:`redis_lease.protocol.store.declared_jobs`). A worker is ``alive`` while
-its beat is younger than :data:`~redis_lease.limits.DEAD_AFTER` seconds, ``stopped`` once
-it said so on its way out, and ``dead`` otherwise; a worker known only from its shard
-jobs or the takeovers of the last day (a plain ``rq worker`` beats no record of its own)
-is ``unknown`` while a shard job of it beats, else ``dead``. Every name is shown as it
-was stored: it may be anything anyone wrote.
+(:mod:`redis_lease.fleet.transport.takeover`: a job is live while it is not dead by the
+registry's rule), the fleet's takeover log, and the jobs the workers given jobs declared with
+what the tick leader says of them (:mod:`redis_lease.protocol.store.declared_jobs`). A worker is
+``alive`` while its heartbeat is younger than :data:`~redis_lease.limits.DEAD_AFTER` seconds,
+``stopped`` once it said so on its way out, and ``dead`` otherwise; a worker known only from its
+shard jobs or the takeovers of the last day (a plain ``rq worker`` sends no heartbeat of its
+own) is ``unknown`` while a shard job of it sends heartbeats, else ``dead``. Every name is shown
+as it was stored: it may be anything anyone wrote.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ class WorkerRow:
         host: its machine's name ('' when unknown).
         pid: its process id (None when unknown).
         queues: the queues it works.
-        beat_age_s: seconds since its last beat, server clock (None: it never beat).
-        shard_jobs: its shard jobs at work: run, shard, RQ id, leases held, beating.
+        beat_age_s: seconds since its last heartbeat, server clock (None: it never sent one).
+        shard_jobs: its shard jobs at work: run, shard, RQ id, leases held, and whether each
+            still sends heartbeats (``beating``).
         leases_held: the leases its shard jobs hold now.
         taken_over: takeovers from it, newest first: run, shard, RQ id, leases, when (ms).
         leases_taken_over: the leases those takeovers ended.

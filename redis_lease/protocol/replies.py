@@ -180,7 +180,7 @@ class MarkObserved(NamedTuple):
     """observe_data_set: the data set's mark after this tick, and the loss it noticed.
 
     ``kind`` is the loss noticed now ('' for none), ``previous`` the id it concerns,
-    ``since_loss`` whether a loss happened since what the tick side remembered.
+    ``since_loss`` whether a loss happened since what the scheduler remembered.
     """
 
     id: str

@@ -162,8 +162,10 @@ def _no_constant(name: str) -> Any:
 
 
 def _seconds_to_ms(seconds: float, what: str, low: int, high: int, low_text: str) -> int:
-    """Seconds as whole ms within [low, high]; a bad value is named as a number (``-1s``
-    whether given as -1 or -1.0), so that every door says the same."""
+    """Seconds as whole ms within [low, high].
+
+    A bad value is named as a number (``-1s`` whether given as -1 or -1.0), so that every
+    caller gets the same message."""
     try:
         value = float(seconds)
         if not math.isfinite(value):

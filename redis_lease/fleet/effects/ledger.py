@@ -16,7 +16,7 @@ What a call's exception means (:func:`apply_effect`):
 - anything else: the provider may have applied it; the ledger says ``unknown``.
   With ``lookup`` the next attempt asks the provider first, with
   ``honours_keys`` it sends the same key again; with neither the item goes dead
-  at once with ``NeedsReconciliation``, whose message says how to settle it.
+  at once with ``NeedsReconciliation``, whose message says how to resolve it.
 
 The original exception is always kept: raised as is, or chained (``raise ...
 from error``) with its type and message in the stored error text.
@@ -194,7 +194,7 @@ def _how_to_reconcile(run_id: str, item_id: str, name: str) -> str:
 
 def _doubt(lease: Lease, key: str, name: str, previous: str, record: dict[str, Any]) -> str:
     """Why an open record (``previous``: intended or unknown) may have been applied, and
-    how to settle it: the text of its NeedsReconciliation."""
+    how to resolve it: the text of its NeedsReconciliation."""
     if record.get("after_loss"):
         why = (
             f"it has no ledger record, but run {lease.run_id!r} was made again after a loss "
@@ -266,7 +266,7 @@ def apply_effect(
             (the call's own, or one chained to the call's error).
         NeedsReconciliation: the outcome is ambiguous, now, from an earlier attempt
             or after a loss of data, and neither ``lookup`` nor ``honours_keys`` can
-            settle it; :func:`resolve_effect` (``redis-lease resolve-effect``) can.
+            resolve it; :func:`resolve_effect` (``redis-lease resolve-effect``) can.
     """
     key = idempotency_key(lease.run_id, lease.item_id, name)
     # One round trip records the intent, or returns the open record untouched.
@@ -338,7 +338,7 @@ def _settle_error(
 
 def check_resolve(run_id: str, item_id: str, name: str, worker: str) -> None:
     """What :func:`resolve_effect` checks before it reads: the run, item and effect names
-    and the worker who settles it."""
+    and the worker who resolves it."""
     check_id(run_id, "run id")
     check_id(item_id, "item id")
     check_id(name, "effect name")
@@ -371,7 +371,7 @@ def resolve_effect(
 
     Raises:
         NotFound: no such run or item, or no record of the effect.
-        InvalidInput: the effect is not open (applied, or failed): nothing to settle.
+        InvalidInput: the effect is not open (applied, or failed): nothing to resolve.
         NotClaimable: a worker holds the item now; try again when it lets go.
         RunClosed: the run grants no lease; resume it first.
     """

@@ -2,7 +2,7 @@
 the :class:`Heartbeat` it is trusted by.
 
 The worker's :class:`~redis_lease.fleet.worker.lease_keeper.LeaseKeeper` renews every held
-lease (conditional on its token) and beats a shard job's heartbeat. A lease
+lease (conditional on its token) and sends the shard job's heartbeat. A lease
 that cannot be renewed is marked lost: a thread handler then gets
 :class:`~redis_lease.errors.LeaseLost` at its next :meth:`ActiveLease.check`,
 :meth:`~ActiveLease.effect` or :meth:`~ActiveLease.renew`, and an async handler's task
@@ -46,7 +46,7 @@ class Heartbeat:
     """Until when this process's heartbeat surely lives, by its monotonic clock.
 
     A beat lives :data:`~redis_lease.limits.DEAD_AFTER` seconds from when the server got
-    it, so surely until ``DEAD_AFTER`` after it was sent; until then no watcher can take
+    it, so surely until ``DEAD_AFTER`` after it was sent; until then no other worker can take
     this process's shard job for stopped and end its leases. A process that was paused,
     or could not beat, knows from this that its leases may be another's.
     """
@@ -92,7 +92,7 @@ class ActiveLease:
         #: claim or last renewal was sent (``sent_at``; now by default), so never later
         #: than the server's expiry (each renewal moves it on).
         self.valid_until = (time.monotonic() if sent_at is None else sent_at) + ttl
-        #: The shard job's heartbeat: once it may have died, a watcher may have ended the
+        #: The shard job's heartbeat: once it may have died, another worker may have ended the
         #: lease (None: no heartbeat, as outside a shard job).
         self.heartbeat = heartbeat
         #: The heartbeat's lapses when this lease was last known good.
@@ -175,7 +175,7 @@ class ActiveLease:
     @property
     def held(self) -> bool:
         """Neither lost (a renewal was refused) nor run out by this process's clock, and
-        its shard job's heartbeat surely alive (else a watcher may have ended it)."""
+        its shard job's heartbeat surely alive (else another worker may have ended it)."""
         if self._lost or time.monotonic() >= self.valid_until:
             return False
         beat = self.heartbeat
@@ -192,8 +192,8 @@ class ActiveLease:
     def check(self) -> None:
         """Raises LeaseLost when a renewal was refused, or when the lease ran out by this
         process's clock (no renewal got through in time: Redis slow or cut off, the
-        process paused), or no heartbeat got through for ``DEAD_AFTER`` seconds (a
-        watcher may have taken the item over): call it between steps to stop early."""
+        process paused), or no heartbeat got through for ``DEAD_AFTER`` seconds (another
+        worker may have taken the item over). Call it between steps to stop early."""
         if not self.held:
             self.mark_lost()  # once: a lease that ran out stays lost
             raise LeaseLost(

@@ -1,4 +1,4 @@
-"""The data set's mark: how a tick tells that the Redis it talks to no longer holds the data
+"""The data set's mark: how a tick detects that the Redis it talks to no longer holds the data
 set it wrote to.
 
 ``<prefix>:dataset`` (a hash) is made once, by the first tick:
@@ -6,28 +6,28 @@ set it wrote to.
 - ``id``: random, written when the mark is made; every job's record keeps a copy
   (``dataset``, written by each of its ticks);
 - ``created_at``: when (server clock, ms);
-- ``seq``: raised by one on every tick of a job; the tick side remembers the value its
+- ``seq``: raised by one on every tick of a job; the scheduler remembers the value its
   own last tick got (:mod:`redis_lease.fleet.loss.tick_memory`, kept outside this data set);
 - ``epoch``: the losses noticed in this data set's life;
 - ``losses:<kind>``, ``last_loss``, ``last_loss_at``, ``last_loss_reason``: those losses;
   ``replaces``: the id of the data set this one replaced, once a tick noticed.
 
-Each tick of a job first observes the mark (:func:`observe`), against what its side
+Each tick of a job first observes the mark (:func:`observe`), against what its scheduler
 remembers and the job's copy, in one script (``lua/observe_data_set.lua``), and notices:
 
-- ``replaced``: the tick side remembers another id, or remembers one while the server has
+- ``replaced``: the scheduler remembers another id, or remembers one while the server has
   no mark and no job record keeps one: the server restarted empty, was flushed, or holds
   another server's data;
-- ``rolled_back``: the same id, but ``seq`` is below what this side's last tick got: writes
+- ``rolled_back``: the same id, but ``seq`` is below what this scheduler's last tick got: writes
   the tick saw accepted are gone (an older snapshot restored, a failover that missed the
   last writes); a rollback that takes back no tick's write is not seen here;
 - ``mark_lost``: no mark while the job's record keeps its id: keys are being dropped
   (eviction, deletion); the mark is made again with that id.
 
-Each loss is counted once, whichever side notices it first: noticing moves the epoch on,
-and a side that remembers an older epoch (or the replaced id) takes the new one without
+Each loss is counted once, whichever scheduler notices it first: noticing moves the epoch on,
+and a scheduler that remembers an older epoch (or the replaced id) takes the new one without
 counting again. With nothing remembered and no copy (a new deployment, or a wipe seen by
-no tick side) no loss can be told, and none is counted: the job's tick then says it has
+no scheduler) no loss can be detected, and none is counted: the job's tick then says it has
 "no record of this job's runs" (:mod:`redis_lease.fleet.tick.due_runs`).
 """
 
@@ -42,7 +42,7 @@ from ...protocol.replies import MarkObserved
 from ...protocol.store.lease_store import LeaseStore
 from .tick_memory import Remembered, keep, keep_in_doubt, recall
 
-#: The kinds of loss the mark tells, in the order the exporter lists them.
+#: The kinds of loss the mark detects, in the order the exporter lists them.
 LOSS_KINDS = ("replaced", "rolled_back", "mark_lost")
 #: What each kind of loss means, for decisions, ``status`` and the run's record.
 LOSS_REASONS = {
@@ -78,8 +78,8 @@ class Observation:
     """What one tick saw of the mark.
 
     ``loss`` is the loss this tick noticed (and counted), ``since_loss`` whether a loss
-    happened since what the tick side remembers (noticed now or by another side), and
-    ``remembered`` what it remembered before this tick, as far as the tick may go by it
+    happened since what the scheduler remembers (noticed now or by another scheduler), and
+    ``remembered`` what it remembered before this tick, as far as the tick may use it
     (superseded runs dropped or doubtful: :mod:`redis_lease.fleet.loss.tick_memory`).
     """
 
@@ -106,9 +106,11 @@ class MarkState:
 
 
 def observe(store: LeaseStore, job: str) -> Observation:
-    """Reads and raises the mark for one tick of ``job``, notices a loss against what the
-    tick side remembers and the job's copy of the id, and remembers the mark as it is now
-    (the runs remembered are kept; the tick replaces them, :func:`remember_runs`)."""
+    """Reads and raises the mark for one tick of ``job``, and returns what the tick saw.
+
+    It detects a loss by comparing the mark with what the scheduler remembers and with the
+    job's copy of the id. Then it remembers the mark as it is now (the runs remembered are
+    kept; the tick replaces them, :func:`remember_runs`)."""
     memory = recall(store)
     with store.translating_errors():
         copy = store.client.hget(store.keys.job(job), "dataset")
@@ -139,13 +141,15 @@ def observe(store: LeaseStore, job: str) -> Observation:
 def _judged(
     memory: Remembered | None, mark: MarkObserved, loss: Loss | None, mark_job: str
 ) -> Remembered | None:
-    """What of ``memory`` this tick may go by (:mod:`redis_lease.fleet.loss.tick_memory`): all of it
-    when it noticed a loss now or no other side ticked since it was written; its runs and
-    scheduled times made doubtful when another side noticed a loss first, or ticked since
-    (or this side's own tick whose reply was lost: it cannot tell): while nothing is lost
-    the server's records are the truth, and after a loss a doubtful run is only named.
-    After a loss, every job it knows of (and ``mark_job``) is unsettled until its tick
-    finishes (:func:`remember_runs`)."""
+    """Returns the part of ``memory`` this tick may use (:mod:`redis_lease.fleet.loss.tick_memory`).
+
+    All of it, when this tick noticed a loss now or no other scheduler ticked since the
+    memory was written. Its runs and scheduled times are marked doubtful when another
+    scheduler noticed a loss first or ticked since (or when this scheduler's own tick lost
+    its reply: it cannot tell which). While nothing is lost the server's records are the
+    truth, and after a loss a doubtful run is only named. After a loss, every job the memory
+    knows of (and ``mark_job``) is listed in ``unsettled`` until its tick finishes
+    (:func:`remember_runs`)."""
     if memory is None:
         return memory
     if loss is not None:
@@ -160,9 +164,10 @@ def _judged(
 def remember_runs(
     store: LeaseStore, job: str, runs: dict[str, int], fired_ms: int | None = None
 ) -> None:
-    """Remembers ``runs`` (run id -> created ms) as the runs the tick side knows of ``job``
+    """Remembers ``runs`` (run id -> created ms) as the runs the scheduler knows of ``job``
     (``""``: ad-hoc runs), and ``fired_ms`` as the last scheduled time its ticks handled,
-    beside the mark last observed; the job's tick after a loss is settled."""
+    beside the mark last observed. It also removes ``job`` from ``unsettled``: its tick
+    after a loss has finished."""
     memory = recall(store)
     if memory is not None:
         memory = memory.with_runs(job, runs).settled(job)
@@ -170,11 +175,13 @@ def remember_runs(
 
 
 def mirror(store: LeaseStore, jobs: Sequence[str]) -> None:
-    """Keeps in this process a doubtful copy of what the server holds of ``jobs``: the mark,
-    each job's open runs and last scheduled time handled (one round trip). A worker that may
-    lead next does this while another leads, so that whichever worker takes the lease after
-    a wipe can tell the loss and name what it took, never make a run again plainly (it does
-    not know which of them ended since). Nothing is kept while the server has no mark."""
+    """Keeps in this process a doubtful copy of what the server holds of ``jobs``.
+
+    The copy holds the mark, and each job's open runs and last scheduled time handled (one
+    round trip). A worker that may lead next does this while another worker leads. So
+    whichever worker takes the lease after a wipe can detect the loss and name the runs it
+    took. It never makes those runs again on this copy alone: it does not know which of
+    them ended since. Nothing is kept while the server has no mark."""
     with store.translating_errors():
         pipe = store.client.pipeline(transaction=False)
         pipe.hmget(store.keys.data_set, ["id", "epoch", "seq"])

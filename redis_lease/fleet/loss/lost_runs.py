@@ -1,5 +1,7 @@
-"""The tick's side of a loss: a job's lost runs made again where its schedule and catch-up
-policy cover them and named where not, open runs told of a loss, and lost ad-hoc runs named.
+"""What a tick does after a loss of data.
+
+It makes a job's lost runs again where its schedule and catch-up policy cover them, and
+names them where not. It marks open runs with the loss, and names lost ad-hoc runs.
 
 Each tick of a job (:func:`recover`, after :func:`redis_lease.fleet.loss.data_set_mark.observe`)
 looks for runs with no record among those something shows existed:
@@ -7,9 +9,9 @@ looks for runs with no record among those something shows existed:
 - the job's open runs (an open run has no expiry: its record cannot be gone);
 - the job's dates made within its retention (the record of a run made then is kept at
   least that long), unless the run's end was counted and its retention has ended since;
-- the runs the tick side remembers (:mod:`redis_lease.fleet.loss.tick_memory`), which is how
+- the runs the scheduler remembers (:mod:`redis_lease.fleet.loss.tick_memory`), which is how
   runs are found after a wipe or an older copy, when the server itself has no trace; a memory
-  another tick side superseded is not gone by, and one in doubt names what it remembers
+  another scheduler superseded is not used, and one in doubt names what it remembers
   lost (``was`` unknown), never making it again.
 
 Each one found is recorded and counted once (:mod:`redis_lease.fleet.loss.lost_records`). A run that
@@ -29,7 +31,7 @@ then its removal from the job's open runs, redone while it is listed there. A na
 date counts as one that had its run: the tick does not create it by itself.
 
 Ad-hoc runs (no job) are looked for by :func:`scan_index`, once a tick, among the newest
-:data:`RUN_INDEX_SCAN` of the run index and the ad-hoc runs the tick side remembers; they
+:data:`RUN_INDEX_SCAN` of the run index and the ad-hoc runs the scheduler remembers; they
 are named lost, never made again: only whoever made them can.
 """
 
@@ -64,7 +66,7 @@ MADE_AGAIN = "made again by the tick"
 @dataclass(frozen=True)
 class _Candidate:
     """A run something shows existed: when it was made (ms, 0 unknown), what shows it, and
-    what the tick side remembers of it (a state of :mod:`redis_lease.fleet.loss.tick_memory`)."""
+    what the scheduler remembers of it (a state of :mod:`redis_lease.fleet.loss.tick_memory`)."""
 
     created_ms: int
     why: str
@@ -75,13 +77,14 @@ class _Candidate:
 def recover(
     store: LeaseStore, runs: Runs, path: str, job: Job, now: datetime, seen: Observation
 ) -> list[Decision]:
-    """One job's lost runs made again or named, and its open runs told of a data-set loss
-    (the loss itself is told by the tick: a ``data_lost`` decision)."""
+    """Makes again or names one job's lost runs, and marks its open runs after a data-set loss.
+
+    The tick reports the loss itself (a ``data_lost`` decision)."""
     now_ms = to_ms(now)
     decisions: list[Decision] = []
     candidates = _job_candidates(store, job, now_ms, seen)
     recorded = lost_records.of_job(store, job.name)
-    for run_id, lost in recorded.items():  # begun to be made again, by any tick side
+    for run_id, lost in recorded.items():  # begun to be made again, by any scheduler
         if lost.todo == MADE_AGAIN and not lost.rerun_at_ms and run_id not in candidates:
             candidates[run_id] = _Candidate(lost.created_at_ms, lost.why)
     for run_id in _without_record(store, list(candidates)):
@@ -97,8 +100,8 @@ def recover(
 
 
 def remember_open(store: LeaseStore, runs: Runs, job: Job) -> None:
-    """Remembers the job's open runs on the tick side, with when each was made, and the last
-    scheduled time its ticks handled."""
+    """Remembers the job's open runs in the scheduler's memory, with when each was made,
+    and the last scheduled time its ticks handled."""
     open_runs = runs.open_runs(job.name)
     with store.translating_errors():
         pipe = store.client.pipeline(transaction=False)
@@ -139,7 +142,7 @@ def rerun_deadline(job: Job, day: date, now: datetime) -> datetime | None:
 
 def scan_index(store: LeaseStore, runs: Runs, now: datetime) -> list[Decision]:
     """Names the lost ad-hoc runs (runs of no job the tick knows) among the newest of the
-    run index and those the tick side remembers; remembers the ad-hoc runs that exist."""
+    run index and those the scheduler remembers; remembers the ad-hoc runs that exist."""
     now_ms = to_ms(now)
     memory = recall(store)
     remembered = memory.runs_of("") if memory is not None else {}
@@ -181,8 +184,8 @@ def _job_of(run_id: str) -> str:
 def _job_candidates(
     store: LeaseStore, job: Job, now_ms: int, seen: Observation
 ) -> dict[str, _Candidate]:
-    """The job's runs something shows existed: remembered by the tick side (as far as it may
-    go by its memory), dated within its retention, listed open."""
+    """The job's runs something shows existed: remembered by the scheduler (as far as its
+    memory may be used), dated within its retention, listed open."""
     since = now_ms - job.options.retention_days * DAY_MS
     with store.translating_errors():
         pipe = store.client.pipeline(transaction=False)
@@ -196,7 +199,7 @@ def _job_candidates(
     for run_id, made in (memory.runs_of(job.name) if memory else {}).items():
         state = memory.state_of(run_id) if memory else OPEN
         if state in (CREATING, DOUBTFUL) and memory and job.name not in memory.unsettled:
-            continue  # with no loss to settle, the server's records are the truth
+            continue  # with no loss left to handle, the server's records are the truth
         if state == DOUBTFUL and 0 < made <= now_ms - IN_DOUBT_DAYS * DAY_MS:
             continue  # a memory that old is of no use: named only within a year
         found[run_id] = _Candidate(made, _REMEMBERED[state], state)
@@ -325,7 +328,7 @@ def name_unknown_dates(
     store: LeaseStore, runs: Runs, path: str, job: Job, days: list[date], now: datetime, why: str
 ) -> list[Decision]:
     """Names lost the runs of ``days`` that have no record, each one that may have run
-    (``was`` unknown): after a loss, a tick side whose memory is in doubt cannot tell whether
+    (``was`` unknown): after a loss, a scheduler whose memory is in doubt cannot tell whether
     another ran them, so it makes none of them (:mod:`redis_lease.fleet.tick.due_runs`)."""
     now_ms = to_ms(now)
     run_ids = [job.run_id(day) for day in days]

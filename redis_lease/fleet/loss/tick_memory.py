@@ -1,5 +1,8 @@
-"""What the tick side remembers of the data set it wrote to, kept where a loss of the lease
-store's Redis cannot reach it.
+"""What the scheduler remembers of the data set it wrote to.
+
+The scheduler is the process that runs the ticks: the fleet's leader, or
+``redis-lease tick`` from cron. It keeps this memory where a loss of the lease store's
+Redis cannot reach it.
 
 A tick remembers the data set's mark (:mod:`redis_lease.fleet.loss.data_set_mark`: its id, its
 epoch and the sequence number the tick's own last write got) and the runs it knew of (each job's
@@ -20,16 +23,16 @@ server from a new one (see docs/durability.md).
 
 A memory is only as good as it is current. Each remembered run has a state:
 
-- ``open``: seen open by this side's last tick of its job;
-- ``creating``: this side was making it (written before the run is created);
-- ``ending``: this side was ending it (written before its final state is);
-- ``doubtful``: remembered by a side that another may have superseded since.
+- ``open``: seen open by this scheduler's last tick of its job;
+- ``creating``: this scheduler was making it (written before the run is created);
+- ``ending``: this scheduler was ending it (written before its final state is);
+- ``doubtful``: remembered by a scheduler that another may have superseded since.
 
 After a loss, a run remembered ``open`` or ``creating`` may be made again (where its job's
 schedule covers it); one remembered ``ending`` or ``doubtful`` is only named lost: it may
 have ended. While nothing is lost, the server's records are the truth: a ``creating`` or
-``doubtful`` run is not looked for. A memory becomes doubtful when another tick side ticked
-after it (the mark's ``seq`` moved past the one it remembers), when another side noticed a
+``doubtful`` run is not looked for. A memory becomes doubtful when another scheduler ticked
+after it (the mark's ``seq`` moved past the one it remembers), when another scheduler noticed a
 loss first, and when the tick leader holding it had a break in its leadership
 (:func:`distrust`: another leader may have ticked meanwhile).
 """
@@ -73,13 +76,14 @@ MAY_BE_OPEN = (OPEN, CREATING)
 
 @dataclass(frozen=True)
 class Remembered:
-    """A data set's mark as the tick side last saw it, and the runs it knew of.
+    """A data set's mark as the scheduler last saw it, and the runs it knew of.
 
     ``runs`` maps a run id to its job (``""`` for an ad-hoc run) and when it was created
     (ms, 0 when not known); ``states`` a run id to its state when it is not ``open``;
     ``fired`` a job to the last scheduled time its ticks handled (ms) and whether that is
     doubtful (after a loss it tells which dates had their run, when the server cannot);
-    ``unsettled`` the jobs whose tick after a loss this side noticed has not finished yet.
+    ``unsettled`` the jobs whose first tick after a loss (noticed by this scheduler) has not
+    finished yet.
     """
 
     id: str
@@ -109,12 +113,12 @@ class Remembered:
         return replace(self, runs=runs, states=states)
 
     def after_loss(self, job: str) -> Remembered:
-        """This memory with a loss noticed: every job it knows of, and ``job``, unsettled."""
+        """This memory with a loss noticed: every job it knows of, and ``job``, in ``unsettled``."""
         jobs = {owner for owner, _ in self.runs.values()} | set(self.fired) | {job}
         return replace(self, unsettled=frozenset(jobs))
 
     def settled(self, job: str) -> Remembered:
-        """This memory with ``job``'s tick after a loss finished."""
+        """This memory with ``job``'s tick after a loss finished (removed from ``unsettled``)."""
         return replace(self, unsettled=self.unsettled - {job})
 
     def with_fired(self, job: str, fired_ms: int) -> Remembered:
@@ -177,10 +181,12 @@ class Remembered:
 
 
 def recall(store: LeaseStore) -> Remembered | None:
-    """What the tick side remembers of the store's data set: the process's memory, else the
-    file's, else RQ's Redis's (when apart); None when none has an entry. A process in doubt
-    (:func:`distrust`) goes by the shared places first (they may know more runs), in doubt
-    too: a file is one machine's, and any place may be out of date."""
+    """What the scheduler remembers of the store's data set: the process's memory, else the
+    file's, else RQ's Redis's (when apart); None when none has an entry.
+
+    A process in doubt (:func:`distrust`) reads the shared places first (they may know more
+    runs), and treats what it finds as doubtful too: a file is one machine's, and any place
+    may be out of date."""
     found = _by_store.get(store)
     if found is None or store in _doubted:
         found = _from_file(store) or _from_queue_redis(store) or found
@@ -199,8 +205,8 @@ def keep(store: LeaseStore, memory: Remembered) -> None:
 
 
 def note(store: LeaseStore, job: str, run_id: str, state: str, created_ms: int = 0) -> None:
-    """Remembers ``run_id`` of ``job`` in ``state``, where the tick side remembers anything
-    (a side that remembers nothing has no mark to tell a loss by)."""
+    """Remembers ``run_id`` of ``job`` in ``state``, where the scheduler remembers anything
+    (a scheduler that remembers nothing has no mark to tell a loss by)."""
     memory = recall(store)
     if memory is not None:
         keep(store, memory.with_state(job, run_id, state, created_ms))
@@ -214,7 +220,7 @@ def keep_in_doubt(store: LeaseStore, memory: Remembered) -> None:
 
 
 def distrust(store: LeaseStore) -> None:
-    """Marks every run this process remembers doubtful: another tick side may have ticked
+    """Marks every run this process remembers doubtful: another scheduler may have ticked
     since it wrote its memory (a tick leader whose leadership had a break)."""
     memory = _by_store.get(store)
     if memory is not None:

@@ -146,7 +146,7 @@ class Runs:
         run_id = job.run_id(business_date)
         deadline = deadline or job.deadline_for(business_date, started)
         fields = fields if fields and "after_loss" in fields else self._doubt(run_id, fields)
-        # Remembered before it exists: a loss right after is still told by the tick side.
+        # Remembered before it exists: the scheduler still detects a loss right after.
         tick_memory.note(self.store, job.name, run_id, tick_memory.CREATING, to_ms(started))
         created, _ = self.store.create_run(
             run_id,
@@ -177,9 +177,11 @@ class Runs:
         return run_id, created
 
     def _doubt(self, run_id: str, fields: dict[str, str] | None) -> dict[str, str] | None:
-        """``fields``, with ``after_loss`` when ``run_id`` was recorded lost: a run made of a
-        lost run's id by any door (the tick, a backfill, ``start``) is as careful with its
-        effects as one the tick makes again (their ledger may have gone with it)."""
+        """``fields``, with ``after_loss`` when ``run_id`` was recorded lost.
+
+        A run made with a lost run's id is as careful with its effects as one the tick makes
+        again, whoever makes it (the tick, a backfill, ``start``): their ledger may have gone
+        with the lost run."""
         lost = lost_records.read(self.store, run_id)
         if lost is None:
             return fields

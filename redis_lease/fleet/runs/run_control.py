@@ -1,6 +1,7 @@
-"""An operator's hand on a run, the same from the command line and the dashboard: whether a
-run is open, a new deadline from what the operator typed, finalizing an open run now, and
-requeueing dead items.
+"""Operator actions on a run, shared by the command line and the dashboard.
+
+It checks whether a run is open, reads a new deadline from what the operator typed,
+finalizes an open run now, and requeues dead items.
 
 The run's states are :mod:`.run_states`; the changes themselves are :class:`.lifecycle.Runs`'.
 """

@@ -49,9 +49,9 @@ def create_due_runs(
     and a ``missed`` decision on the run created with them names them.
 
     After a loss of the data set (``seen``: this tick's look at the mark) the server may have
-    no record of the job's runs while the tick side remembers the last scheduled time its
+    no record of the job's runs while the scheduler remembers the last scheduled time its
     ticks handled: the window then begins after it, as if the server had kept it. When that
-    memory is in doubt (another tick side may have ticked since), the dates after it are
+    memory is in doubt (another scheduler may have ticked since), the dates after it are
     named lost, not made: the tick cannot tell whether they ran.
     """
     opts = job.options
@@ -105,8 +105,8 @@ def create_due_runs(
 def _remembered_fire(
     record: _JobRecord, job: Job, seen: Observation | None
 ) -> tuple[datetime, bool] | None:
-    """When the server has no last scheduled time of the job (a loss took it) and the tick
-    side remembers one: that time and whether that memory is in doubt; else None."""
+    """When the server has no last scheduled time of the job (a loss took it) and the
+    scheduler remembers one: that time and whether that memory is in doubt; else None."""
     if record.last_fire is not None or seen is None:
         return None
     known = seen.remembered.fired.get(job.name) if seen.remembered else None
@@ -120,7 +120,7 @@ def _name_in_doubt(
     store: LeaseStore, runs: Runs, path: str, job: Job, record: _JobRecord, now: datetime
 ) -> list[Decision]:
     """Names lost the dates scheduled after the last one a doubtful memory remembers handling
-    (another tick side may have run them), then moves the job's last scheduled time to now:
+    (another scheduler may have run them), then moves the job's last scheduled time to now:
     a tick that stops midway leaves it unmoved, and the next names the rest."""
     since = record.last_fire or now
     # every date since, not only the catch-up window's: any of them may have had a run

@@ -7,11 +7,11 @@ reason in the run's event log (``redis-lease status RUN`` shows them). An error
 in one run or one job is recorded as an ``error`` decision and every other run
 and job is still ticked; :attr:`TickResult.failures` lists what failed.
 
-Each tick of a job first looks for a loss: the data set's mark against what the tick
-side remembers (:mod:`redis_lease.fleet.loss.data_set_mark`), then the job's lost runs, made again
-where the schedule and catch-up policy cover them (:mod:`redis_lease.fleet.loss.lost_runs`); once a
-tick, the run index is looked through for lost ad-hoc runs. A loss found is not a failure of
-the tick: it is counted, named and acted on.
+Each tick of a job first looks for a loss: the data set's mark against what the scheduler
+remembers (:mod:`redis_lease.fleet.loss.data_set_mark`), then the job's lost runs, made again
+where the schedule and catch-up policy cover them (:mod:`redis_lease.fleet.loss.lost_runs`);
+once a tick, the run index is looked through for lost ad-hoc runs. A loss found is not a failure
+of the tick: it is counted, named and acted on.
 
 A tick of the tick leader (``redis-lease worker --job``, :mod:`.leader`) is fenced by its
 token: it takes each job's lock through ``tick_lock.lua`` and asks, before each step
@@ -189,7 +189,7 @@ def tick_job(
     First a loss is looked for (the data set's mark, then the job's lost runs, made
     again where covered); then due runs are created. Each open run is ticked on its
     own: an error in one is recorded in its event log as an ``error`` decision, and
-    the job's other runs are still ticked. Last, the tick side remembers the job's
+    the job's other runs are still ticked. Last, the scheduler remembers the job's
     open runs (:mod:`redis_lease.fleet.loss.tick_memory`).
     """
     with job_tick_lock(store, job.name, TICK_LOCK_SECONDS * 1000) as (taken, _):

@@ -2,29 +2,30 @@
 
 A shard job registers in the registry (:attr:`~redis_lease.protocol.keys.Keys.shard_job_registry`:
 who runs it: worker, lease owner, host, pid; what: job path, queue, budget) as its work
-starts (``register_shard_job.lua``), and its lease keeper beats every
-:data:`~redis_lease.limits.HEARTBEAT` second from a thread of its own: each beat is the
-server's time, stored by a script (``shard_job_beat.lua``). A job is **dead** when the
+starts (``register_shard_job.lua``). Its lease keeper sends a heartbeat every
+:data:`~redis_lease.limits.HEARTBEAT` second from a thread of its own. A script stores each
+heartbeat with the server's time (``shard_job_beat.lua``). A job is **dead** when the
 server's clock says both
 
-- it has not beaten for :data:`~redis_lease.limits.DEAD_AFTER` seconds, and
+- it has sent no heartbeat for :data:`~redis_lease.limits.DEAD_AFTER` seconds, and
 - :data:`~redis_lease.limits.DEAD_AFTER` seconds have passed since the last stall ended.
 
 A stall is a gap of more than :data:`~redis_lease.limits.STALL_GAP_MS` between two calls of
-the registry's scripts (the fleet's clock, ``lua/include/fleet_clock.lua``): every watch
-calls one each second and every job beats each second, so such a gap means nobody reached
-Redis: it stalled (a fork, a long script), failed over, or every worker was cut off. After
-one, every live job gets a full dead-after period to beat again; a job killed long before is
-taken over once that period ends. A worker cut off from Redis alone is taken over (it cannot
-commit anyway: its leases' fence refuses it), and its shard job, once it reaches Redis again,
-finds its registration gone and stops. A handler that is slow, but lets Python run its
-threads, keeps beating and is never taken over; no worker's own clock takes part.
+the registry's scripts (the fleet's clock, ``lua/include/fleet_clock.lua``). Every worker
+calls one each second and every job sends a heartbeat each second, so such a gap means
+nobody reached Redis: it stalled (a fork, a long script), failed over, or every worker was
+cut off. After a stall, every live job gets a full dead-after period to send a heartbeat
+again; a job killed long before is taken over once that period ends. A worker cut off from
+Redis alone is taken over (it cannot commit anyway: its leases' fence refuses it). Its shard
+job, once it reaches Redis again, finds its registration gone and stops. A slow handler
+that lets Python run its threads keeps sending heartbeats and is never taken over. No
+worker's own clock takes part.
 
 Whoever sees a dead shard job first takes it over, once (``take_shard_jobs.lua`` decides
 who): every ``redis-lease worker`` looks every second
 (:class:`~redis_lease.fleet.worker.watch.FleetWatch`, one script call whatever the number of
-jobs), and the tick looks too (:func:`~redis_lease.fleet.transport.shard_jobs.live_jobs`).
-A watcher never takes over a shard job of its own process or of its own worker (:func:`runs_here`).
+jobs), and the tick looks too (:func:`~redis_lease.fleet.transport.shard_jobs.live_jobs`). A
+worker never takes over a shard job of its own process or of its own worker (:func:`runs_here`).
 Taking over:
 
 1. ends the job's leases now, by the server clock (``cut_leases.lua``, every lease of its
@@ -33,12 +34,12 @@ Taking over:
 2. forgets the job, then counts it failed on its run (``status`` shows it), and records the
    takeover in the run's decisions and in the fleet's takeover log (``redis-lease workers``).
 
-Each step is safe to repeat: a watcher that dies between them leaves the takeover begun,
-and another takes it again :data:`~redis_lease.limits.TAKEOVER_RETRY_MS` later. The watch
-then enqueues a shard job for the shard at the front of its queue, so that an idle worker
-takes the items at once.
+Each step is safe to repeat. If the worker taking over dies between them, the takeover
+stays begun, and another worker takes it again :data:`~redis_lease.limits.TAKEOVER_RETRY_MS`
+later. The worker that took it over then enqueues a shard job for the shard at the front of
+its queue, so that an idle worker takes the items at once.
 
-Each beat also sets what it says (its process, the leases it holds) in a key that lives
+Each heartbeat also sets its value (the process id, the leases it holds) in a key that lives
 :data:`~redis_lease.limits.DEAD_AFTER` seconds (:meth:`~redis_lease.protocol.keys.Keys.run_beat`):
 the views show it, and a tick of 0.9.0 counts a started shard job live while it exists.
 It decides nothing here.
@@ -194,14 +195,14 @@ class Registered:
 
 
 #: The RQ worker names of this process (its :class:`~redis_lease.fleet.worker.watch.FleetWatch`
-#: adds its own): a watcher of this process never takes over their shard jobs.
+#: adds its own): a worker of this process never takes over their shard jobs.
 OWN_WORKERS: set[str] = set()
 
 
 def runs_here(job: ShardJob) -> bool:
     """True when ``job`` is this process's, or its worker's (an RQ worker of this process)
-    and its process still runs: a watcher here never takes it over. A worker's work horse
-    that died (gone, or a zombie) is not its own any more: another watcher, or the tick,
+    and its process still runs: a worker here never takes it over. A worker's work horse
+    that died (gone, or a zombie) is not its own any more: another worker, or the tick,
     may take it over."""
     if job.host != clip(socket.gethostname(), WORKER_NAME_MAX):
         return False
@@ -371,7 +372,7 @@ def take_over(
     saw its work horse die): ends its leases, forgets it, counts it failed with ``why``,
     records it.
 
-    Returns None when it is alive, or another watcher took it over first.
+    Returns None when it is alive, or another worker took it over first.
     """
     if not _take(store, "take_dead" if known_dead else "take", [job.rq_id]):
         return None
@@ -379,7 +380,7 @@ def take_over(
 
 
 def _done(store: LeaseStore, rq_id: str) -> bool:
-    """Forgets a job taken over; False when another watcher finished it meanwhile."""
+    """Forgets a job taken over; False when another worker finished it meanwhile."""
     return bool(_take(store, "done", [rq_id]))
 
 

@@ -1,15 +1,17 @@
-"""Settling what handlers ended: what a handler's answer or error asks for (commit, fail or
-release), the settlements sent together in one round trip, and the pass's report they
-count in.
+"""The commit, fail or release that ends each handler's attempt, sent in batches.
 
-A handler returns its result, or a :class:`HandlerResult` with a label or guarded writes;
-it raises to fail its item (:class:`~redis_lease.errors.PermanentError`: for good),
-:class:`~redis_lease.errors.Throttled` or :class:`~redis_lease.errors.SlotTimeout` to give
-it back for later. A handler whose own write a full Redis refused gives its item back too,
-its attempt not counted (:data:`FULL_RETRY_DELAY`). :class:`PendingSettlements` holds the
-settlements until they are sent together; their leases stay with the keeper meanwhile. A
-settlement that fails (Redis gone past the retries, a refusal) leaves its item to its lease
-expiry: the pass goes on.
+Here a settlement is that one request: a commit, a fail or a release of an item. This
+module turns a handler's answer or error into its settlement, sends the settlements
+together in one round trip, and counts them in the pass's report.
+
+A handler returns its result, or a :class:`HandlerResult` with a label or guarded writes.
+It raises to fail its item (:class:`~redis_lease.errors.PermanentError`: for good), or
+raises :class:`~redis_lease.errors.Throttled` or :class:`~redis_lease.errors.SlotTimeout`
+to give it back for later. A handler whose own write a full Redis refused gives its item
+back too, its attempt not counted (:data:`FULL_RETRY_DELAY`). :class:`PendingSettlements`
+holds the settlements until they are sent together; the keeper renews their leases
+meanwhile. A settlement that fails (Redis gone past the retries, a refusal) leaves its
+item to its lease expiry, and the pass goes on.
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ class PendingSettlements:
             self.flush()
 
     def flush(self) -> None:
-        """Sends every waiting settlement in one round trip and settles each answer.
+        """Sends every waiting settlement in one round trip and handles each answer.
 
         When Redis cannot be reached or is busy past the retries (a stall, a failover),
         the settlements whose leases this process still holds wait again, kept renewed,

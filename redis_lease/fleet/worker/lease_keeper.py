@@ -1,10 +1,10 @@
 """The thread that keeps a worker's leases: :class:`LeaseKeeper`.
 
-It renews every held lease (conditional on its token), beats a shard job's heartbeat and
+It renews every held lease (conditional on its token), sends the shard job's heartbeat and
 reads the worker's stop request, all in one round trip per tick (renewals every third of
-the TTL, beats every second). A lease that cannot be renewed is marked lost
+the TTL, heartbeats every second). A lease that cannot be renewed is marked lost
 (:meth:`~redis_lease.fleet.jobs.live_lease.ActiveLease.mark_lost`), which stops its handler. A
-beat that finds the shard job no longer registered (it was taken over) calls
+heartbeat that finds the shard job no longer registered (it was taken over) calls
 :attr:`LeaseKeeper.on_unregistered` once: the shard job stops claiming.
 """
 
@@ -36,23 +36,23 @@ __all__ = ["LeaseKeeper"]
 
 
 class LeaseKeeper(threading.Thread):
-    """Renews held leases every third of their TTL, beats a heartbeat every
-    :data:`~redis_lease.limits.HEARTBEAT` seconds, reads a stop request.
+    """Renews held leases every third of their TTL, sends a heartbeat every
+    :data:`~redis_lease.limits.HEARTBEAT` seconds, and reads a stop request.
 
-    The heartbeat is what the fleet watches: when the registry has had no beat of the
+    Other workers check the heartbeat. When the registry has had no heartbeat from the
     shard job for :data:`~redis_lease.limits.DEAD_AFTER` seconds by the server's clock
     (outside a stall's grace), another worker ends this process's leases and takes its
-    items over (:mod:`redis_lease.fleet.transport.takeover`). It lives in its own thread, so a
-    handler that is slow (but lets Python run its threads) is never taken for dead.
+    items over (:mod:`redis_lease.fleet.transport.takeover`). The keeper runs in its own thread, so
+    a slow handler (one that lets Python run its threads) is never taken for dead.
 
     Args:
         store: the store of the leases.
         ttl: seconds each renewal extends a lease by.
-        beat_key: a key set on every beat to what the beat says (lives
+        beat_key: a key set on every heartbeat to the heartbeat's value (lives
             :data:`~redis_lease.limits.DEAD_AFTER` seconds), for the views.
         stop_flag: ``(hash key, field)``: when the field is set, :attr:`on_stop_requested`
             is called (an RQ worker's warm shutdown request).
-        job_id: the RQ id of the registered shard job whose registry beat each tick sends
+        job_id: the RQ id of the registered shard job whose registry heartbeat each tick sends
             (:func:`~redis_lease.fleet.transport.takeover.beat_command`); None for none.
     """
 
@@ -83,7 +83,7 @@ class LeaseKeeper(threading.Thread):
         self._held: dict[tuple[str, str], ActiveLease] = {}  # by (run, item)
         self._lock = threading.Lock()
         # Held across a tick's choice of leases and its round trip, and by settle: no
-        # renewal of a lease goes out after its settlement (see settle).
+        # renewal of a lease goes out after its commit, fail or release (see settle).
         self._sending = threading.Lock()
         self._done = threading.Event()
         self._renewed_at = time.monotonic()
@@ -103,9 +103,10 @@ class LeaseKeeper(threading.Thread):
                 del self._held[active.run_id, active.item_id]
 
     def settle(self, actives: list[ActiveLease]) -> None:
-        """Stops renewing ``actives``, whose settlements go out next; waits for a renewal
-        under way first, so that none of theirs reaches Redis after the settlement (a
-        renewal behind a commit would be refused, and counted stale)."""
+        """Stops renewing ``actives``, whose commits, fails or releases go out next.
+
+        It first waits for a renewal under way, so that no renewal of theirs reaches Redis
+        after the commit (a renewal behind a commit would be refused, and counted stale)."""
         with self._sending:
             for active in actives:
                 self.drop(active)
@@ -119,7 +120,9 @@ class LeaseKeeper(threading.Thread):
             self.heartbeat.beaten(sent_at)
 
     def beat_value(self) -> str:
-        """What a beat says: this process and the leases it holds (``redis-lease workers``)."""
+        """The heartbeat's value: this process's id and how many leases it holds.
+
+        ``redis-lease workers`` shows it."""
         with self._lock:
             held = len(self._held)
         return json.dumps({"pid": os.getpid(), "held": held})
@@ -168,7 +171,7 @@ class LeaseKeeper(threading.Thread):
         answers with the beat's (True: stored; False: the job is not registered; None:
         none sent or stored) and the stop flag's, and whether the beats had lapsed."""
         due = time.monotonic() - self._renewed_at >= self.renew_every - self.interval / 2
-        # Beats stopped long enough for a watcher to end the leases (the process was
+        # Heartbeats stopped long enough for another worker to end the leases (the process was
         # paused, Redis out of reach): renew them all now to learn which are still held.
         lapsed = self.heartbeat is not None and not self.heartbeat.alive
         due = due or lapsed

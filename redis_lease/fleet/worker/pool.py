@@ -2,14 +2,14 @@
 
 A pool starts a handler for an :class:`~redis_lease.fleet.jobs.live_lease.ActiveLease` and,
 when it ends, puts a :class:`Finished` (its answer or error, and its wall time)
-on a queue that the shard loop reads; settling and committing stay with that
-loop. :func:`make_pool` picks the kind: ``async def`` handlers share one event
+on a queue that the shard loop reads; commits, fails and releases stay with
+that loop. :func:`make_pool` picks the kind: ``async def`` handlers share one event
 loop (a lost lease cancels their task), plain handlers run on up to N threads,
 and a plain handler at concurrency 1 runs inline, in the caller's thread.
 
 The thread and event loop pools also keep claimed items waiting for a slot: a
 slot whose handler ends starts the next waiting item itself, so a slot never
-waits while the shard loop makes a claim or settle round trip.
+waits while the shard loop makes a claim or commit round trip.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The RQ worker classes: RQ's workers, reporting shard jobs, failing bad jobs alone, and
 checking at start that the ACL lets them work; a worker built from its settings
-(:func:`build_worker`) and run with the fleet watch beside it (:func:`run_worker`).
+(:func:`build_worker`) and run with its heartbeat thread beside it (:func:`run_worker`).
 
 The shard jobs themselves (queues, JSON jobs, enqueueing, liveness) are in
 :mod:`redis_lease.fleet.transport.shard_jobs`.
@@ -102,7 +102,7 @@ class _Reporting(BaseWorker):
     last_failure = ""
     #: Leases the shard jobs lost to other workers (taken over while held).
     lost_leases = 0
-    #: The key prefixes of the shard jobs run (the fleet watch watches them).
+    #: The key prefixes of the shard jobs run (the FleetWatch checks their heartbeats).
     shard_prefixes: frozenset[str] = frozenset()
     #: Whether the worker's RQ connection is its own (closed when :func:`run_worker` ends).
     own_connection = False
@@ -283,7 +283,7 @@ def build_worker(store: LeaseStore, settings: WorkerSettings) -> LeaseWorker | S
     ``settings.simple``) on the store's RQ Redis, JSON jobs, its access checked
     (:func:`check_worker_access`), the shard jobs' concurrency and lease store set for this
     process (and the replicas its claims wait for: the store's), and the working directory
-    on the import path (jobs import from it). Both doors build their worker here:
+    on the import path (jobs import from it). Both entry points build their worker here:
     ``redis-lease worker`` and :func:`redis_lease.run_worker`.
 
     Raises:
@@ -299,7 +299,7 @@ def build_worker(store: LeaseStore, settings: WorkerSettings) -> LeaseWorker | S
     with store.translating_errors():
         checked = store.rq  # RQ's Redis: the store's, or the queue URL's
         check_worker_access(store, checked, name)
-    # RQ's loop quits at an error it does not expect: on a full Redis its calls wait for room
+    # RQ's loop quits at an error it does not expect: on a full Redis its calls wait instead
     client = riding_out_full(checked, f"worker {name}")
     use_lease_url(settings.lease_url)
     use_replica_wait(store.replica_wait)  # the jobs' stores wait for the replicas this one does
@@ -338,11 +338,13 @@ def run_worker(
     started: Callable[[], None] | None = None,
     beside: Sequence[Beside] = (),
 ) -> None:
-    """Works the worker's queues (until stopped, or until they are empty with ``burst``)
-    with the fleet watch beside it: once RQ registered the worker, the watch's first beat
-    and sweep (a refusal is raised as this library's error), then ``started``, then the
-    watch beats every second until the worker stops. The threads of ``beside`` start
-    after ``started`` and are closed when the worker stops."""
+    """Works the worker's queues until stopped (or until they are empty, with ``burst``).
+
+    A :class:`~redis_lease.fleet.worker.watch.FleetWatch` thread runs beside it. Once RQ
+    has registered the worker, the thread sends its first heartbeat and looks for dead shard
+    jobs (a refusal is raised as this library's error). Then ``started`` is called, and the
+    thread repeats this every second until the worker stops. The threads of ``beside``
+    start after ``started`` and are closed when the worker stops."""
     queues = worker.queue_names()
     watch = FleetWatch(
         store, worker.name, queues, say=worker.say, prefixes=lambda: worker.shard_prefixes

@@ -3,7 +3,7 @@
 It sets up what :func:`~redis_lease.fleet.worker.shard_loop.work_shard` (the shard loop, which
 needs no RQ) works under, and records what the pass did. While handlers run, a
 :class:`~redis_lease.fleet.worker.lease_keeper.LeaseKeeper` thread renews the process's leases
-(conditional on their tokens) and beats the shard job's heartbeat; a lease that
+(conditional on their tokens) and sends the shard job's heartbeat; a lease that
 cannot be renewed is marked lost, which stops its handler.
 """
 
@@ -244,11 +244,11 @@ def _forget_job(store: LeaseStore, run_id: str, rq_id: str, ended: bool) -> None
     (two round trips: a tick never finds it among the run's jobs unregistered, where RQ's
     status, which RQ's cleanup may set by a skewed clock, would judge it).
 
-    A job that ``ended`` normally also ends the run's streak of failed shard jobs
-    and its dispatch back-off, in one script
-    (:func:`~redis_lease.fleet.transport.shard_job_failures.end_failure_streak`). Best effort: when
-    Redis is gone, its registry entry stops beating, and a watcher takes over whatever the job
-    still held.
+    A job that ``ended`` normally also ends the run's streak of failed shard jobs and its
+    dispatch back-off, in one script
+    (:func:`~redis_lease.fleet.transport.shard_job_failures.end_failure_streak`). Best effort:
+    when Redis is gone, its registry entry gets no more heartbeats, and another worker takes
+    over whatever the job still held.
     """
     try:
         with translating_errors(store.url, run_id=run_id):

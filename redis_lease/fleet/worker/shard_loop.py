@@ -1,4 +1,4 @@
-"""The shard loop: claim in batches, run handlers under kept leases, settle in batches.
+"""The shard loop: claim in batches, run handlers under renewed leases, commit in batches.
 
 :func:`work_shard` works one shard of a run until it is drained, stopped or out of
 budget, running up to ``concurrency`` handlers at once (:mod:`redis_lease.fleet.worker.pool`);
@@ -84,7 +84,7 @@ def work_shard(
     plain handlers on threads, ``async def`` handlers on one event loop. On
     those, the next batch is claimed while a few claimed items still wait for a
     slot (at most ``batch_size`` wait), and a slot whose handler ends starts
-    the next waiting item itself, so no slot waits on a claim or settle round
+    the next waiting item itself, so no slot waits on a claim or commit round
     trip. One plain handler at a time runs inline and claims only when it is
     idle. Commits are sent together, in one
     round trip, when nothing is left to start or once the oldest waits
@@ -111,7 +111,7 @@ def work_shard(
 
 
 class _ShardLoop:
-    """The claim, start, settle loop of one pass over a shard."""
+    """The loop of one pass over a shard: claim items, start handlers, commit results."""
 
     def __init__(
         self,
@@ -273,11 +273,11 @@ class _ShardLoop:
             return
         self.in_pool += 1
         self.pool.start(active)
-        if self.size == 1:  # an inline handler has ended by now: settle it before going on
+        if self.size == 1:  # an inline handler has ended by now: queue its commit first
             self.settle_finished()
 
     def _settle_next(self, timeout: float) -> bool:
-        """Waits up to ``timeout`` seconds for a handler to end and settles it."""
+        """Waits up to ``timeout`` seconds for a handler to end, and queues its settlement."""
         try:
             finished = (
                 self.pool.done.get(timeout=timeout) if timeout > 0 else self.pool.done.get_nowait()
@@ -288,7 +288,7 @@ class _ShardLoop:
         return True
 
     def settle_finished(self) -> None:
-        """Settles every handler that has ended."""
+        """Queues the settlement (commit, fail or release) of every handler that has ended."""
         while True:
             try:
                 finished = self.pool.done.get_nowait()

@@ -1,10 +1,9 @@
-"""A worker process's watch over the fleet: its own heartbeat, and the takeover of stopped
-shard jobs.
+"""A worker process's heartbeat, and the takeover of stopped shard jobs.
 
 ``redis-lease worker`` runs a :class:`FleetWatch` beside its RQ worker. Every
 :data:`~redis_lease.limits.HEARTBEAT` second, in one round trip, it
 
-1. beats the worker's record (``worker_beat.lua``: the beat at the server's time, so
+1. sends the worker's heartbeat (``worker_beat.lua``: stamped with the server's time, so
    ``redis-lease workers`` judges every worker by one clock; workers silent for a day are
    forgotten); and
 2. looks for registered shard jobs that are dead by the server's clock
@@ -14,10 +13,10 @@ shard jobs.
    the front of its queue (:func:`redispatch`), so an idle worker takes the items at once.
 
 So a killed worker's items are claimable again within about ``DEAD_AFTER + HEARTBEAT``
-seconds of its last beat (6 s at the defaults), whether or not other shard jobs of its run
-are at work, and are worked as soon as a worker is free. A Redis that stalls or fails over
-takes no live worker's work: after it, every job has ``DEAD_AFTER`` seconds to beat again.
-A watch never takes over a shard job of its own worker.
+seconds of its last heartbeat (6 s at the defaults), whether or not other shard jobs of its
+run are at work. They are worked as soon as a worker is free. A Redis that stalls or fails
+over takes no live worker's work: after it, every job has ``DEAD_AFTER`` seconds to send a
+heartbeat again. A worker never takes over a shard job of its own.
 """
 
 from __future__ import annotations
@@ -113,7 +112,7 @@ def redispatch(store: LeaseStore, done: takeover.Takeover) -> str | None:
 
 
 class FleetWatch(threading.Thread):
-    """Beats a worker's record and takes over stopped shard jobs, every second.
+    """Sends a worker's heartbeat and takes over stopped shard jobs, every second.
 
     It watches the shard jobs under the store's key prefix and under every prefix
     ``prefixes`` names (those of the shard jobs its worker has run).
@@ -179,7 +178,7 @@ class FleetWatch(threading.Thread):
                 log.warning(line)
 
     def close(self) -> None:
-        """Stops the watch and marks the worker stopped (best effort)."""
+        """Stops the thread and marks the worker stopped (best effort)."""
         self._done.set()
         if self.is_alive():
             self.join(timeout=5)

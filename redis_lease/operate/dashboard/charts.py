@@ -10,7 +10,7 @@ from ..cli_printing import iso_time
 
 WIDTH = 640
 HEIGHT = 180
-#: Room for the axis labels: left, right, top, bottom.
+#: Margins for the axis labels: left, right, top, bottom.
 MARGIN = (56, 12, 12, 28)
 
 

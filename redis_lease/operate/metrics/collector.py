@@ -68,7 +68,7 @@ EVENT_COUNTERS = {
     "claims": "Delivery attempts: successful claims, takeovers included.",
     "commits": "Items committed done.",
     "takeovers": "Claims that took over an expired lease.",
-    "leases_cut": "Leases ended early because their shard job stopped beating (taken over).",
+    "leases_cut": "Leases ended early because their shard job's heartbeats stopped (taken over).",
     "expired": "Leases that expired before their holder finished.",
     "stale_refused": "Writes refused because the writer no longer held the lease.",
     "stale_commits": "Commits refused because the committer no longer held the lease.",
@@ -77,7 +77,7 @@ EVENT_COUNTERS = {
     "releases": "Items given back unprocessed (drain, throttling, condition races).",
     "renewals": "Lease renewals.",
     "requeued": "Dead items moved back to pending.",
-    "effects_reconciled": "Effects settled by reconciling an earlier attempt.",
+    "effects_reconciled": "Effects resolved by reconciling an earlier attempt.",
     "late_commits": "Commits accepted after the run's deadline (leases granted before it).",
 }
 #: Gauges of a run's accounting (redis_lease.protocol.leases.RunStatus), by attribute.

@@ -1,6 +1,7 @@
-"""The one door through which what Redis raised or answered becomes this library's
-errors: :func:`translating_errors` (``with`` it around a block, or its
-:meth:`~ErrorDoor.error` for an error reply taken from a pipeline).
+"""The one place where Redis errors and error replies become this library's errors.
+
+Use :func:`translating_errors` as a ``with`` block around Redis calls. For an error reply
+taken from a pipeline, call its :meth:`~ErrorDoor.error`.
 
 Connection, login, permission, timeout, TLS and cluster failures become
 :class:`~redis_lease.errors.RedisUnavailable` and its classes (exit 6); script error
@@ -74,8 +75,9 @@ def translate(
     item_id: str | None = None,
     token: int | None = None,
 ) -> Exception:
-    """The library's error for anything a Redis call raised or replied: what the door
-    (:func:`translating_errors`) does; call paths go through the door.
+    """Returns the library's error for anything a Redis call raised or replied.
+
+    :func:`translating_errors` calls it; every call path goes through that.
 
     Connection, login, permission, timeout and TLS failures become
     :class:`~redis_lease.errors.RedisUnavailable` (exit 6); script error replies become
@@ -270,8 +272,10 @@ def _login_refused(url: str, error: BaseException, context: dict[str, Any]) -> R
 
 
 class ErrorDoor:
-    """The one door: around a block (``with``), what Redis raises inside it leaves as this
-    library's error (:func:`translate`); :meth:`error` does the same for an error reply
+    """Translates Redis errors into this library's errors.
+
+    Used as a ``with`` block, it raises a Redis error from inside the block again as this
+    library's error (:func:`translate`). :meth:`error` does the same for an error reply
     taken from a pipeline. This library's own errors pass through unchanged."""
 
     __slots__ = ("item_id", "run_id", "token", "url")
@@ -322,6 +326,8 @@ def translating_errors(
     item_id: str | None = None,
     token: int | None = None,
 ) -> ErrorDoor:
-    """The door for calls to the Redis at ``url`` ('' when unknown) about a run, an item
-    and a token (each when known): every call path of the library goes through it."""
+    """Returns the error translator for calls to the Redis at ``url`` ('' when unknown).
+
+    The run, item and token (each when known) are attached to the errors it raises.
+    Every call path of the library goes through it."""
     return ErrorDoor(url, run_id, item_id, token)

@@ -1,6 +1,7 @@
-"""What each store call checks before anything reaches Redis, in the call's order: the
-store runs these first, and the command line runs the same ones before it connects, so a
-bad value is refused with the same message whichever door it comes through.
+"""What each store call checks before anything reaches Redis, in the call's order.
+
+The store runs these checks first. The command line runs the same ones before it connects.
+So a bad value is refused with the same message from the library and from the CLI.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """What a lease's holder does with it, each call fenced by its token and lease id: renew,
-commit (with guarded writes), fail, release, settle many at once, and record effects."""
+commit (with guarded writes), fail, release, do many of those at once, and record
+effects."""
 
 from __future__ import annotations
 

@@ -150,10 +150,12 @@ class StoreBase:
     def translating_errors(
         self, run_id: str | None = None, item_id: str | None = None, token: int | None = None
     ) -> ErrorDoor:
-        """The door for this store's calls (:func:`~..connection.translate.translating_errors`):
-        around a block, Redis failures and script error replies leave it as this library's
-        errors (RedisUnavailable, LeaseLost, NotFound, ...); its ``error()`` translates an
-        error reply taken from a pipeline."""
+        """Returns the error translator for this store's calls.
+
+        See :func:`~..connection.translate.translating_errors`. Around a block, it turns
+        Redis failures and script error replies into this library's errors
+        (RedisUnavailable, LeaseLost, NotFound, ...). Its ``error()`` translates an error
+        reply taken from a pipeline."""
         return translating_errors(self.url, run_id=run_id, item_id=item_id, token=token)
 
     def _run_script(
@@ -172,7 +174,7 @@ class StoreBase:
             keys += extra_keys
         if self.replica_wait is not None and waits_for_replicas(name, args):
             return self._run_waited(self.replica_wait, name, run_id, shard, keys, args, item_id)
-        try:  # the hot path: the door is opened only when the call failed
+        try:  # the hot path: errors are translated only when the call failed
             return self.scripts.call(name, keys, args)
         except REDIS_FAILURES as error:
             raise self.translating_errors(run_id, item_id, token).error(error) from None
