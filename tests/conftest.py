@@ -82,6 +82,16 @@ def _private_server(directory: Path) -> RedisServer:
     pytest.fail("a private redis-server did not start three times: see its redis.log")
 
 
+#: Whether this run has pytest-xdist workers (set when pytest starts).
+_PARALLEL = False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Notes whether the run has pytest-xdist workers, for the header."""
+    global _PARALLEL
+    _PARALLEL = bool(getattr(config.option, "numprocesses", None))
+
+
 def pytest_report_header() -> str:
     """Which real Redis the suite writes to, on the header's first lines."""
     from redis_lease.protocol.connection.urls import safe_url
@@ -90,6 +100,8 @@ def pytest_report_header() -> str:
     if chosen:
         url, variable = chosen
         return f"real Redis: {safe_url(url)} ({variable})"
+    if _PARALLEL:
+        return "real Redis: a private redis-server for each xdist worker (they share no rq:* keys)"
     if _answers(LOCAL_URL):
         return f"real Redis: {LOCAL_URL} (the one running here; set REDIS_URL for another)"
     return "real Redis: a private redis-server for the session (none on 127.0.0.1:6379)"
