@@ -1,15 +1,32 @@
-.PHONY: setup test lint check bench demo format chaos model stalls docs
+.PHONY: help setup test lint check bench demo format chaos model stalls docs
+
+help:         ## list the targets
+	@grep -E '^[a-z]+: .*## ' Makefile | sed -E 's/^([a-z]+):[^#]*## /\1\t/' | expand -t 14
 
 setup:        ## create .venv and install redis-lease with dev tools
 	scripts/setup.sh
 
-test:         ## set up, then run the test suite on real Redis and fakeredis
+test:         ## set up, then run the whole test suite (in parallel: TEST_WORKERS=6) on real Redis
 	scripts/test.sh
 
 lint: setup   ## ruff check, ruff format --check, mypy --strict
 	scripts/lint.sh
 
-check: lint test
+# The quick tests: the protocol, the store and the checks on names and docs; no process
+# is started, no server restarted. About a minute with lint; the whole suite is make test.
+QUICK_TESTS = tests/test_fencing.py tests/test_store_ops.py tests/test_settle_many.py \
+	tests/test_protocol_edges.py tests/test_errors.py tests/test_attempt_log.py \
+	tests/test_takeover.py tests/test_capacity.py tests/test_metrics.py \
+	tests/test_commit_many.py tests/test_age_history.py tests/test_checker.py \
+	tests/test_flush_and_orphans.py tests/test_key_retention.py tests/test_doc_names.py \
+	tests/test_protocol_doc.py tests/test_limits_home.py tests/test_data_loss.py \
+	tests/test_layers.py tests/test_recovery_edges.py tests/test_declared_jobs.py \
+	tests/test_tick_isolation.py tests/test_public_names.py tests/test_registry.py \
+	tests/test_scripts.py tests/test_bad_input.py tests/test_tick.py \
+	tests/test_dashboard_rq_actions.py
+check: lint   ## lint, then the quick tests in parallel (within 90 s; make test runs them all)
+	scripts/ensure-redis.sh
+	.venv/bin/python -m pytest -q -n "$${TEST_WORKERS:-4}" --dist worksteal -m "not slow" $(QUICK_TESTS)
 
 docs:         ## install the extra 'docs' into .venv, build the site into site/ (warnings are errors)
 	scripts/docs.sh

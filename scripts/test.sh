@@ -10,4 +10,7 @@ scripts/ensure-faketime.sh || [ "${CI:-}" != "true" ]
 scripts/ensure-promtool.sh || [ "${CI:-}" != "true" ]
 # Chromium for the dashboard's browser tests: required under CI=true, else they skip
 scripts/ensure-browser.sh || [ "${CI:-}" != "true" ]
-exec .venv/bin/python -m pytest "$@"
+# Tests spend most of their time waiting (TTLs, heartbeats, process starts), so more
+# pytest-xdist workers than cores pay; each worker has its own Redis (tests/conftest.py).
+# Arguments given later win: scripts/test.sh -n 0 runs in one process.
+exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-6}" --dist worksteal "$@"

@@ -3,6 +3,9 @@
 Redis is found in this order: ``REDIS_LEASE_TEST_URL`` (the suite's own variable);
 ``REDIS_URL``; a Redis answering on 127.0.0.1:6379; a ``redis-server`` started for the
 session on a free port.
+Under pytest-xdist each worker has a Redis of its own, because RQ keeps global keys
+(``rq:*``) that tests on one database share: with a variable set, worker N uses the
+variable's database number plus N; else every worker starts its own ``redis-server``.
 Under ``CI=true`` a missing real Redis fails the run; it is never skipped.
 Each test gets its own key prefix and deletes only keys under it.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,6 +51,47 @@ def _chosen_url() -> tuple[str, str] | None:
     return None
 
 
+def _xdist_worker() -> int | None:
+    """This process's pytest-xdist worker number (``gw3`` is 3); None outside xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else None
+
+
+def _worker_database(url: str, worker: int) -> str:
+    """``url`` with its database number moved up by ``worker`` (each worker has its own)."""
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path.lstrip("/")
+    query = urllib.parse.parse_qs(parts.query)
+    if "db" in query:
+        query["db"] = [str(int(query["db"][0]) + worker)]
+        return parts._replace(query=urllib.parse.urlencode(query, doseq=True)).geturl()
+    database = int(path) if path.isdigit() else 0
+    return parts._replace(path=f"/{database + worker}").geturl()
+
+
+def _private_server(directory: Path) -> RedisServer:
+    """A started redis-server of the session's own; a new port if another process took one."""
+    for attempt in range(3):
+        server = RedisServer(directory / f"try-{attempt}")
+        server.directory.mkdir()
+        try:
+            server.start()
+        except RuntimeError:
+            continue  # the free port was taken between the check and the start
+        return server
+    pytest.fail("a private redis-server did not start three times: see its redis.log")
+
+
+#: Whether this run has pytest-xdist workers (set when pytest starts).
+_PARALLEL = False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Notes whether the run has pytest-xdist workers, for the header."""
+    global _PARALLEL
+    _PARALLEL = bool(getattr(config.option, "numprocesses", None))
+
+
 def pytest_report_header() -> str:
     """Which real Redis the suite writes to, on the header's first lines."""
     from redis_lease.protocol.connection.urls import safe_url
@@ -55,6 +100,8 @@ def pytest_report_header() -> str:
     if chosen:
         url, variable = chosen
         return f"real Redis: {safe_url(url)} ({variable})"
+    if _PARALLEL:
+        return "real Redis: a private redis-server for each xdist worker (they share no rq:* keys)"
     if _answers(LOCAL_URL):
         return f"real Redis: {LOCAL_URL} (the one running here; set REDIS_URL for another)"
     return "real Redis: a private redis-server for the session (none on 127.0.0.1:6379)"
@@ -64,19 +111,21 @@ def pytest_report_header() -> str:
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The URL of a real Redis server for this session."""
     chosen = _chosen_url()
+    worker = _xdist_worker()
     if chosen:
         url, variable = chosen
+        if worker:
+            url = _worker_database(url, worker)
         if not _answers(url):
-            pytest.fail(f"{variable}={url} does not answer PING")
+            pytest.fail(f"{variable}={url} (this worker's database) does not answer PING")
         yield url
         return
-    if _answers(LOCAL_URL):
+    if worker is None and _answers(LOCAL_URL):
         yield LOCAL_URL
         return
     if shutil.which("redis-server") is None:
         pytest.fail("no Redis: set REDIS_URL, run one on 127.0.0.1:6379, or install redis-server")
-    server = RedisServer(tmp_path_factory.mktemp("session-redis"))
-    server.start()
+    server = _private_server(tmp_path_factory.mktemp("session-redis"))
     yield server.url
     server.stop()
 
@@ -132,12 +181,36 @@ def cluster_store(
     store.close()
 
 
-@pytest.fixture(params=["redis", "fakeredis", "cluster"])
+BACKENDS = ("redis", "fakeredis", "cluster")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leaves out the ``store`` backends a test's ``@pytest.mark.backends(...)`` does not name."""
+    kept, left_out = [], []
+    for item in items:
+        marker = item.get_closest_marker("backends")
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("store") if callspec is not None else None
+        if marker is not None:
+            unknown = set(marker.args) - set(BACKENDS)
+            assert not unknown, f"{item.nodeid}: unknown backends {sorted(unknown)}"
+        if marker is not None and backend is not None and backend not in marker.args:
+            left_out.append(item)
+        else:
+            kept.append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+
+
+@pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest) -> LeaseStore:
     """The core suite's store: on real Redis, on the embedded backend, on a Redis Cluster.
 
     ``@pytest.mark.real_redis_only(why)`` skips the embedded run, ``not_on_cluster(why)``
-    the cluster run, of a test that needs what the other lacks.
+    the cluster run, of a test that needs what the other lacks; ``backends(...)`` names the
+    backends of a test in which the others could find no different defect (the others are
+    deselected).
     """
     if request.param == "fakeredis":
         marker = request.node.get_closest_marker("real_redis_only")

@@ -47,6 +47,7 @@ def nothing_under(store: LeaseStore) -> None:
 # -- ids ----------------------------------------------------------------------------
 
 
+@pytest.mark.backends("redis")  # checked in Python before Redis is called
 @pytest.mark.parametrize("bad", BAD_VALUES, ids=BAD_VALUE_NAMES)
 def test_a_bad_item_id_refuses_the_whole_add(store: LeaseStore, bad: Any) -> None:
     with pytest.raises(InvalidInput) as info:
@@ -62,6 +63,7 @@ def test_a_bad_item_id_refuses_the_whole_add(store: LeaseStore, bad: Any) -> Non
     nothing_under(store)
 
 
+@pytest.mark.backends("redis")  # checked in Python before Redis is called
 @pytest.mark.parametrize("bad", BAD_VALUES, ids=BAD_VALUE_NAMES)
 def test_a_bad_run_id_is_refused_everywhere(store: LeaseStore, bad: Any) -> None:
     for call in (
@@ -78,6 +80,7 @@ def test_a_bad_run_id_is_refused_everywhere(store: LeaseStore, bad: Any) -> None
     nothing_under(store)
 
 
+@pytest.mark.backends("redis")  # checked in Python before Redis is called
 @pytest.mark.parametrize("bad", BAD_IDS, ids=BAD_ID_NAMES)
 def test_a_bad_worker_or_item_id_changes_nothing_in_an_existing_run(
     store: LeaseStore, bad: str
@@ -101,6 +104,7 @@ def test_a_bad_worker_or_item_id_changes_nothing_in_an_existing_run(
     assert snapshot(store.client, store.prefix) == before
 
 
+@pytest.mark.backends("redis")  # checked in Python before Redis is called
 @pytest.mark.parametrize("bad", ["2", 1.0, True, None, [0]])
 def test_a_shard_of_the_wrong_type_is_refused_with_invalid_input(
     store: LeaseStore, bad: Any
@@ -155,6 +159,7 @@ NOT_JSON = [
 NOT_JSON_IDS = ["object", "set", "bytes", "nan", "inf", "date", "nested", "tuple-key"]
 
 
+@pytest.mark.backends("redis")  # checked in Python before Redis is called
 @pytest.mark.parametrize("payload", NOT_JSON, ids=NOT_JSON_IDS)
 def test_a_payload_that_is_not_json_refuses_the_whole_add(store: LeaseStore, payload: Any) -> None:
     with pytest.raises(InvalidInput, match=r"^payload is not JSON-serialisable"):
@@ -162,6 +167,7 @@ def test_a_payload_that_is_not_json_refuses_the_whole_add(store: LeaseStore, pay
     nothing_under(store)
 
 
+@pytest.mark.backends("redis")  # checked in Python before Redis is called
 @pytest.mark.parametrize("result", [*NOT_JSON, "x" * PAYLOAD_MAX_BYTES], ids=[*NOT_JSON_IDS, "big"])
 def test_a_bad_result_leaves_the_lease_uncommitted(store: LeaseStore, result: Any) -> None:
     store.add(RUN, [Item("a")])
@@ -205,6 +211,7 @@ def test_a_missing_error_text_is_refused(store: LeaseStore) -> None:
 BAD_TTLS = [0, -1, -0.5, 0.0004, 7 * 24 * 3600 + 1, float("nan"), float("inf"), "soon", None]
 
 
+@pytest.mark.backends("redis")  # checked in Python before Redis is called
 @pytest.mark.parametrize("ttl", BAD_TTLS, ids=str)
 def test_a_bad_ttl_is_refused_and_changes_nothing(store: LeaseStore, ttl: Any) -> None:
     store.add(RUN, [Item("a"), Item("b")])
@@ -220,6 +227,7 @@ def test_a_bad_ttl_is_refused_and_changes_nothing(store: LeaseStore, ttl: Any) -
     assert snapshot(store.client, store.prefix) == before
 
 
+@pytest.mark.backends("redis")  # checked in Python before Redis is called
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -280,6 +288,7 @@ def test_a_shard_count_mismatch_is_refused_and_writes_nothing(store: LeaseStore)
     assert store.add(RUN, [Item("a")], shards=4) == (["a"], [])
 
 
+@pytest.mark.backends("redis")  # checked in Python before Redis is called
 @pytest.mark.parametrize("token", [0, -1, -(2**63), "1", 1.5, None], ids=str)
 def test_a_bad_token_is_refused_before_redis_sees_it(store: LeaseStore, token: Any) -> None:
     store.add(RUN, [Item("a")])

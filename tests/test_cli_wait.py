@@ -46,7 +46,7 @@ def test_wait_returns_once_the_run_is_finalized_while_it_waits(real_cli: Cli) ->
     assert real_cli.ok("finalize", "r")["state"] == "succeeded"
     out, err = waiter.communicate(timeout=30)
     assert waiter.returncode == 0, err
-    assert time.monotonic() - started < 5  # noticed within a few polls, not at the timeout
+    assert time.monotonic() - started < 30  # noticed by a poll, not at the 60 s timeout
     assert out == "run r succeeded: 2 done of 2 planned\n"
     assert err == ""
 

@@ -601,7 +601,7 @@ def test_healthz_says_whether_redis_answers_and_nothing_more(
     with caplog.at_level("WARNING", logger="redis_lease.dashboard.app"):
         refused = down.get("/healthz")  # no login asked
     assert (refused.status_code, refused.get_data(as_text=True)) == (503, "redis unavailable\n")
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # no retries waited out: not the socket timeout
     logged = caplog.text
     assert "127.0.0.1:1" in logged and "hunter2" not in logged  # the detail, masked
 

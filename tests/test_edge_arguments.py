@@ -10,7 +10,10 @@ values just past its bound and of the wrong form; each must be refused with
 specs of undocumented shapes and guarded keys that are not the caller's own must be
 refused too (not merely leave the shard consistent).
 
-Runs on real Redis and on fakeredis (the ``store`` fixture).
+Runs on real Redis and on fakeredis (the ``store`` fixture); the tests that accept a value
+run on the Redis Cluster too. A refusal is decided by the script's Lua from its arguments,
+and a cluster node runs the same Lua as a lone Redis, so the refusals run on the two Lua
+engines only (Redis's and fakeredis's).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from tests.test_hostile_protocol import GUARDS, RUN, TRACE, WRITES, Scene, _rese
 from tests.test_registry import header
 
 NAMES = sorted(KEY_COUNTS)
+#: The backends of the refusals: a cluster node runs the same Lua as a lone Redis.
+REFUSAL_BACKENDS = ("redis", "fakeredis")
 #: Forms no numeric argument may take, whatever its bound.
 NOT_NUMBERS = ["nan", "-nan", "inf", "-inf", "0x10", "abc", " 5", "5 ", "1,5", "--1", "+"]
 #: Forms no integer argument may take (a number, but not written as an integer).
@@ -115,6 +120,7 @@ def test_every_documented_argument_is_covered() -> None:
     assert all(refused_values(kind) for _, _, kind in FIXED)
 
 
+@pytest.mark.backends(*REFUSAL_BACKENDS)
 @pytest.mark.parametrize(("name", "index", "kind"), FIXED, ids=[f"{n}-{i}" for n, i, _ in FIXED])
 def test_an_argument_outside_its_kind_or_bound_is_refused(
     store: LeaseStore, name: str, index: int, kind: Kind
@@ -183,6 +189,7 @@ def settle_args(scene: Scene, op: str, detail: str, option: str) -> list[Any]:
     return ["renew", *holder, 60000, "", TRACE, op, *holder, detail, option, TRACE]
 
 
+@pytest.mark.backends(*REFUSAL_BACKENDS)
 @pytest.mark.parametrize(
     ("op", "detail", "option", "slot"),
     SETTLE_REFUSED,
@@ -243,6 +250,7 @@ def test_every_tail_has_a_group() -> None:
     assert {name for name, _, _ in TAILS} == set(TAIL_GROUPS)
 
 
+@pytest.mark.backends(*REFUSAL_BACKENDS)
 @pytest.mark.parametrize(
     ("name", "offset", "value"), TAILS, ids=[f"{n}-{o}-{i}" for i, (n, o, _) in enumerate(TAILS)]
 )
@@ -292,6 +300,7 @@ def commit_call(
     return [*scene.logged, *guarded], ["a", lease.token, lease.lease_id, "{}", conditions, writes]
 
 
+@pytest.mark.backends(*REFUSAL_BACKENDS)
 @pytest.mark.parametrize("spec", [*GUARDS, '[{"if": "equals", "key": 1, "field": "f"}]'])
 def test_conditions_of_undocumented_shapes_are_refused(store: LeaseStore, spec: str) -> None:
     scene = Scene(store)
@@ -300,6 +309,7 @@ def test_conditions_of_undocumented_shapes_are_refused(store: LeaseStore, spec: 
     assert store.item(RUN, "a").state == "leased"
 
 
+@pytest.mark.backends(*REFUSAL_BACKENDS)
 @pytest.mark.parametrize(
     "spec",
     [*WRITES, '[{"do": "hset", "key": 1}]', '[{"do": "zadd", "key": 1, "scores": {"m": "nan"}}]'],

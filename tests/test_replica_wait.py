@@ -112,7 +112,7 @@ def test_a_claim_no_replica_acknowledged_is_given_back(lone: RedisServer, prefix
     started = time.monotonic()
     with pytest.raises(NotReplicated) as refused:
         store.claim(RUN, "a", worker="w")
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # bounded: not the socket timeout, not forever
     assert (refused.value.wanted, refused.value.acked, refused.value.item_id) == (1, 0, "a")
     assert "0 of 1 replicas acknowledged the claim call within 50 ms" in str(refused.value)
     assert "1 lease(s) given back: 1 released" in str(refused.value)
