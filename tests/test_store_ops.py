@@ -11,7 +11,7 @@ from redis_lease.protocol.keys import shard_of
 from tests.helpers import records, server_ms, snapshot, wait_past
 
 RUN = "ops:2026-12-02"
-SHORT = 0.05
+SHORT = 0.5  # seconds: a lease meant to expire during the test, not before its first check
 
 
 def items(*ids: str) -> list[Item]:
