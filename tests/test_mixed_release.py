@@ -176,9 +176,11 @@ def test_each_release_takes_the_others_work_over_fenced_and_pays_once(mixed: Mix
             assert c.provider.state.applications.get(key, 0) == 1
         assert c.commits_of(OLD) > 0 and c.takeovers_of(OLD) > 0
         assert c.commits_of(NEW) == 0
-        # by heartbeat, only this release's job was taken over: the previous release's
+        # by heartbeat, only this release's job may be taken over: the previous release's
         # worker never registered its jobs, and its leases' expiry alone freed its items
+        # (on a loaded machine this release's leases may run out first, and then no job is
+        # taken over by heartbeat at all)
         taken_from = [entry["pid"] for entry in takeovers(c.store)]
-        assert taken_from and set(taken_from) <= set(c.pids[NEW]), taken_from
+        assert set(taken_from) <= set(c.pids[NEW]), taken_from
         assert c.workers[OLD].alive, f"the previous release's worker quit\n{c.describe()}"
         assert c.pids[OLD] == [c.workers[OLD].process.pid]  # never restarted
