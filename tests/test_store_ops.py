@@ -248,7 +248,8 @@ def test_long_error_texts_are_cut(store: LeaseStore) -> None:
 
 def test_reap_returns_expired_leases_to_pending(store: LeaseStore) -> None:
     store.add(RUN, items("a", "b", "c"), shards=3, max_attempts=3)
-    short = [store.claim(RUN, i, "w", ttl=SHORT) for i in ("a", "b")]
+    # 1 s, not SHORT: the first reap must come before they expire, on a loaded machine too
+    short = [store.claim(RUN, i, "w", ttl=1) for i in ("a", "b")]
     store.claim(RUN, "c", "w", ttl=60)
     assert store.reap(RUN) == (0, 0)
     wait_past(store.client, max(lease.expires_at_ms for lease in short))
