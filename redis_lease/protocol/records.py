@@ -51,8 +51,9 @@ def parse_errors(text: str | bytes | None) -> tuple[ItemError, ...]:
     ``{"error", "attempt", "at", "trace"}`` objects (no errors for a text of another form)."""
     if text is None:
         return ()
+    raw = decode_text(text)  # bytes that are not UTF-8 raise: the caller notes them
     try:
-        entries = json.loads(decode_text(text))
+        entries = json.loads(raw)
     except ValueError:
         return ()
     if not isinstance(entries, list):
