@@ -163,10 +163,20 @@ def first_leader(fleet: Fleet) -> str:
 
 def assert_one_run_done_once(fleet: Fleet) -> None:
     """The due run exists once, made by one create decision, and each item took effect once."""
-    wait_for(lambda: fleet.state() == "succeeded", 60, "the run to succeed", every=0.2)
-    assert fleet.client.zrange(f"{fleet.prefix}:runs", 0, -1) == [fleet.run_id.encode()]
     store = LeaseStore(fleet.client, prefix=fleet.prefix)
-    kinds = [event["kind"] for event in Runs(store).decisions(fleet.run_id, 100)]
+
+    def decided() -> list[str]:
+        return [event["kind"] for event in Runs(store).decisions(fleet.run_id, 100)]
+
+    # the state changes first, then whoever ended the run records its finalize decision
+    wait_for(
+        lambda: fleet.state() == "succeeded" and "finalize" in decided(),
+        60,
+        "the run to succeed and its end to be recorded",
+        every=0.2,
+    )
+    assert fleet.client.zrange(f"{fleet.prefix}:runs", 0, -1) == [fleet.run_id.encode()]
+    kinds = decided()
     assert kinds.count("create") == 1 and "dispatch" in kinds, kinds
     effects = fleet.client.hgetall(leader_jobs.effects_key(fleet.prefix))
     assert sorted(effects.values()) == [b"1"] * leader_jobs.ITEMS
