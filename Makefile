@@ -6,7 +6,7 @@ help:         ## list the targets
 setup:        ## create .venv and install redis-lease with dev tools
 	scripts/setup.sh
 
-test:         ## set up, then run the whole test suite (in parallel: TEST_WORKERS=6) on real Redis
+test:         ## set up, then run the whole test suite (in parallel: TEST_WORKERS=4) on real Redis
 	scripts/test.sh
 
 lint: setup   ## ruff check, ruff format --check, mypy --strict

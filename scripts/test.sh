@@ -13,4 +13,4 @@ scripts/ensure-browser.sh || [ "${CI:-}" != "true" ]
 # Tests spend most of their time waiting (TTLs, heartbeats, process starts), so more
 # pytest-xdist workers than cores pay; each worker has its own Redis (tests/conftest.py).
 # Arguments given later win: scripts/test.sh -n 0 runs in one process.
-exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-6}" --dist worksteal "$@"
+exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-4}" --dist worksteal "$@"

@@ -74,7 +74,9 @@ def test_a_commit_writes_one_entry_with_its_times_worker_token_and_trace(
     )  # fmt: skip
     assert attempt.queue_age_seconds == (rec["leased_at"] - rec["eligible_at"]) / 1000 >= 0.02
     assert attempt.duration_seconds == (rec["done_at"] - rec["leased_at"]) / 1000
-    assert abs(round(attempt.at.timestamp() * 1000) - rec["done_at"]) <= 2, "the entry id's time"
+    # Redis reads its clock once per script; the embedded backend reads it on each call
+    slack = 250 if store.url.startswith("fakeredis") else 2
+    assert abs(round(attempt.at.timestamp() * 1000) - rec["done_at"]) <= slack, "the id's time"
     assert store.attempts(RUN) == [attempt]
     [raw] = log_entries(store)
     assert list(raw) == [

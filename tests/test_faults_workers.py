@@ -215,7 +215,7 @@ def kill_before_reply(c: Cluster, run_id: str) -> tuple[str, int]:
         record = c.store.item(run_id, item)
         return record.state == "done" and record.token == token
 
-    wait_for(committed, 10, "the server to run the commit")
+    wait_for(committed, 60, "the server to run the commit")
     c.kill(index)
     c.delay(0.0)
     (sent,) = calls(c, stopped["pid"], "commit", item, token)
@@ -423,7 +423,7 @@ def test_one_of_six_workers_drained_mid_run(tmp_path: Path, prefix: str, concurr
             if concurrency > 1:
                 # its loop gives the waiting items back while its handlers are held; one
                 # handler runs inline (c1) and sees the stop once the hold lets it go on
-                wait_for(released, 30, "the drained worker to give its items back")
+                wait_for(released, 90, "the drained worker to give its items back")
             c.lift_hold()
 
         assert c.drive(run_id, timeout=90, step=sample) == "succeeded"
