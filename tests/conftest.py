@@ -184,10 +184,18 @@ def cluster_store(
 BACKENDS = ("redis", "fakeredis", "cluster")
 
 
+#: Runs of a ``slow`` test (real processes and servers, with their timings) after its first
+#: fails: one. The summary line counts them ("N rerun"), so a flaky test stays in sight.
+SLOW_RERUNS = 1
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leaves out the ``store`` backends a test's ``@pytest.mark.backends(...)`` does not name."""
+    """Leaves out the ``store`` backends a test's ``@pytest.mark.backends(...)`` does not name,
+    and lets a ``slow`` test run once more when its first run fails (see :data:`SLOW_RERUNS`)."""
     kept, left_out = [], []
     for item in items:
+        if item.get_closest_marker("slow") is not None and not item.get_closest_marker("flaky"):
+            item.add_marker(pytest.mark.flaky(reruns=SLOW_RERUNS))
         marker = item.get_closest_marker("backends")
         callspec = getattr(item, "callspec", None)
         backend = callspec.params.get("store") if callspec is not None else None
