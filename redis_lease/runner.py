@@ -1,10 +1,10 @@
 """A worker process of the fleet: :func:`run_worker` from Python, :func:`serve` under it and
 under ``redis-lease worker``.
 
-The worker is the RQ worker (:mod:`redis_lease.fleet.worker.rq_worker`) with its fleet
-watch and, given jobs, the tick leader (:mod:`redis_lease.fleet.tick.leader`). This module
-joins two rooms of one layer (the worker and the tick) that may not import each other, so
-it is a layer of its own, above both and below the command line (docs/architecture.md).
+The worker is the RQ worker (:mod:`redis_lease.fleet.worker.rq_worker`) with its heartbeat
+thread and, given jobs, the tick leader (:mod:`redis_lease.fleet.tick.leader`). The worker
+and the tick may not import each other, so the module that joins them is a layer of its
+own, above both and below the command line (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def run_worker(
     """Runs a worker of the fleet, as ``redis-lease worker --job ...`` does, until SIGTERM or
     SIGINT (or, with ``burst``, until its queues are empty).
 
-    It works the shard jobs of ``queues`` with the fleet watch beside it (heartbeat, takeover
+    It works the shard jobs of ``queues`` with a heartbeat thread beside it (heartbeats, takeover
     of dead workers' shard jobs). Given ``jobs``, it also runs the tick leader: it declares
     the jobs, and while this worker process holds the fleet's tick leader lease (one per
     ``prefix``, held under the process's own id) it ticks them every ``tick_every``
@@ -109,8 +109,8 @@ def serve(
     """Builds the worker of ``settings`` on ``store`` and works its queues until it stops;
     given ``jobs`` (import paths, checked by the caller), the tick leader runs beside it.
 
-    ``started`` is called with the worker once RQ registered it and the fleet watch beat
-    first. Both doors of a worker use this: :func:`run_worker` and ``redis-lease worker``.
+    ``started`` is called with the worker once RQ registered it and its first heartbeat went
+    out. :func:`run_worker` and ``redis-lease worker`` both start a worker this way.
 
     Returns:
         The worker, stopped: its counts of shard jobs say what it did.
